@@ -1,0 +1,55 @@
+# Two commands for a fresh machine (Python 3.10+ and make):
+#   make train   set up .venv, train on the built-in toy corpus, show translations and test BLEU
+#   make test    set up .venv with the dev tools, run ruff and the tests
+# Where no NVIDIA GPU is visible, torch is installed as $(TORCH_CPU) first so that pip does not pull
+# a multi-GB CUDA build. Elsewhere, set TORCH_INDEX=https://download.pytorch.org/whl/cpu to get a
+# CPU build from PyTorch's own index.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_CPU ?= torch==2.13.0
+TORCH_INDEX ?=
+RUN_DIR ?= runs/toy
+TOY_TEST := data/cache/toy-seed1234-20000-500-500/test
+
+.PHONY: train test test-slow lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "no GPU found: installing the CPU build of torch ($(TORCH_CPU))"; \
+		$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_CPU)"; \
+	fi
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+train: $(VENV)/.installed
+	$(BIN)/mt train --run-dir $(RUN_DIR)
+	@echo "--- a few test translations (beam 4) ---"
+	@head -n 5 $(TOY_TEST).src > $(RUN_DIR)/sample.src
+	@$(BIN)/mt translate --checkpoint $(RUN_DIR)/best.pt --input $(RUN_DIR)/sample.src --output $(RUN_DIR)/sample.hyp
+	@paste -d '\n' $(RUN_DIR)/sample.src $(RUN_DIR)/sample.hyp | sed 'n;s/^/    -> /'
+	@echo "--- test set scores ---"
+	$(BIN)/mt evaluate --checkpoint $(RUN_DIR)/best.pt --src $(TOY_TEST).src --ref $(TOY_TEST).trg
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q
+
+test-slow: $(VENV)/.installed-dev
+	$(BIN)/pytest -q -m slow
+
+format: $(VENV)/.installed-dev
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) runs data/cache .pytest_cache .ruff_cache

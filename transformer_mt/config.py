@@ -1,0 +1,255 @@
+"""Typed configuration: dataclasses, YAML loading, dotted overrides and validation.
+
+A YAML file has one mapping per section (``data``, ``tokenizer``, ``model``, ``train``, ``decode``).
+Every key must be a field of that section's dataclass and have its type; ``--set train.max_steps=100``
+overrides one field. Mistakes raise :class:`MTError` naming the key, before any work starts.
+"""
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from transformer_mt.errors import MTError
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "toy"  # "toy" (built-in generator), "multi30k" or "local" (files below)
+    src_lang: str = "src"  # source language code: names files and logs
+    trg_lang: str = "trg"  # target language code
+    train_src: str | None = None  # local corpus: training source file (plain or .gz)
+    train_trg: str | None = None  # local corpus: training target file
+    valid_src: str | None = None  # local corpus: validation source file
+    valid_trg: str | None = None  # local corpus: validation target file
+    test_src: str | None = None  # local corpus: test source file
+    test_trg: str | None = None  # local corpus: test target file
+    toy_train_size: int = 20000  # toy corpus: training pairs
+    toy_valid_size: int = 500  # toy corpus: validation pairs
+    toy_test_size: int = 500  # toy corpus: test pairs
+    toy_seed: int = 1234  # toy corpus: generator seed (same seed, same corpus)
+    max_words: int = 250  # cleaning: pairs with more whitespace words on a side are dropped
+    max_ratio: float | None = 3.0  # cleaning: longest allowed word-count ratio; null = no check
+    skip_bad_lines: bool = False  # cleaning: skip invalid UTF-8 pairs instead of stopping
+    max_tokens_per_side: int = 128  # pairs longer than this (subword pieces + EOS) are dropped
+    download_dir: str = "data"  # known corpora are downloaded to <download_dir>/<corpus>
+    base_url: str | None = None  # mirror for a known corpus's files; null = the registry's URL
+    cache_dir: str = "data/cache"  # where prepared corpora (tokenizer, token ids) are kept
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 1000  # sentencepiece vocabulary size (a target; tiny corpora may get fewer)
+    model_type: str = "unigram"  # sentencepiece algorithm: unigram | bpe
+    joint: bool = True  # one vocabulary for both languages (allows model.share_embeddings)
+    character_coverage: float = 1.0  # share of characters covered; 0.9995 for large alphabets
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 256  # width of embeddings and hidden states
+    n_head: int = 4  # attention heads; must divide d_model
+    ffn_hidden: int = 1024  # inner width of the feed-forward sublayers
+    n_layers: int = 3  # encoder layers
+    n_dec_layers: int | None = None  # decoder layers; null = same as n_layers
+    drop_prob: float = 0.1  # dropout probability
+    max_len: int = 256  # longest sequence (source or target) the position table covers
+    pre_norm: bool = False  # LayerNorm before sublayers (stable when deep) instead of after (paper)
+    tie_embeddings: bool = True  # decoder input embedding shared with the output projection
+    share_embeddings: bool = True  # source and target embeddings shared (needs tokenizer.joint)
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1  # seeds model init, dropout and batch order
+    max_steps: int = 2000  # optimizer steps to train for
+    batch_tokens: int = 4096  # tokens (source or target, padding included) per micro-batch
+    accum_steps: int = 1  # micro-batches per optimizer step
+    lr_factor: float = 1.0  # Noam factor: lr = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
+    warmup_steps: int = 4000  # Noam warm-up in optimizer steps
+    adam_beta1: float = 0.9  # Adam beta1
+    adam_beta2: float = 0.98  # Adam beta2 (the paper's value)
+    adam_eps: float = 1e-9  # Adam epsilon (the paper's value)
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam
+    label_smoothing: float = 0.1  # label smoothing epsilon
+    clip_norm: float = 0.0  # clip the global gradient norm to this; 0 = off
+    log_every: int = 50  # optimizer steps between metrics.jsonl lines
+    valid_every: int = 500  # optimizer steps between validations (also at the end)
+    valid_bleu: bool = True  # decode the validation set greedily and compute BLEU
+    best_metric: str = "bleu"  # checkpoint selection: "bleu" (higher is better) or "loss"
+    patience: int = 0  # stop after this many validations without improvement; 0 = never
+    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + gradient scaler)
+    compile: bool = False  # torch.compile the model (helps on GPUs; measured no gain on 2 CPUs)
+    max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
+    keep_last: int = 2  # step checkpoints kept besides last.pt and best.pt
+    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
+    threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 4  # beam width used by `mt translate` / `mt evaluate` by default; 1 = greedy
+    len_penalty: float = 1.0  # GNMT length-penalty alpha
+    max_len_a: float = 10.0  # longest output = a + b * source length (in subword tokens)
+    max_len_b: float = 1.5  # see max_len_a
+    batch_tokens: int = 4096  # source tokens per decoding batch
+
+
+@dataclass
+class Config:
+    name: str = "toy"  # run name; the default run directory is runs/<name>
+    data: DataConfig = field(default_factory=DataConfig)  # corpus and preparation
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # sentencepiece
+    model: ModelConfig = field(default_factory=ModelConfig)  # Transformer shape
+    train: TrainConfig = field(default_factory=TrainConfig)  # optimization and logging
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # search defaults
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_type(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` as type ``tp`` (int is accepted for float) or raise naming ``key``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(value, arg, key)
+            except MTError:
+                pass
+        raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise MTError(f"config key {key!r}: expected true/false, got {value!r}")
+    if tp is int and isinstance(value, bool):
+        raise MTError(f"config key {key!r}: expected an integer, got {value!r}")
+    if not isinstance(value, tp):
+        raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    sections = _section_types(Config)
+    if section not in sections or section == "name":
+        if section == "name" and key == "":
+            cfg.name = _check_type(value, str, "name")
+            return
+        known = ", ".join(k for k in sections if k != "name")
+        raise MTError(f"{where}unknown config section {section!r}; known: name, {known}")
+    obj = getattr(cfg, section)
+    hints = _section_types(type(obj))
+    if key not in hints:
+        raise MTError(
+            f"{where}unknown config key '{section}.{key}'; known keys: {', '.join(hints)}"
+        )
+    setattr(obj, key, _check_type(value, hints[key], f"{section}.{key}"))
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a Config from defaults, then the YAML file (if any), then ``key=value`` overrides."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise MTError(f"config file not found: {path}; pass an existing YAML file to --config")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise MTError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from err
+        if not isinstance(raw, dict):
+            raise MTError(f"{path}: expected a mapping of sections at the top level")
+        where = f"{path}: "
+        for section, body in raw.items():
+            if section == "name":
+                _apply(cfg, "name", "", body, where)
+                continue
+            if not isinstance(body, dict):
+                raise MTError(f"{where}section {section!r} must be a mapping of keys")
+            for key, value in body.items():
+                _apply(cfg, str(section), str(key), value, where)
+        if "name" not in raw:
+            cfg.name = path.stem
+    for item in overrides or []:
+        apply_override(cfg, item)
+    validate(cfg)
+    return cfg
+
+
+def apply_override(cfg: Config, item: str) -> None:
+    """Apply one ``section.key=value`` override; the value is parsed as YAML (``1e-3``, ``true``)."""
+    if "=" not in item:
+        raise MTError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
+    dotted, text = item.split("=", 1)
+    value = yaml.safe_load(text) if text.strip() else ""
+    if dotted == "name":
+        cfg.name = str(value)
+        return
+    if "." not in dotted:
+        raise MTError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
+    section, key = dotted.split(".", 1)
+    _apply(cfg, section, key, value, "--set: ")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that would otherwise fail deep inside training."""
+    m, t, tok = cfg.model, cfg.train, cfg.tokenizer
+    if m.d_model % m.n_head != 0:
+        raise MTError(f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
+    if m.share_embeddings and not tok.joint:
+        raise MTError("model.share_embeddings needs tokenizer.joint: true (one vocabulary)")
+    if cfg.data.corpus not in ("toy", "local", "multi30k"):
+        raise MTError(f"data.corpus={cfg.data.corpus!r}: expected toy, local or multi30k")
+    if tok.model_type not in ("unigram", "bpe"):
+        raise MTError(f"tokenizer.model_type={tok.model_type!r}: expected unigram or bpe")
+    if t.best_metric not in ("bleu", "loss"):
+        raise MTError(f"train.best_metric={t.best_metric!r}: expected bleu or loss")
+    if t.best_metric == "bleu" and not t.valid_bleu:
+        raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
+    for key in ("max_steps", "batch_tokens", "accum_steps", "warmup_steps", "log_every"):
+        if getattr(t, key) < 1:
+            raise MTError(f"train.{key}={getattr(t, key)} must be at least 1")
+    if t.precision not in ("fp32", "bf16", "fp16"):
+        raise MTError(f"train.precision={t.precision!r}: expected fp32, bf16 or fp16")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        raise MTError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if cfg.data.max_words < 1:
+        raise MTError(f"data.max_words={cfg.data.max_words} must be at least 1")
+    if cfg.data.max_tokens_per_side > m.max_len:
+        raise MTError(
+            f"data.max_tokens_per_side={cfg.data.max_tokens_per_side} exceeds "
+            f"model.max_len={m.max_len}; lower the first or raise the second"
+        )
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Rebuild a Config from ``Config.to_dict()`` output (e.g. stored in a checkpoint)."""
+    cfg = Config()
+    for section, body in raw.items():
+        if section == "name":
+            cfg.name = body
+            continue
+        for key, value in body.items():
+            _apply(cfg, section, key, value, "checkpoint config: ")
+    return cfg
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")

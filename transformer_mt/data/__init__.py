@@ -1,0 +1,1 @@
+"""Data: corpus registry and download, cleaning, tokenizer, binarized cache and batching."""

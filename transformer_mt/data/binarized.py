@@ -1,0 +1,363 @@
+"""A binarized cache of token ids on disk, read through numpy memmaps.
+
+One directory per dataset split holds both sides of the parallel corpus::
+
+    <out_dir>/src_tokens.bin    every source sentence's ids, concatenated (raw uint16 or int32)
+    <out_dir>/src_offsets.npy   int64, count + 1 entries: sentence i is tokens[off[i]:off[i+1]]
+    <out_dir>/trg_tokens.bin    the same for the target side
+    <out_dir>/trg_offsets.npy
+    <out_dir>/meta.json         format, key, dtype, vocab_size, count, n_tokens per side
+
+The ``key`` is a hash of the inputs and the settings (:func:`cache_key`): a cache whose key differs
+is stale and :func:`load_binarized` returns None, so the caller rebuilds. A build is written in a
+temporary directory beside ``out_dir``, with ``meta.json`` last, and renamed into place only when
+complete: an error or Ctrl-C leaves the old cache (or nothing), never a half-written one.
+
+Neither building nor reading holds the token ids in memory: the writer appends them to the
+``.bin`` files in chunks, and the reader maps them (``np.memmap``, mode ``"r"``), so a corpus larger
+than RAM works. Only the offsets (8 bytes a sentence) are needed in memory to batch by length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import operator
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from transformer_mt.errors import MTError
+
+# Bump when the layout changes: it is part of every key, so old caches are rebuilt, not misread.
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+SIDES = ("src", "trg")
+# Token ids buffered before a write to disk: 1 Mi ids is 2-4 MiB, small next to any model.
+CHUNK_TOKENS = 1 << 20
+HASH_CHUNK_BYTES = 1 << 20
+
+
+def _hash_part(part: Any) -> bytes:
+    """SHA-256 of one cache-key part, tagged with its kind so that ``"x"`` and ``b"x"`` differ."""
+    h = hashlib.sha256()
+    if isinstance(part, Path):
+        if not part.is_file():
+            raise MTError(f"{part}: file not found; check the path in the config")
+        h.update(b"file\0")
+        # Contents, not size and mtime: a copied or re-downloaded file keeps its cache, and an
+        # edited file with a preserved mtime does not fool it. Streamed: files may exceed RAM.
+        with part.open("rb") as f:
+            while chunk := f.read(HASH_CHUNK_BYTES):
+                h.update(chunk)
+    elif isinstance(part, bytes):
+        h.update(b"bytes\0" + part)
+    elif isinstance(part, str):
+        h.update(b"str\0" + part.encode("utf-8"))
+    else:
+        # Settings: JSON with sorted keys, so dict order does not matter. Paths inside settings
+        # hash by name; pass a file as its own Path part to hash its contents.
+        h.update(b"json\0" + json.dumps(part, sort_keys=True, default=str).encode("utf-8"))
+    return h.digest()
+
+
+def cache_key(*parts: str | bytes | Path | dict[str, Any]) -> str:
+    """A hex SHA-256 over files' contents and settings: equal exactly when every part is equal.
+
+    Each part is hashed on its own and the digests are hashed in order, so the boundaries between
+    parts count (``("ab", "c")`` and ``("a", "bc")`` differ) and so does their order.
+
+    Args:
+        parts: ``Path``: the file's bytes (streamed); ``str``/``bytes``: as given; ``dict`` (or
+            any other JSON value): its JSON with sorted keys.
+
+    Raises:
+        MTError: a ``Path`` part is not an existing file.
+    """
+    h = hashlib.sha256(f"transformer_mt.binarized/{FORMAT_VERSION}\0".encode())
+    for part in parts:
+        h.update(_hash_part(part))
+    return h.hexdigest()
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The smallest dtype for ids ``0 .. vocab_size - 1``: uint16 up to 65,536 ids, else int32."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+class _SideWriter:
+    """Appends one side's sentences to ``<side>_tokens.bin`` in chunks and records their lengths."""
+
+    def __init__(self, directory: Path, side: str, dtype: np.dtype, vocab_size: int) -> None:
+        self.directory, self.side, self.dtype, self.vocab_size = directory, side, dtype, vocab_size
+        self.tokens_file: BinaryIO = (directory / f"{side}_tokens.bin").open("wb")
+        # Lengths go to disk too, so that the writer's memory does not grow with the corpus.
+        self.lengths_file: BinaryIO = (directory / f"{side}_lengths.tmp").open("wb")
+        self.ids: list[int] = []
+        self.lengths: list[int] = []
+        self.count = 0
+        self.n_tokens = 0
+
+    def add(self, ids: Sequence[int] | np.ndarray) -> None:
+        """Append one sentence's ids."""
+        self.ids.extend(ids.tolist() if isinstance(ids, np.ndarray) else ids)
+        self.lengths.append(len(ids))
+        if len(self.ids) >= CHUNK_TOKENS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered ids and lengths, checking that every id fits the vocabulary."""
+        if self.ids:
+            arr = np.asarray(self.ids, dtype=np.int64)
+            # Out-of-range ids would wrap silently in uint16 and train on garbage: fail instead.
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(
+                    f"{self.side} token id {lo if lo < 0 else hi} outside the vocabulary "
+                    f"[0, {self.vocab_size}) near sentence {self.count + len(self.lengths)}"
+                )
+            arr.astype(self.dtype).tofile(self.tokens_file)
+            self.n_tokens += arr.size
+        if self.lengths:
+            np.asarray(self.lengths, dtype=np.int64).tofile(self.lengths_file)
+            self.count += len(self.lengths)
+        self.ids, self.lengths = [], []
+
+    def close(self) -> None:
+        """Close both files (also after an error, so the temporary directory can be removed)."""
+        self.tokens_file.close()
+        self.lengths_file.close()
+
+    def finish(self) -> None:
+        """Flush, sync the ids to disk and turn the lengths into ``<side>_offsets.npy``."""
+        self.flush()
+        self.tokens_file.flush()
+        os.fsync(self.tokens_file.fileno())
+        self.close()
+        lengths_path = self.directory / f"{self.side}_lengths.tmp"
+        offsets_path = self.directory / f"{self.side}_offsets.npy"
+        offsets = np.lib.format.open_memmap(
+            offsets_path, mode="w+", dtype=np.int64, shape=(self.count + 1,)
+        )
+        offsets[0] = 0
+        if self.count:
+            # Both arrays are memory-mapped: the cumulative sum pages through them from disk.
+            lengths = np.memmap(lengths_path, dtype=np.int64, mode="r", shape=(self.count,))
+            np.cumsum(lengths, out=offsets[1:])
+            del lengths
+        offsets.flush()
+        del offsets
+        lengths_path.unlink()
+
+
+def _write_meta(path: Path, meta: dict[str, Any]) -> None:
+    """Write ``meta.json`` and sync it: it is the mark of a complete cache."""
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _publish(tmp_dir: Path, out_dir: Path) -> None:
+    """Move the finished ``tmp_dir`` to ``out_dir``, replacing an old cache there.
+
+    rename() cannot replace a non-empty directory, so the old one is renamed aside first, the new
+    one renamed in, and only then the old one deleted. Between the two renames ``out_dir`` is
+    briefly missing, which a reader takes as "no cache" and which never exposes partial files.
+    """
+    if not out_dir.exists():
+        os.replace(tmp_dir, out_dir)
+        return
+    old_dir = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
+    if old_dir.exists():
+        shutil.rmtree(old_dir)
+    os.replace(out_dir, old_dir)
+    try:
+        os.replace(tmp_dir, out_dir)
+    except BaseException:
+        os.replace(old_dir, out_dir)  # put the old cache back rather than leave none
+        raise
+    shutil.rmtree(old_dir, ignore_errors=True)
+
+
+def build_binarized(
+    out_dir: Path,
+    key: str,
+    pairs: Iterable[tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray]],
+    vocab_size: int,
+) -> BinarizedPair:
+    """Stream ``pairs`` of (source ids, target ids) into a new cache at ``out_dir``; return it open.
+
+    The files are written in ``<out_dir>.tmp-<pid>`` beside ``out_dir`` and renamed into place only
+    after ``meta.json`` is written; an existing cache at ``out_dir`` is replaced. If anything
+    raises (including the ``pairs`` iterator, e.g. a cleaning error found at the end of a file)
+    the temporary directory is removed and ``out_dir`` is left as it was.
+
+    Build on one process only (rank 0 in a distributed run, the others waiting and then calling
+    :func:`load_binarized`): two builders racing to replace the same ``out_dir`` may fail.
+
+    Raises:
+        ValueError: an id is outside ``[0, vocab_size)`` (a bug in the caller's encoding).
+    """
+    out_dir = Path(out_dir)
+    dtype = dtype_for_vocab(vocab_size)
+    tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if tmp_dir.exists():
+        shutil.rmtree(tmp_dir)  # left by a killed earlier run that had the same pid
+    tmp_dir.mkdir()
+    writers: list[_SideWriter] = []
+    try:
+        writers = [_SideWriter(tmp_dir, side, dtype, vocab_size) for side in SIDES]
+        src_writer, trg_writer = writers
+        for src_ids, trg_ids in pairs:
+            src_writer.add(src_ids)
+            trg_writer.add(trg_ids)
+        for writer in writers:
+            writer.finish()
+        meta = {
+            "format": FORMAT_VERSION,
+            "key": key,
+            "dtype": dtype.name,
+            "vocab_size": vocab_size,
+            "count": src_writer.count,
+            **{f"{w.side}_tokens": w.n_tokens for w in writers},
+        }
+        _write_meta(tmp_dir / META_FILE, meta)  # last: its presence marks a complete build
+        _publish(tmp_dir, out_dir)
+    except BaseException:
+        # BaseException: Ctrl-C during a long build must not leave the temporary directory.
+        for writer in writers:
+            with contextlib.suppress(OSError):
+                writer.close()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    loaded = load_binarized(out_dir, key)
+    if loaded is None:  # pragma: no cover - only if another process replaced it meanwhile
+        raise MTError(f"{out_dir}: cache changed while being built; run the command again")
+    return loaded
+
+
+def _open_side(
+    directory: Path, side: str, dtype: np.dtype, count: int, n_tokens: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Map one side's tokens and offsets; None when the files disagree with ``meta.json``."""
+    tokens_path = directory / f"{side}_tokens.bin"
+    offsets_path = directory / f"{side}_offsets.npy"
+    if tokens_path.stat().st_size != n_tokens * dtype.itemsize:
+        return None
+    offsets = np.load(offsets_path, mmap_mode="r")
+    if offsets.shape != (count + 1,) or offsets.dtype != np.int64 or int(offsets[-1]) != n_tokens:
+        return None
+    # np.memmap cannot map an empty file; an empty side is an empty array.
+    tokens = (
+        np.memmap(tokens_path, dtype=dtype, mode="r", shape=(n_tokens,))
+        if n_tokens
+        else np.zeros(0, dtype=dtype)
+    )
+    return tokens, offsets
+
+
+def load_binarized(out_dir: Path, key: str) -> BinarizedPair | None:
+    """Open the cache at ``out_dir`` if it is complete and built with ``key``; else None.
+
+    None covers: no directory, no ``meta.json`` (never finished), another key or format version,
+    and files whose sizes disagree with ``meta.json`` (damaged). The caller then rebuilds.
+    """
+    out_dir = Path(out_dir)
+    try:
+        meta = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or meta.get("key") != key:
+        return None
+    try:
+        dtype = np.dtype(meta["dtype"])
+        count = int(meta["count"])
+        sides = [_open_side(out_dir, s, dtype, count, int(meta[f"{s}_tokens"])) for s in SIDES]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if sides[0] is None or sides[1] is None:
+        return None
+    (src_tokens, src_offsets), (trg_tokens, trg_offsets) = sides
+    return BinarizedPair(out_dir, meta, src_tokens, src_offsets, trg_tokens, trg_offsets)
+
+
+class BinarizedPair:
+    """A parallel corpus of token ids, mapped from disk: ``pair[i]`` is ``(src_ids, trg_ids)``.
+
+    The ids are read-only ``np.memmap`` slices in the cache's dtype (uint16 or int32); convert
+    with ``.astype(np.int64)`` before ``torch.from_numpy``. Pickling stores only the directory
+    and key and maps the files again on unpickling, so DataLoader workers do not copy the corpus.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        meta: dict[str, Any],
+        src_tokens: np.ndarray,
+        src_offsets: np.ndarray,
+        trg_tokens: np.ndarray,
+        trg_offsets: np.ndarray,
+    ) -> None:
+        self.path = Path(path)
+        self.meta = meta
+        self.key: str = meta["key"]
+        self.dtype = np.dtype(meta["dtype"])
+        self.vocab_size: int = meta["vocab_size"]
+        self._src_tokens, self._src_offsets = src_tokens, src_offsets
+        self._trg_tokens, self._trg_offsets = trg_tokens, trg_offsets
+        self._src_lengths: np.ndarray | None = None
+        self._trg_lengths: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self._src_offsets) - 1
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        i, n = operator.index(i), len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"pair index {i} out of range for {n} pairs")
+        s0, s1 = self._src_offsets[i], self._src_offsets[i + 1]
+        t0, t1 = self._trg_offsets[i], self._trg_offsets[i + 1]
+        return self._src_tokens[s0:s1], self._trg_tokens[t0:t1]
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """Source sentence lengths in tokens (int64, in memory: batching needs them all)."""
+        if self._src_lengths is None:
+            self._src_lengths = np.diff(self._src_offsets)
+        return self._src_lengths
+
+    @property
+    def trg_lengths(self) -> np.ndarray:
+        """Target sentence lengths in tokens (int64, in memory: batching needs them all)."""
+        if self._trg_lengths is None:
+            self._trg_lengths = np.diff(self._trg_offsets)
+        return self._trg_lengths
+
+    @property
+    def n_tokens(self) -> tuple[int, int]:
+        """Total (source, target) tokens."""
+        return int(self._src_offsets[-1]), int(self._trg_offsets[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": str(self.path), "key": self.key}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        loaded = load_binarized(Path(state["path"]), state["key"])
+        if loaded is None:
+            raise MTError(f"{state['path']}: binarized cache is gone or was rebuilt; prepare again")
+        self.__dict__.update(loaded.__dict__)
+
+    def __repr__(self) -> str:
+        return f"BinarizedPair({str(self.path)!r}, pairs={len(self)}, dtype={self.dtype.name})"

@@ -1,0 +1,438 @@
+"""Fetch the files of a registered corpus: resume, retry, verify, unpack, and do it only once.
+
+The path of one file through this module::
+
+    GET url (Range: bytes=N- when <name>.part holds N bytes)  ->  <name>.part
+    -> SHA-256 checked against the registry (or printed, loudly, when the registry has none)
+    -> os.replace(<name>.part, <name>)               (a final name always holds checked bytes)
+    -> unpack (gunzip beside it / extract tar or zip, refusing members that escape the dest)
+    -> .mt-download/<name>.json marker               (a second run reads it and fetches nothing)
+
+Only the standard library's urllib talks to the network, so nothing beyond the package's own
+dependencies is needed to download a corpus.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import stat
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+import zlib
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+from tqdm import tqdm
+
+from transformer_mt import __version__
+from transformer_mt.data.registry import Corpus, CorpusFile, get_corpus
+from transformer_mt.errors import MTError
+
+CHUNK_SIZE = 1 << 16
+"""Bytes per read and write: large enough for speed, small enough for a smooth progress bar."""
+TIMEOUT_S = 30.0
+"""Seconds a connect or a read may stall before the try counts as failed."""
+MARKER_DIR = ".mt-download"
+"""Directory inside the destination that records what is already downloaded and unpacked."""
+_USER_AGENT = f"transformer-mt/{__version__} (python urllib)"
+# Answers worth another try; any other 4xx (404, 403, ...) will not change by asking again.
+_RETRY_STATUS = frozenset({408, 425, 429})
+
+
+class _RetryableError(Exception):
+    """A failure worth another try: network trouble, a 5xx answer, a transfer cut off."""
+
+
+def _say(message: str) -> None:
+    # tqdm.write keeps the line from being overdrawn by a live progress bar.
+    tqdm.write(message, file=sys.stderr)
+
+
+def sha256_of(path: Path) -> str:
+    """Lower-case hex SHA-256 of a file, read in chunks so that large archives fit in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _content_range_start(value: str | None) -> int | None:
+    """The first byte of ``Content-Range: bytes START-END/TOTAL``, or None if unreadable."""
+    if not value or not value.startswith("bytes "):
+        return None
+    start, _, _ = value[len("bytes ") :].partition("-")
+    return int(start) if start.isdigit() else None
+
+
+def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progress: bool) -> None:
+    """One try at bringing ``part`` up to the full file, resuming from its current length."""
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": _USER_AGENT}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        response = opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 416 and offset:
+            # The .part is not a prefix the server can continue (longer than the file, or the file
+            # changed): it is worthless, so the next try starts from zero.
+            part.unlink(missing_ok=True)
+            raise _RetryableError("the server refused to resume (HTTP 416)") from None
+        if exc.code >= 500 or exc.code in _RETRY_STATUS:
+            raise _RetryableError(f"HTTP {exc.code} {exc.reason}") from None
+        raise MTError(
+            f"{url} answered HTTP {exc.code} {exc.reason}; check the corpus name, "
+            "or pass --base-url a mirror that has this file"
+        ) from None
+    except (OSError, http.client.HTTPException) as exc:  # URLError, refused, timeout, reset
+        raise _RetryableError(str(getattr(exc, "reason", exc)) or type(exc).__name__) from None
+
+    with response:
+        if offset and response.status == 206:
+            start = _content_range_start(response.headers.get("Content-Range"))
+            if start != offset:
+                part.unlink(missing_ok=True)
+                raise _RetryableError(f"the server resumed at byte {start}, not {offset}")
+            mode = "ab"
+        else:
+            # 200 (a server that ignores Range) sends the whole file again: start over from zero.
+            offset, mode = 0, "wb"
+        length = response.headers.get("Content-Length")
+        expected = int(length) if length and length.isdigit() else None
+        total = offset + expected if expected is not None else None
+        received = 0
+        bar = tqdm(
+            total=total,
+            initial=offset,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=part.name.removesuffix(".part"),
+            disable=not progress,
+        )
+        try:
+            with bar, open(part, mode) as out:
+                while True:
+                    try:
+                        chunk = response.read(CHUNK_SIZE)
+                    except (OSError, http.client.HTTPException) as exc:
+                        raise _RetryableError(f"transfer interrupted: {exc!r}") from None
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+        except OSError as exc:  # only the local file can raise it here: reads are caught above
+            raise MTError(
+                f"cannot write {part}: {exc.strerror}; free disk space or choose another --dest"
+            ) from None
+    # http.client returns b"" at a closed connection instead of raising, so a cut-off transfer
+    # shows only as fewer bytes than Content-Length promised.
+    if expected is not None and received < expected:
+        raise _RetryableError(f"connection closed after {offset + received} of {total} bytes")
+
+
+def fetch_file(
+    url: str,
+    target: Path,
+    sha256: str | None,
+    *,
+    retries: int = 4,
+    backoff: float = 0.5,
+    progress: bool = True,
+) -> str:
+    """Download ``url`` to ``target`` through ``target.part``; return the file's SHA-256.
+
+    A ``.part`` left by an earlier run is resumed with an HTTP Range request. Network errors,
+    5xx answers and cut-off transfers are retried after ``backoff * 2**k`` seconds; a try that
+    made the ``.part`` longer does not count against ``retries``, so a long download over a flaky
+    link keeps going. A wrong checksum deletes the download and raises :class:`MTError`; an
+    unknown one (``sha256=None``) prints a warning with the actual hash. ``target`` appears only
+    after the check, by an atomic rename.
+    """
+    if retries < 1:
+        raise ValueError(f"retries must be at least 1, got {retries}")
+    part = target.with_name(target.name + ".part")
+    # A fresh opener reads the proxy settings of the environment at each call.
+    opener = urllib.request.build_opener()
+    failures = 0
+    while True:
+        before = part.stat().st_size if part.exists() else 0
+        try:
+            _transfer(opener, url, part, progress)
+            break
+        except _RetryableError as exc:
+            reason = str(exc)
+        after = part.stat().st_size if part.exists() else 0
+        if after <= before:
+            failures += 1
+            if failures >= retries:
+                raise MTError(
+                    f"could not download {url} after {retries} failed tries: {reason}; "
+                    "check the network or pass --base-url a mirror"
+                )
+            time.sleep(backoff * 2 ** (failures - 1))
+
+    actual = sha256_of(part)
+    if sha256 is not None and actual != sha256:
+        part.unlink()
+        raise MTError(
+            f"{target.name}: SHA-256 mismatch, expected {sha256}, got {actual}; the download was "
+            "deleted: run again, and if it persists check that --base-url serves the original file"
+        )
+    if sha256 is None:
+        _warn_unverified(target.name, actual)
+    os.replace(part, target)
+    return actual
+
+
+def _warn_unverified(name: str, actual: str) -> None:
+    _say(
+        f"warning: {name} is UNVERIFIED (the registry has no SHA-256 for it); its SHA-256 is "
+        f"{actual}: compare it with a trusted source before relying on it"
+    )
+
+
+# --- unpacking ------------------------------------------------------------------------------------
+
+
+def _unsafe(archive: Path, member: str, why: str) -> MTError:
+    return MTError(
+        f"refusing to unpack {archive.name}: member {member!r} {why}; nothing was extracted, "
+        "get the archive from a trusted source"
+    )
+
+
+def _check_member_path(archive: Path, name: str, dest: Path) -> None:
+    """Refuse an archive member name that is absolute, climbs with '..', or lands outside dest."""
+    posix = PurePosixPath(name.replace("\\", "/"))
+    if posix.is_absolute() or (len(name) > 1 and name[1] == ":"):
+        raise _unsafe(archive, name, "has an absolute path")
+    if ".." in posix.parts:
+        raise _unsafe(archive, name, "climbs out with '..'")
+    # resolve() also follows symlinks already on disk, which could redirect a harmless name.
+    if not (dest / posix).resolve().is_relative_to(dest):
+        raise _unsafe(archive, name, f"resolves outside {dest}")
+
+
+def _check_link_target(archive: Path, member: str, target: str, dest: Path) -> None:
+    # A link target with '..' is refused even when it looks inside: chains of such links can climb
+    # out in ways that a per-link check on the names alone does not see.
+    posix = PurePosixPath(target.replace("\\", "/"))
+    if posix.is_absolute() or ".." in posix.parts:
+        raise _unsafe(archive, member, f"is a link to {target!r}, which may point outside {dest}")
+
+
+def _gunzip(path: Path) -> Path:
+    out = path.with_name(path.name.removesuffix(".gz"))
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        with gzip.open(path, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, CHUNK_SIZE)
+    except (OSError, EOFError, zlib.error) as exc:
+        tmp.unlink(missing_ok=True)
+        raise MTError(f"cannot gunzip {path}: {exc}; delete it and download again") from None
+    os.replace(tmp, out)  # the unpacked name never holds a half-written file
+    return out
+
+
+def _extract_tar(path: Path, dest: Path) -> list[Path]:
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            members = tar.getmembers()
+            # Check every member before writing anything, so that a bad archive leaves no trace.
+            for m in members:
+                _check_member_path(path, m.name, dest)
+                if m.issym() or m.islnk():
+                    _check_link_target(path, m.name, m.linkname, dest)
+                elif not (m.isfile() or m.isdir()):
+                    raise _unsafe(path, m.name, "is a device or fifo")
+            # The "data" filter (Python 3.11.4+) repeats these checks inside tarfile itself.
+            extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(dest, members=members, **extra)
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise MTError(f"cannot extract {path}: {exc}; delete it and download again") from None
+    return [dest / m.name for m in members if m.isfile()]
+
+
+def _extract_zip(path: Path, dest: Path) -> list[Path]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            for info in infos:
+                _check_member_path(path, info.filename, dest)
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    raise _unsafe(path, info.filename, "is a symlink")
+            for info in infos:
+                zf.extract(info, dest)
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        raise MTError(f"cannot extract {path}: {exc}; delete it and download again") from None
+    return [dest / info.filename for info in infos if not info.is_dir()]
+
+
+def unpack_file(path: Path, kind: str, dest: Path) -> list[Path]:
+    """Make a downloaded file usable; return the usable files.
+
+    ``kind`` is "gunzip" (writes ``path`` without ``.gz`` beside it), "tar" or "zip" (extract into
+    ``dest``, refusing, before anything is written, any member that would escape it) or "none".
+    """
+    dest = dest.resolve()
+    if kind == "none":
+        return [path]
+    if kind == "gunzip":
+        return [_gunzip(path)]
+    if kind == "tar":
+        return _extract_tar(path, dest)
+    if kind == "zip":
+        return _extract_zip(path, dest)
+    raise ValueError(f"unknown unpack kind {kind!r}")
+
+
+# --- one file, once -------------------------------------------------------------------------------
+
+
+def _marker_path(dest: Path, f: CorpusFile) -> Path:
+    return dest / MARKER_DIR / f"{f.local_name}.json"
+
+
+def _recorded_outputs(dest: Path, f: CorpusFile) -> list[Path] | None:
+    """The outputs of an earlier complete run for ``f``, or None if anything changed since.
+
+    Size and mtime stand in for re-hashing (cheap for a multi-GB archive); any edit to the file
+    changes them, and then the hash is checked again.
+    """
+    try:
+        record = json.loads(_marker_path(dest, f).read_text(encoding="utf-8"))
+        st = (dest / f.local_name).stat()
+    except (OSError, ValueError):
+        return None
+    if (
+        record.get("size") != st.st_size
+        or record.get("mtime_ns") != st.st_mtime_ns
+        or record.get("unpack") != f.unpack
+        or (f.sha256 is not None and record.get("sha256") != f.sha256)
+    ):
+        return None
+    outputs = [dest / rel for rel in record.get("outputs", [])]
+    return outputs if outputs and all(p.exists() for p in outputs) else None
+
+
+def _write_marker(dest: Path, f: CorpusFile, url: str, sha256: str, outputs: list[Path]) -> None:
+    st = (dest / f.local_name).stat()
+    record = {
+        "url": url,
+        "sha256": sha256,
+        "verified": f.verified,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "unpack": f.unpack,
+        "outputs": [str(p.relative_to(dest)) for p in outputs],
+    }
+    marker = _marker_path(dest, f)
+    marker.parent.mkdir(exist_ok=True)
+    tmp = marker.with_name(marker.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, marker)
+
+
+def ensure_file(
+    f: CorpusFile,
+    dest: Path,
+    base_url: str,
+    *,
+    retries: int = 4,
+    backoff: float = 0.5,
+    progress: bool = True,
+) -> list[Path]:
+    """Download, verify and unpack one corpus file into ``dest`` unless that is already done."""
+    dest = dest.resolve()
+    outputs = _recorded_outputs(dest, f)
+    if outputs is not None:
+        return outputs
+    target = dest / f.local_name
+    url = f.url(base_url)
+    actual: str | None = None
+    if target.exists():
+        # Present without a marker (an unpack was interrupted, or the file was edited or copied
+        # in by hand): only its hash decides whether it can be used.
+        actual = sha256_of(target)
+        if f.sha256 is not None and actual != f.sha256:
+            _say(f"{target.name}: the copy on disk does not match its SHA-256; downloading again")
+            target.unlink()
+            actual = None
+        elif f.sha256 is None:
+            _warn_unverified(target.name, actual)
+    if actual is None:
+        actual = fetch_file(
+            url, target, f.sha256, retries=retries, backoff=backoff, progress=progress
+        )
+    outputs = unpack_file(target, f.unpack, dest)
+    _write_marker(dest, f, url, actual, outputs)
+    return outputs
+
+
+def fetch_corpus(
+    corpus: Corpus,
+    dest: Path,
+    base_url: str | None = None,
+    *,
+    only: Sequence[str] | None = None,
+    retries: int = 4,
+    backoff: float = 0.5,
+    progress: bool = True,
+) -> list[Path]:
+    """Like :func:`download_corpus`, for a :class:`Corpus` object rather than a registry name."""
+    base = base_url or corpus.base_url
+    if urllib.parse.urlsplit(base).scheme not in ("http", "https"):
+        raise MTError(f"--base-url {base!r} is not an http(s) URL; pass e.g. http://host:port/")
+    files = corpus.select(only)
+    dest = Path(dest)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MTError(f"cannot create --dest {dest}: {exc.strerror}; choose another one") from None
+    outputs: list[Path] = []
+    for f in files:
+        outputs.extend(
+            ensure_file(f, dest, base, retries=retries, backoff=backoff, progress=progress)
+        )
+    return outputs
+
+
+def download_corpus(
+    name: str,
+    dest: Path,
+    base_url: str | None = None,
+    *,
+    only: Sequence[str] | None = None,
+    retries: int = 4,
+    backoff: float = 0.5,
+    progress: bool = True,
+) -> list[Path]:
+    """Download the registered corpus ``name`` into ``dest``; return its usable (unpacked) files.
+
+    ``base_url`` replaces the registry's base (a mirror, or a loopback server in tests); ``only``
+    keeps the files whose local name matches one of its glob patterns (``["train.*", "val.*"]``).
+    Running it again when everything is present and unchanged downloads nothing.
+    """
+    return fetch_corpus(
+        get_corpus(name),
+        dest,
+        base_url,
+        only=only,
+        retries=retries,
+        backoff=backoff,
+        progress=progress,
+    )

@@ -1,0 +1,181 @@
+"""The registry of well-known corpora that ``mt download NAME`` can fetch.
+
+Each corpus is a base URL plus a list of files given by their path relative to that base, so that
+``--base-url`` can swap the base for a mirror (or a loopback server in tests) without touching the
+paths. A file carries its SHA-256 when we have seen the original bytes; otherwise its checksum is
+``None`` and the downloader says, loudly, that the file is unverified and prints the hash it got.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Literal
+
+from transformer_mt.errors import MTError
+
+Unpack = Literal["gunzip", "tar", "zip", "none"]
+"""How a downloaded file becomes usable: gunzip it beside itself, extract an archive, or keep it."""
+
+UNPACK_KINDS: tuple[str, ...] = ("gunzip", "tar", "zip", "none")
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    """One file of a corpus, as the server holds it and as it lands on disk."""
+
+    path: str
+    """Path relative to the corpus base URL, forward slashes (``data/task1/raw/train.de.gz``)."""
+    sha256: str | None
+    """Lower-case hex SHA-256 of the served bytes, or None when no trusted checksum is known."""
+    unpack: Unpack
+    """"gunzip" writes the file without ``.gz`` beside it; "tar" and "zip" extract into the
+    destination; "none" keeps the file as downloaded."""
+    local_name: str
+    """File name in the destination directory (a plain name, no directories)."""
+
+    def __post_init__(self) -> None:
+        # Fail when the registry is built, not half-way through a download.
+        if self.unpack not in UNPACK_KINDS:
+            raise ValueError(f"{self.local_name}: unpack must be one of {UNPACK_KINDS}")
+        name = PurePosixPath(self.local_name)
+        if name.name != self.local_name or self.local_name in ("", ".", ".."):
+            raise ValueError(f"local_name must be a plain file name, got {self.local_name!r}")
+        if self.unpack == "gunzip" and not self.local_name.endswith(".gz"):
+            raise ValueError(f"{self.local_name}: a gunzipped file must end with .gz")
+        if self.sha256 is not None and (
+            len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256)
+        ):
+            raise ValueError(f"{self.local_name}: sha256 must be 64 lower-case hex digits")
+
+    @property
+    def verified(self) -> bool:
+        """True when the registry knows the file's SHA-256."""
+        return self.sha256 is not None
+
+    def url(self, base_url: str) -> str:
+        """The file's URL under ``base_url`` (a trailing slash on the base is optional)."""
+        return base_url.rstrip("/") + "/" + self.path.lstrip("/")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A named corpus: where it lives and which files make it up."""
+
+    name: str
+    description: str
+    base_url: str
+    files: tuple[CorpusFile, ...]
+
+    def select(self, only: Sequence[str] | None = None) -> tuple[CorpusFile, ...]:
+        """The files whose local name matches any of the glob patterns in ``only`` (all if None).
+
+        A pattern that matches nothing is a user's typo, so it fails rather than silently
+        downloading less than was asked for.
+        """
+        if not only:
+            return self.files
+        names = [f.local_name for f in self.files]
+        for pattern in only:
+            if not fnmatch.filter(names, pattern):
+                raise MTError(
+                    f"--only {pattern!r} matches no file of corpus {self.name!r}; "
+                    f"its files are: {', '.join(names)}"
+                )
+        return tuple(f for f in self.files if any(fnmatch.fnmatch(f.local_name, p) for p in only))
+
+    def summary(self) -> str:
+        """One line for ``mt download --list``."""
+        n_verified = sum(f.verified for f in self.files)
+        return (
+            f"{self.name}: {self.description} "
+            f"({len(self.files)} files, {n_verified} with a known SHA-256)"
+        )
+
+
+# --- Multi30k, task 1 -------------------------------------------------------------------------
+# File list of data/task1/raw/ in github.com/multi30k/dataset (branch master): de, en and fr for
+# every split up to test_2017_mscoco, cs for train/val/test_2016_flickr, and all four languages
+# for test_2018_flickr.
+_M30K_SPLITS_LANGS: dict[str, tuple[str, ...]] = {
+    "train": ("de", "en", "fr", "cs"),
+    "val": ("de", "en", "fr", "cs"),
+    "test_2016_flickr": ("de", "en", "fr", "cs"),
+    "test_2017_flickr": ("de", "en", "fr"),
+    "test_2017_mscoco": ("de", "en", "fr"),
+    "test_2018_flickr": ("de", "en", "fr", "cs"),
+}
+
+# Checksums of the files as github.com/multi30k/dataset serves them, taken from a byte-for-byte
+# copy (shared/data/multi30k/SHA256SUMS). Every other Multi30k file is unverified.
+_M30K_SHA256: dict[str, str] = {
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+}
+
+
+def _multi30k_files() -> tuple[CorpusFile, ...]:
+    files = []
+    for split, langs in _M30K_SPLITS_LANGS.items():
+        for lang in langs:
+            name = f"{split}.{lang}.gz"
+            files.append(
+                CorpusFile(
+                    path=f"data/task1/raw/{name}",
+                    sha256=_M30K_SHA256.get(name),
+                    unpack="gunzip",
+                    local_name=name,
+                )
+            )
+    return tuple(files)
+
+
+MULTI30K = Corpus(
+    name="multi30k",
+    description="Multi30k task 1 image captions, de/en/fr/cs, 29k training pairs",
+    base_url="https://github.com/multi30k/dataset/raw/master/",
+    files=_multi30k_files(),
+)
+
+# --- IWSLT 2017 German-English (TED talks) ----------------------------------------------------
+# The original WIT3 archive (https://wit3.fbk.eu/archive/2017-01-trnted/texts/de/en/de-en.tgz, as
+# used by fairseq's prepare-iwslt17 scripts) is no longer served there; the Hugging Face dataset
+# repository IWSLT/iwslt2017 mirrors the same per-pair archives as zip files. Unverified: we have
+# never seen its bytes from here.
+IWSLT2017_DE_EN = Corpus(
+    name="iwslt2017-de-en",
+    description="IWSLT 2017 TED talks German-English, ~206k training pairs (XML-tagged dev/test)",
+    base_url="https://huggingface.co/datasets/IWSLT/iwslt2017/resolve/main/",
+    files=(
+        CorpusFile(
+            path="data/2017-01-trnted/texts/de/en/de-en.zip",
+            sha256=None,
+            unpack="zip",
+            local_name="de-en.zip",
+        ),
+    ),
+)
+
+_REGISTRY: dict[str, Corpus] = {c.name: c for c in (MULTI30K, IWSLT2017_DE_EN)}
+
+
+def list_corpora() -> list[Corpus]:
+    """All known corpora, sorted by name."""
+    return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+
+
+def get_corpus(name: str) -> Corpus:
+    """The corpus called ``name``; an unknown name raises :class:`MTError` naming the known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise MTError(
+            f"unknown corpus {name!r}; known corpora: {known} (see `mt download --list`)"
+        ) from None

@@ -1,0 +1,71 @@
+"""Corpus-level scores through sacrebleu, each with the signature that makes it comparable.
+
+Inputs are detokenized text (what a user reads), never subword pieces: sacrebleu applies its own
+standard tokenization (13a for BLEU), which is what published scores use.
+"""
+
+from dataclasses import dataclass
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from transformer_mt.errors import MTError
+
+
+@dataclass
+class Scores:
+    bleu: float
+    chrf: float
+    ter: float
+    bleu_signature: str
+    chrf_signature: str
+    ter_signature: str
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {
+            "bleu": self.bleu,
+            "bleu_signature": self.bleu_signature,
+            "chrf": self.chrf,
+            "chrf_signature": self.chrf_signature,
+            "ter": self.ter,
+            "ter_signature": self.ter_signature,
+        }
+
+    def format(self) -> str:
+        return "\n".join(
+            [
+                f"BLEU = {self.bleu:.2f}  ({self.bleu_signature})",
+                f"chrF = {self.chrf:.2f}  ({self.chrf_signature})",
+                f"TER  = {self.ter:.2f}  ({self.ter_signature})",
+            ]
+        )
+
+
+def corpus_bleu(hyps: list[str], refs: list[str]) -> float:
+    """sacrebleu BLEU (cased, 13a) of one reference set; used for validation during training."""
+    return BLEU().corpus_score(hyps, [refs]).score
+
+
+def score_all(hyps: list[str], refs: list[list[str]]) -> Scores:
+    """BLEU, chrF and TER of ``hyps`` against one or more reference sets (each a list of lines)."""
+    bleu, chrf, ter = BLEU(), CHRF(), TER()
+    b = bleu.corpus_score(hyps, refs)
+    c = chrf.corpus_score(hyps, refs)
+    t = ter.corpus_score(hyps, refs)
+    return Scores(
+        bleu=b.score,
+        chrf=c.score,
+        ter=t.score,
+        bleu_signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        ter_signature=str(ter.get_signature()),
+    )
+
+
+def check_same_length(hyps: list[str], hyp_name: str, refs: list[list[str]], ref_names: list[str]):
+    """Raise naming both files and their line counts when a reference does not match."""
+    for ref, name in zip(refs, ref_names, strict=True):
+        if len(ref) != len(hyps):
+            raise MTError(
+                f"line counts differ: {hyp_name} has {len(hyps)} lines, {name} has {len(ref)}; "
+                "each hypothesis needs one reference line"
+            )

@@ -1,0 +1,1 @@
+"""Training: the loop, Noam schedule, label-smoothed loss, checkpoints, distributed helpers."""

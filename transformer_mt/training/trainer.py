@@ -1,0 +1,499 @@
+"""The training loop: one flat loop from prepared data to checkpoints and metrics.
+
+One optimizer step = ``accum_steps`` micro-batches on each rank. The loss of a step is the sum of
+the label-smoothed token losses divided by the *global* number of non-pad target tokens of that
+step (all micro-batches, all ranks), so 1 process with batch B equals N processes with B/N each.
+The Noam learning rate is set once per optimizer step.
+"""
+
+import contextlib
+import json
+import math
+import random
+import signal
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from transformer_mt.config import Config, save_config
+from transformer_mt.data.batching import make_batches, shard_batches
+from transformer_mt.data.binarized import BinarizedPair
+from transformer_mt.data.prepare import PreparedData, prepare
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, Tokenizer
+from transformer_mt.errors import MTError
+from transformer_mt.evaluation import corpus_bleu
+from transformer_mt.model import Transformer
+from transformer_mt.training import distributed as D
+from transformer_mt.training.checkpoint import load_checkpoint, save_atomic
+from transformer_mt.training.loss import label_smoothed_nll
+from transformer_mt.training.schedule import noam_lr
+
+
+def model_args(cfg: Config, src_tok: Tokenizer, trg_tok: Tokenizer) -> dict[str, Any]:
+    """The Transformer's keyword arguments; stored in checkpoints to rebuild the model."""
+    m = cfg.model
+    vocab = max(src_tok.vocab_size, trg_tok.vocab_size) if m.share_embeddings else None
+    return dict(
+        src_pad_idx=PAD_ID,
+        trg_pad_idx=PAD_ID,
+        trg_sos_idx=BOS_ID,
+        enc_voc_size=vocab or src_tok.vocab_size,
+        dec_voc_size=vocab or trg_tok.vocab_size,
+        d_model=m.d_model,
+        n_head=m.n_head,
+        max_len=m.max_len,
+        ffn_hidden=m.ffn_hidden,
+        n_layers=m.n_layers,
+        drop_prob=m.drop_prob,
+        n_dec_layers=m.n_dec_layers,
+        pre_norm=m.pre_norm,
+        tie_embeddings=m.tie_embeddings,
+        share_embeddings=m.share_embeddings,
+    )
+
+
+def collate(data: BinarizedPair, index: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Padded (src, trg_in, trg_out) LongTensors for the examples ``index``.
+
+    Sources already end with EOS; the decoder reads BOS + target and predicts target + EOS.
+    """
+    pairs = [data[int(i)] for i in index]
+    n = len(pairs)
+    s_len = max(len(s) for s, _ in pairs)
+    t_len = max(len(t) for _, t in pairs) + 1
+    src = np.full((n, s_len), PAD_ID, dtype=np.int64)
+    trg_in = np.full((n, t_len), PAD_ID, dtype=np.int64)
+    trg_out = np.full((n, t_len), PAD_ID, dtype=np.int64)
+    for row, (s, t) in enumerate(pairs):
+        src[row, : len(s)] = s
+        trg_in[row, 0] = BOS_ID
+        trg_in[row, 1 : len(t) + 1] = t
+        trg_out[row, : len(t)] = t
+        trg_out[row, len(t)] = EOS_ID
+    return torch.from_numpy(src), torch.from_numpy(trg_in), torch.from_numpy(trg_out)
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer that a resumed run needs to continue exactly."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch
+    batch_in_epoch: int = 0  # this rank's next batch within the epoch
+    best: float | None = None  # best validation value of train.best_metric
+    bad_validations: int = 0  # validations in a row without improvement (early stopping)
+    nonfinite_in_a_row: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)  # validation results
+
+
+class BatchStream:
+    """This rank's batches, epoch after epoch, from a resumable position (epoch, batch index)."""
+
+    def __init__(self, data: BinarizedPair, cfg: Config, info: D.DistInfo, state: TrainState):
+        self.data, self.cfg, self.info, self.state = data, cfg, info, state
+        self.src_lens = data.src_lengths
+        self.trg_lens = data.trg_lengths + 1  # + BOS (input) / EOS (output)
+        self._epoch_batches: list[np.ndarray] | None = None
+
+    def _batches(self) -> list[np.ndarray]:
+        if self._epoch_batches is None:
+            t = self.cfg.train
+            all_batches = make_batches(
+                self.src_lens, self.trg_lens, t.batch_tokens, seed=t.seed, epoch=self.state.epoch
+            )
+            self._epoch_batches = shard_batches(all_batches, self.info.rank, self.info.world_size)
+        return self._epoch_batches
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        while True:
+            batches = self._batches()
+            if self.state.batch_in_epoch >= len(batches):
+                self.state.epoch += 1
+                self.state.batch_in_epoch = 0
+                self._epoch_batches = None
+                continue
+            self.state.batch_in_epoch += 1
+            yield batches[self.state.batch_in_epoch - 1]
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MTError(f"train.device={name!r} but no CUDA GPU is visible; use cpu or auto")
+    return torch.device(name)
+
+
+class _StopFlag:
+    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopFlag":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # Outside the main thread (e.g. a test runner's thread) no handlers can be set.
+            with contextlib.suppress(ValueError):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    """Holds the model, optimizer and state of one run; ``run()`` trains to ``max_steps``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        *,
+        resume: bool = True,
+        progress: bool = True,
+        say=print,
+        data: PreparedData | None = None,
+    ) -> None:
+        self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
+        t = cfg.train
+        self.device = resolve_device(t.device)
+        self.info = D.init_distributed(self.device.type)
+        if self.device.type == "cuda" and self.info.enabled:
+            self.device = torch.device("cuda", self.info.local_rank)
+            torch.cuda.set_device(self.device)
+        self.say = say if self.info.is_main else (lambda *a, **k: None)
+        if t.threads > 0:
+            torch.set_num_threads(t.threads)
+        if data is None:
+            # Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read
+            # the finished caches, so no two processes build the same files.
+            if self.info.is_main:
+                data = prepare(cfg, self.say, progress)
+            D.barrier(self.info)
+            if not self.info.is_main:
+                data = prepare(cfg, lambda *a, **k: None, False)
+        self.data = data
+        torch.manual_seed(t.seed)
+        random.seed(t.seed)
+        np.random.seed(t.seed)
+        self.model_args = model_args(cfg, data.src_tok, data.trg_tok)
+        self.model = Transformer(**self.model_args).to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=0.0,
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
+        self.state = TrainState()
+        self.last_path = self.run_dir / "last.pt"
+        if resume and self.last_path.is_file():
+            self._restore(self.last_path)
+        self.train_model: torch.nn.Module = self.model
+        if t.compile:
+            self.train_model = torch.compile(self.model)
+        if self.info.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DDP(self.train_model, device_ids=ids)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def _checkpoint(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "model_args": self.model_args,
+            "config": self.cfg.to_dict(),
+            "src_spm": self.data.src_tok.model_proto,
+            "trg_spm": self.data.trg_tok.model_proto,
+            "special_ids": SPECIAL_IDS,
+            "step": self.state.step,
+            "train_state": {
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "state": asdict(self.state),
+                "rng": _rng_state(),
+            },
+        }
+
+    def _restore(self, path: Path) -> None:
+        ckpt = load_checkpoint(path, map_location=self.device)
+        if ckpt["model_args"] != self.model_args:
+            raise MTError(
+                f"{path} was trained with another model shape or vocabulary; use a new --run-dir "
+                "or the run's own config"
+            )
+        self.model.load_state_dict(ckpt["model"])
+        ts = ckpt["train_state"]
+        self.optimizer.load_state_dict(ts["optimizer"])
+        self.scaler.load_state_dict(ts["scaler"])
+        self.state = TrainState(**ts["state"])
+        _set_rng_state(ts["rng"])
+        self.say(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
+
+    def _save(self, best: bool) -> None:
+        if not self.info.is_main:
+            return
+        ckpt = self._checkpoint()
+        step_path = self.run_dir / f"step_{self.state.step}.pt"
+        save_atomic(ckpt, step_path)
+        save_atomic(ckpt, self.last_path)
+        if best:
+            save_atomic(ckpt, self.run_dir / "best.pt")
+        step_files = sorted(self.run_dir.glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
+        for old in step_files[: max(0, len(step_files) - self.cfg.train.keep_last)]:
+            old.unlink()
+
+    # ------------------------------------------------------------------------------ metrics
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.info.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _trim_metrics(self) -> None:
+        """On resume, drop the lines logged after the checkpoint: they will be logged again."""
+        path = self.run_dir / "metrics.jsonl"
+        if not (self.info.is_main and path.is_file()):
+            return
+        keep = [
+            ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= self.state.step
+        ]
+        path.write_text("".join(ln + "\n" for ln in keep))
+
+    # ---------------------------------------------------------------------------- validation
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Validation loss and perplexity on the binarized split; BLEU from greedy decoding."""
+        from transformer_mt.translation import translate_lines  # decoding sits above training data
+
+        self.model.eval()
+        nll_sum = tokens = 0.0
+        batches = make_batches(
+            self.data.valid.src_lengths,
+            self.data.valid.trg_lengths + 1,
+            self.cfg.train.batch_tokens,
+            seed=0,
+            epoch=0,
+            shuffle=False,
+        )
+        for index in shard_batches(batches, self.info.rank, self.info.world_size):
+            src, trg_in, trg_out = (x.to(self.device) for x in collate(self.data.valid, index))
+            with self._autocast():
+                logits = self.model(src, trg_in)
+            _, nll = label_smoothed_nll(logits, trg_out, PAD_ID, 0.0)
+            nll_sum += nll.item()
+            tokens += (trg_out != PAD_ID).sum().item()
+        nll_sum, tokens = D.all_reduce_sum([nll_sum, tokens], self.info, self.device)
+        result = {"val_loss": nll_sum / tokens, "val_ppl": math.exp(min(nll_sum / tokens, 50.0))}
+        if self.cfg.train.valid_bleu and self.info.is_main:
+            d = self.cfg.decode
+            hyps = translate_lines(
+                self.model,
+                self.data.src_tok,
+                self.data.trg_tok,
+                self.data.valid_src,
+                beam=1,
+                max_len_a=d.max_len_a,
+                max_len_b=d.max_len_b,
+                batch_tokens=d.batch_tokens,
+                max_src_len=self.cfg.model.max_len,
+                device=self.device,
+                progress=False,
+            )
+            result["val_bleu"] = corpus_bleu([h[0][0] for h in hyps], self.data.valid_trg)
+        if self.info.enabled:  # every rank needs the BLEU for the same early-stopping decision
+            (bleu,) = D.all_reduce_sum([result.get("val_bleu", 0.0)], self.info, self.device)
+            if self.cfg.train.valid_bleu:
+                result["val_bleu"] = bleu
+        self.model.train()
+        return result
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _after_validation(self, result: dict[str, float]) -> tuple[bool, bool]:
+        """Update the best value and patience; return (is_best, stop_early)."""
+        s, t = self.state, self.cfg.train
+        value = result["val_bleu"] if t.best_metric == "bleu" else result["val_loss"]
+        better = s.best is None or (value > s.best if t.best_metric == "bleu" else value < s.best)
+        if better:
+            s.best, s.bad_validations = value, 0
+        else:
+            s.bad_validations += 1
+        s.history.append({"step": s.step, **result})
+        return better, t.patience > 0 and s.bad_validations >= t.patience
+
+    # ---------------------------------------------------------------------------------- loop
+    def _train_step(self, micro_batches: list[np.ndarray]) -> tuple[float, float, float]:
+        """One optimizer step; returns (summed loss, summed nll, global target tokens)."""
+        t = self.cfg.train
+        tensors = [collate(self.data.train, b) for b in micro_batches]
+        local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in tensors))
+        (global_tokens,) = D.all_reduce_sum([local_tokens], self.info, self.device)
+        loss_sum = nll_sum = 0.0
+        for i, (src, trg_in, trg_out) in enumerate(tensors):
+            src, trg_in, trg_out = (
+                src.to(self.device),
+                trg_in.to(self.device),
+                trg_out.to(self.device),
+            )
+            last = i == len(tensors) - 1
+            sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
+            with sync:
+                with self._autocast():
+                    logits = self.train_model(src, trg_in)
+                loss, nll = label_smoothed_nll(logits, trg_out, PAD_ID, t.label_smoothing)
+                # DDP averages gradients over ranks; the world size turns that mean back into a
+                # sum, so the step's gradient is (sum of token losses) / (global token count).
+                self.scaler.scale(loss * (self.info.world_size / global_tokens)).backward()
+            loss_sum += loss.item()
+            nll_sum += nll.item()
+        loss_sum, nll_sum = D.all_reduce_sum([loss_sum, nll_sum], self.info, self.device)
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler.is_enabled():  # let the scaler lower its scale, as for an inf grad
+                self.scaler.update(self.scaler.get_scale() / 2)
+            return loss_sum, nll_sum, global_tokens
+        if t.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        lr = noam_lr(self.state.step + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_factor)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, nll_sum, global_tokens
+
+    def run(self) -> TrainState:
+        """Train until ``train.max_steps``, early stopping, or a stop signal; returns the state."""
+        t, s = self.cfg.train, self.state
+        if self.info.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, self.run_dir / "config.yaml")
+            for name, tok in (("src", self.data.src_tok), ("trg", self.data.trg_tok)):
+                tok.save(self.run_dir / f"spm.{name}.model")
+            self._trim_metrics()
+        if s.step >= t.max_steps:
+            self.say(f"{self.run_dir} has already reached train.max_steps={t.max_steps}")
+            return s
+        self.say(
+            f"training on {self.device} ({self.info.world_size} process(es)): "
+            f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
+            f"{len(self.data.train):,} pairs, steps {s.step} -> {t.max_steps}"
+        )
+        stream = iter(BatchStream(self.data.train, self.cfg, self.info, s))
+        self.model.train()
+        bar = tqdm(
+            total=t.max_steps,
+            initial=s.step,
+            disable=not (self.progress and self.info.is_main),
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "time": time.perf_counter()}
+        with _StopFlag() as stop:
+            while s.step < t.max_steps:
+                loss, nll, tokens = self._train_step([next(stream) for _ in range(t.accum_steps)])
+                if not math.isfinite(loss):
+                    s.nonfinite_in_a_row += 1
+                    warnings.warn(f"step {s.step + 1}: non-finite loss, step skipped", stacklevel=1)
+                    if s.nonfinite_in_a_row >= t.max_nonfinite:
+                        raise MTError(
+                            f"loss was not finite for {s.nonfinite_in_a_row} steps in a row at step "
+                            f"{s.step + 1}; lower train.lr_factor, set train.clip_norm, or use "
+                            "train.precision=bf16 or fp32"
+                        )
+                    continue
+                s.nonfinite_in_a_row = 0
+                s.step += 1
+                bar.update(1)
+                window["loss"] += loss
+                window["nll"] += nll
+                window["tokens"] += tokens
+                if s.step % t.log_every == 0 or s.step == t.max_steps:
+                    now = time.perf_counter()
+                    rate = window["tokens"] / max(now - window["time"], 1e-9)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    record = {
+                        "step": s.step,
+                        "epoch": s.epoch,
+                        "loss": window["loss"] / window["tokens"],
+                        "nll": window["nll"] / window["tokens"],
+                        "lr": lr,
+                        "tokens_per_s": rate,
+                    }
+                    self._log(record)
+                    bar.set_postfix(
+                        loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}"
+                    )
+                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "time": time.perf_counter()}
+                (stop_now,) = D.all_reduce_sum([float(stop.requested)], self.info, self.device)
+                if s.step % t.valid_every == 0 or s.step == t.max_steps:
+                    result = self.validate()
+                    best, early = self._after_validation(result)
+                    self._log({"step": s.step, **result})
+                    bar.write(
+                        f"step {s.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items())
+                    )
+                    self._save(best)
+                    window["time"] = time.perf_counter()  # validation time is not training time
+                    if early:
+                        self.say(f"early stopping: no improvement in {t.patience} validations")
+                        break
+                elif stop_now:
+                    self._save(best=False)
+                if stop_now:
+                    self.say(f"stopped by signal at step {s.step}; resume with the same command")
+                    break
+        bar.close()
+        return s
+
+
+def train(
+    cfg: Config, run_dir: Path, *, resume: bool = True, progress: bool = True, say=print
+) -> TrainState:
+    """Prepare data, train, and write the run directory; the library entry of `mt train`."""
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, say=say)
+    try:
+        return trainer.run()
+    finally:
+        D.shutdown(trainer.info)

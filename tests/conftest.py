@@ -26,3 +26,43 @@ def tiny_model_args() -> dict:
         src_pad_idx=0, trg_pad_idx=0, trg_sos_idx=2, enc_voc_size=40, dec_voc_size=40,
         d_model=32, n_head=4, max_len=64, ffn_hidden=64, n_layers=2, drop_prob=0.1,
     )  # fmt: skip
+
+
+TINY_CONFIG = """\
+name: tiny
+data:
+  corpus: toy
+  toy_train_size: 400
+  toy_valid_size: 20
+  toy_test_size: 20
+  max_tokens_per_side: 48
+  cache_dir: {cache}
+tokenizer:
+  vocab_size: 300
+model:
+  d_model: 32
+  n_head: 2
+  ffn_hidden: 64
+  n_layers: 1
+  max_len: 64
+train:
+  max_steps: {steps}
+  batch_tokens: 400
+  warmup_steps: 10
+  log_every: 1
+  valid_every: 10
+  keep_last: 1
+  threads: 1
+decode:
+  beam_size: 2
+  max_len_a: 5
+  max_len_b: 1.2
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path) -> Path:
+    """A YAML config that trains a tiny model on 400 toy pairs in seconds."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=20))
+    return path

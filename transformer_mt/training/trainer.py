@@ -11,6 +11,7 @@ import json
 import math
 import random
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -126,11 +127,9 @@ class BatchStream:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-    }
+    # Batch order has its own seeded generator (make_batches); these cover dropout and any code
+    # that draws from the global generators.
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -139,7 +138,6 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -210,7 +208,6 @@ class Trainer:
         self.data = data
         torch.manual_seed(t.seed)
         random.seed(t.seed)
-        np.random.seed(t.seed)
         self.model_args = model_args(cfg, data.src_tok, data.trg_tok)
         self.model = Transformer(**self.model_args).to(self.device)
         self.optimizer = torch.optim.AdamW(
@@ -471,9 +468,9 @@ class Trainer:
                     result = self.validate()
                     best, early = self._after_validation(result)
                     self._log({"step": s.step, **result})
-                    bar.write(
-                        f"step {s.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items())
-                    )
+                    if self.info.is_main:
+                        summary = ", ".join(f"{k} {v:.3f}" for k, v in result.items())
+                        bar.write(f"step {s.step}: {summary}", file=sys.stderr)
                     self._save(best)
                     window["time"] = time.perf_counter()  # validation time is not training time
                     if early:

@@ -1,0 +1,236 @@
+"""Search invariants: beam 1 equals greedy, the KV cache changes nothing, a batch equals its sentences
+one at a time, n-best lists are sorted and distinct, top-k 1 sampling equals greedy, and the length
+limit holds. Checked on a random-weight model and on a tiny model trained to reverse sequences (so
+that beam search really ends hypotheses with EOS)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import (
+    DecodeResult,
+    beam_search,
+    filter_logits,
+    greedy_search,
+    length_penalty,
+    max_target_lengths,
+    sample,
+)
+from transformer_mt.model import Transformer
+
+VOCAB = 16  # 4 specials + 12 symbols
+MAX_SYMBOLS = 7
+
+
+def _model(seed: int, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    args = dict(d_model=32, n_head=4, max_len=64, ffn_hidden=64, n_layers=2, drop_prob=0.1)
+    args.update(kw)
+    return Transformer(PAD_ID, PAD_ID, BOS_ID, VOCAB, VOCAB, **args, tie_embeddings=False)
+
+
+def _reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources ``x EOS`` and targets ``BOS reversed(x) EOS``, padded: (n, S), (n, S + 1)."""
+    lens = torch.randint(2, MAX_SYMBOLS + 1, (n,), generator=gen).tolist()
+    src = torch.full((n, MAX_SYMBOLS + 1), PAD_ID)
+    trg = torch.full((n, MAX_SYMBOLS + 2), PAD_ID)
+    for i, length in enumerate(lens):
+        seq = torch.randint(4, VOCAB, (length,), generator=gen)
+        src[i, :length], src[i, length] = seq, EOS_ID
+        trg[i, 0], trg[i, 1 : length + 1], trg[i, length + 1] = BOS_ID, seq.flip(0), EOS_ID
+    return src, trg
+
+
+@pytest.fixture(scope="module")
+def random_model() -> Transformer:
+    return _model(0).eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tiny matrices gain nothing from a second thread, and on a busy 2-core machine two
+    spinning threads made the training below 10x slower (6 s -> 60+ s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reverse_model() -> Transformer:
+    """Trained for 250 steps (~6 s) to reverse 2-7 symbols; greedy then gets ~100% right.
+
+    The learning rate decays to 0 so that the end point is stable (no late Adam spike).
+    """
+    steps = 250
+    model = _model(1, d_model=64, ffn_hidden=128, drop_prob=0.0, pre_norm=True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, 2.0 * (steps - i) / steps))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        src, trg = _reverse_batch(gen, 64)
+        logits = model(src, trg[:, :-1])  # (B, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), trg[:, 1:].reshape(-1), ignore_index=0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def random_src() -> torch.Tensor:
+    """Eight sources of 3-12 pieces (EOS included), padded: (8, 12)."""
+    gen = torch.Generator().manual_seed(3)
+    src = torch.full((8, 12), PAD_ID)
+    for i, length in enumerate([12, 3, 7, 12, 5, 9, 4, 10]):
+        src[i, : length - 1] = torch.randint(4, VOCAB, (length - 1,), generator=gen)
+        src[i, length - 1] = EOS_ID
+    return src
+
+
+@pytest.fixture(scope="module")
+def reverse_src() -> torch.Tensor:
+    return _reverse_batch(torch.Generator().manual_seed(99), 24)[0]
+
+
+def _toks(results: list[DecodeResult]) -> list[list[list[int]]]:
+    return [[h.tokens for h in r.nbest] for r in results]
+
+
+LEN = dict(max_len_a=2.0, max_len_b=1.0)
+
+
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_beam_one_equals_greedy(which, random_model, reverse_model, random_src, reverse_src):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    greedy = greedy_search(model, src, **LEN)
+    beam = beam_search(model, src, beam=1, **LEN)
+    assert _toks(beam) == _toks(greedy)
+    assert [r.score for r in beam] == pytest.approx([r.score for r in greedy], abs=1e-5)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_cache_equals_no_cache(search, which, random_model, reverse_model, random_src, reverse_src):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    if search == "greedy":
+        cached = greedy_search(model, src, **LEN)
+        full = greedy_search(model, src, use_cache=False, **LEN)
+    else:
+        cached = beam_search(model, src, beam=4, nbest=4, **LEN)
+        full = beam_search(model, src, beam=4, nbest=4, use_cache=False, **LEN)
+    assert _toks(cached) == _toks(full)
+    assert [h.score for r in cached for h in r.nbest] == pytest.approx(
+        [h.score for r in full for h in r.nbest], abs=1e-4
+    )
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_batch_equals_one_at_a_time(search, random_model, random_src):
+    def run(src: torch.Tensor) -> list[DecodeResult]:
+        if search == "greedy":
+            return greedy_search(random_model, src, **LEN)
+        return beam_search(random_model, src, beam=3, nbest=3, **LEN)
+
+    batched = run(random_src)
+    for i, row in enumerate(random_src):
+        alone = run(row[row != PAD_ID][None])  # (1, S_i): no padding at all
+        assert _toks(alone) == _toks(batched[i : i + 1])
+
+
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_nbest_sorted_distinct_and_complete(
+    which, random_model, reverse_model, random_src, reverse_src
+):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    for res in beam_search(model, src, beam=5, nbest=5, **LEN):
+        scores = [h.score for h in res.nbest]
+        assert len(res.nbest) == 5
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in res.nbest}) == 5
+
+
+def test_trained_model_beam_reverses_and_ends_with_eos(reverse_model):
+    src, trg = _reverse_batch(torch.Generator().manual_seed(7), 32)
+    results = beam_search(reverse_model, src, beam=4, nbest=4, **LEN)
+    want = [[t for t in row.tolist()[1:] if t not in (PAD_ID, EOS_ID)] for row in trg]
+    assert all(r.nbest[0].finished for r in results)
+    assert sum(r.tokens == w for r, w in zip(results, want, strict=True)) >= 30
+    # Ended hypotheses of different lengths compete: the penalty's ranking uses EOS-terminated ones.
+    assert sum(h.finished for r in results for h in r.nbest) > 32
+
+
+def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
+    """Rows fed to the decoder shrink as sentences end (not masked and kept)."""
+    rows: list[int] = []
+    hook = reverse_model.decoder[0].register_forward_hook(
+        lambda m, a, out: rows.append(a[0].size(0))
+    )
+    try:
+        greedy_search(reverse_model, reverse_src, **LEN)
+        greedy_rows, rows[:] = list(rows), []
+        beam_search(reverse_model, reverse_src, beam=3, **LEN)
+    finally:
+        hook.remove()
+    assert greedy_rows[0] == 24 and greedy_rows[-1] < 24
+    assert greedy_rows == sorted(greedy_rows, reverse=True)
+    assert rows[0] == 24 * 3 and rows[-1] < 24 * 3 and rows[-1] % 3 == 0
+
+
+def test_max_length_respected(random_model, random_src):
+    limits = [int(2 + 0.5 * n) for n in (random_src != PAD_ID).sum(dim=1).tolist()]
+    assert max_target_lengths(random_model, random_src, 2, 0.5).tolist() == limits
+    for results in (
+        greedy_search(random_model, random_src, max_len_a=2, max_len_b=0.5),
+        beam_search(random_model, random_src, beam=3, nbest=3, max_len_a=2, max_len_b=0.5),
+        sample(random_model, random_src, max_len_a=2, max_len_b=0.5),
+    ):
+        for res, limit in zip(results, limits, strict=True):
+            for hyp in res.nbest:
+                assert len(hyp.tokens) <= limit
+                assert hyp.finished or len(hyp.tokens) == limit
+    # The model's position table caps the budget.
+    capped = greedy_search(random_model, random_src[:1], max_len_a=1000, max_len_b=0)
+    assert len(capped[0].tokens) <= random_model.positions.max_len
+
+
+def test_sampling_top_k_one_equals_greedy(random_model, random_src):
+    greedy = greedy_search(random_model, random_src, **LEN)
+    sampled = sample(random_model, random_src, top_k=1, temperature=0.7, **LEN)
+    assert _toks(sampled) == _toks(greedy)
+    nucleus = sample(random_model, random_src, top_p=1e-6, **LEN)  # keeps only the best token
+    assert _toks(nucleus) == _toks(greedy)
+
+
+def test_sampling_reproducible_with_generator(random_model, random_src):
+    def draw() -> list[list[list[int]]]:
+        gen = torch.Generator().manual_seed(5)
+        return _toks(sample(random_model, random_src, top_k=8, top_p=0.9, generator=gen, **LEN))
+
+    assert draw() == draw()
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert filter_logits(logits, top_k=2).isfinite().tolist() == [[True, True, False, False]]
+    assert filter_logits(logits, top_p=0.75).isfinite().tolist() == [[True, True, False, False]]
+    assert filter_logits(logits, top_p=0.85).isfinite().tolist() == [[True, True, True, False]]
+    assert filter_logits(logits).isfinite().all()
+
+
+def test_length_penalty_formula():
+    assert length_penalty(3, 1.0) == pytest.approx(8 / 6)
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+def test_training_mode_is_refused(random_src):
+    model = _model(0)  # train mode: dropout on
+    with pytest.raises(ValueError, match=r"model\.eval\(\)"):
+        greedy_search(model, random_src)
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search(model.eval(), random_src, beam=2, nbest=3)

@@ -1,0 +1,145 @@
+"""Training: exact formulas, atomic checkpoints, non-finite losses, exact resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.config import load_config
+from transformer_mt.errors import MTError
+from transformer_mt.training import checkpoint as ckpt_mod
+from transformer_mt.training import trainer as trainer_mod
+from transformer_mt.training.loss import label_smoothed_nll
+from transformer_mt.training.schedule import noam_lr
+from transformer_mt.training.trainer import Trainer
+
+
+def test_noam_matches_hand_computed_values():
+    # d_model 512, warmup 4000: 512^-0.5 = 0.0441942; peak at step 4000 = 0.0441942 * 4000^-0.5.
+    assert noam_lr(1, 512, 4000) == pytest.approx(1.7469281e-7, rel=1e-6)
+    assert noam_lr(4000, 512, 4000) == pytest.approx(6.9877124e-4, rel=1e-6)
+    assert noam_lr(16000, 512, 4000) == pytest.approx(3.4938562e-4, rel=1e-6)
+    assert noam_lr(100, 256, 400, factor=2.0) == pytest.approx(2 * 256**-0.5 * 100 * 400**-1.5)
+    with pytest.raises(ValueError):
+        noam_lr(0, 512, 4000)
+
+
+def test_label_smoothing_matches_a_worked_example():
+    # Probabilities (0.1, 0.2, 0.3, 0.4), target class 3, epsilon 0.1:
+    #   nll = -ln 0.4 = 0.916291; mean_j -ln p_j = (2.302585 + 1.609438 + 1.203973 + 0.916291) / 4
+    #   = 1.508072; loss = 0.9 * 0.916291 + 0.1 * 1.508072 = 0.975469. A pad position adds 0.
+    logits = torch.log(torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]]]))
+    target = torch.tensor([[3, 0]])  # the second position is padding (pad id 0)
+    loss, nll = label_smoothed_nll(logits, target, pad_idx=0, epsilon=0.1)
+    assert loss.item() == pytest.approx(0.975469, abs=1e-5)
+    assert nll.item() == pytest.approx(0.916291, abs=1e-5)
+    plain, _ = label_smoothed_nll(logits, target, pad_idx=0, epsilon=0.0)
+    assert plain.item() == pytest.approx(0.916291, abs=1e-5)
+
+
+def test_checkpoint_cut_off_mid_write_keeps_the_last_good_one(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    ckpt_mod.save_atomic({"step": 1, "w": torch.ones(3)}, path)
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", broken_save)
+    with pytest.raises(OSError):
+        ckpt_mod.save_atomic({"step": 2, "w": torch.zeros(3)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"], "no temporary file left behind"
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_directory_contents(tiny_config, tmp_path):
+    cfg = load_config(tiny_config)
+    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    assert state.step == 20
+    names = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"last.pt", "best.pt", "config.yaml", "metrics.jsonl", "step_20.pt"} <= names
+    assert "step_10.pt" not in names, "keep_last: 1 keeps only the newest step checkpoint"
+    lines = _metrics(tmp_path / "run")
+    train_lines = [r for r in lines if "loss" in r]
+    assert [r["step"] for r in train_lines] == list(range(1, 21))
+    assert [r["step"] for r in lines if "val_bleu" in r] == [10, 20]
+    assert train_lines[-1]["loss"] < train_lines[0]["loss"]
+    loaded = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert loaded["step"] == 20 and isinstance(loaded["src_spm"], bytes)
+
+
+def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeypatch):
+    real = trainer_mod.label_smoothed_nll
+    calls = {"n": 0}
+
+    def nan_on_third_call(*args, **kwargs):
+        calls["n"] += 1
+        loss, nll = real(*args, **kwargs)
+        return (loss * float("nan"), nll) if calls["n"] == 3 else (loss, nll)
+
+    monkeypatch.setattr(trainer_mod, "label_smoothed_nll", nan_on_third_call)
+    cfg = load_config(tiny_config, ["train.max_steps=4", "train.valid_bleu=false",
+                                    "train.best_metric=loss"])  # fmt: skip
+    with pytest.warns(UserWarning, match="non-finite loss"):
+        state = Trainer(cfg, tmp_path / "a", progress=False, say=lambda *a: None).run()
+    # 5 batches consumed for 4 steps: the NaN batch was skipped, not retried or counted.
+    assert state.step == 4 and state.batch_in_epoch == 5
+
+    monkeypatch.setattr(
+        trainer_mod,
+        "label_smoothed_nll",
+        lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]),
+    )
+    cfg = load_config(tiny_config, ["train.max_nonfinite=3"])
+    with pytest.warns(UserWarning), pytest.raises(MTError, match="3 steps in a row.*lr_factor"):
+        Trainer(cfg, tmp_path / "b", progress=False, say=lambda *a: None).run()
+
+
+def _train_cmd(config: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "transformer_mt", "train", "--config", str(config),
+            "--run-dir", str(run_dir), "--no-progress"]  # fmt: skip
+
+
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path):
+    config = tmp_path / "c.yaml"
+    from conftest import TINY_CONFIG
+
+    config.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=30))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(_train_cmd(config, tmp_path / "whole"), check=True, env=env, capture_output=True)
+
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(config, run), env=env, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (run / "last.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = (
+        torch.load(run / "last.pt", weights_only=True)["step"] if (run / "last.pt").exists() else 0
+    )
+    assert 10 <= killed_at < 30, "the run must be killed part-way for this test to mean anything"
+    rerun = subprocess.run(
+        _train_cmd(config, run), check=True, env=env, capture_output=True, text=True
+    )
+    assert f"at step {killed_at}" in rerun.stderr, "the second run must resume, not restart"
+
+    whole, resumed = _metrics(tmp_path / "whole"), _metrics(run)
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+    for a, b in zip(whole, resumed, strict=True):
+        for key in ("loss", "lr", "val_loss", "val_bleu"):
+            if key in a:
+                assert b[key] == a[key], f"step {a['step']}: {key} {b[key]} != {a[key]}"
+    w = torch.load(tmp_path / "whole" / "last.pt", weights_only=True)["model"]
+    r = torch.load(run / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(w[k], r[k]) for k in w)

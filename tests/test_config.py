@@ -50,7 +50,7 @@ def test_missing_config_file_is_an_error(tmp_path):
 def test_cross_field_validation():
     with pytest.raises(MTError, match="divisible"):
         load_config(None, ["model.d_model=30", "model.n_head=4"])
-    with pytest.raises(MTError, match="tokenizer.joint"):
+    with pytest.raises(MTError, match=r"tokenizer\.joint"):
         load_config(None, ["tokenizer.joint=false", "model.share_embeddings=true"])
 
 

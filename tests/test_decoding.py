@@ -49,16 +49,6 @@ def random_model() -> Transformer:
     return _model(0).eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tiny matrices gain nothing from a second thread, and on a busy 2-core machine two
-    spinning threads made the training below 10x slower (6 s -> 60+ s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def reverse_model() -> Transformer:
     """Trained for 250 steps (~6 s) to reverse 2-7 symbols; greedy then gets ~100% right.

@@ -101,7 +101,7 @@ def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeyp
         lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]),
     )
     cfg = load_config(tiny_config, ["train.max_nonfinite=3"])
-    with pytest.warns(UserWarning), pytest.raises(MTError, match="3 steps in a row.*lr_factor"):
+    with pytest.warns(UserWarning), pytest.raises(MTError, match=r"3 steps in a row.*lr_factor"):
         Trainer(cfg, tmp_path / "b", progress=False, say=lambda *a: None).run()
 
 

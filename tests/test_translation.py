@@ -24,15 +24,6 @@ WORDS = "the a cat dog sat ran on under big small red house garden quickly away 
 FAST = dict(max_len_a=4.0, max_len_b=1.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: a second thread only adds contention on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
     gen = torch.Generator().manual_seed(0)

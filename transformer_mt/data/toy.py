@@ -21,12 +21,12 @@ from dataclasses import dataclass
 _NOUNS = (
     "dog cat man woman child teacher doctor farmer bird horse house car book apple tree river "
     "city garden table window door letter song picture boat train flower mountain village "
-    "student king queen friend baker singer painter soldier girl boy mouse fish cake bread "
+    "student king queen friend baker singer painter soldier girl boy mouse frog cake bread "
     "chair bottle key shoe hat coat ball box cup plate knife lamp bed wall road bridge forest "
     "lake field island castle church school shop market kitchen room stone card glass egg"
 ).split()
 _IRREGULAR_PLURAL = {
-    "man": "men", "woman": "women", "child": "children", "mouse": "mice", "fish": "fish",
+    "man": "men", "woman": "women", "child": "children", "mouse": "mice", "foot": "feet",
     "knife": "knives", "shelf": "shelves",
 }  # fmt: skip
 _ADJECTIVES = (
@@ -36,7 +36,7 @@ _ADJECTIVES = (
 ).split()
 # (base, past) of transitive verbs; the past is given where English is irregular.
 _TRANSITIVE = (
-    "see:saw eat:ate read:read buy:bought carry:carried find:found like:liked watch:watched "
+    "see:saw eat:ate write:wrote buy:bought carry:carried find:found like:liked watch:watched "
     "paint:painted open:opened close:closed visit:visited build:built sell:sold wash:washed "
     "love:loved bring:brought hold:held catch:caught draw:drew break:broke push:pushed "
     "pull:pulled follow:followed help:helped call:called clean:cleaned cook:cooked want:wanted "
@@ -223,7 +223,7 @@ def _starts_vowel(word: str) -> bool:
 
 
 def _finish(words: list[str]) -> str:
-    text = " ".join(words) + " ."
+    text = " ".join(words) + "."  # untokenized, like real text: sacrebleu tokenizes for BLEU
     return text[0].upper() + text[1:]
 
 

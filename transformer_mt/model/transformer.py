@@ -108,7 +108,7 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        # Embeddings are multiplied by sqrt(d_model); std d_model^-0.5 keeps their scale at ~1, which
+        # Embeddings are multiplied by sqrt(d_model); std d_model^-0.5 keeps their scale near 1, which
         # also suits a tied output projection.
         for emb, pad in ((self.src_emb, self.src_pad_idx), (self.trg_emb, self.trg_pad_idx)):
             nn.init.normal_(emb.weight, mean=0.0, std=self.d_model**-0.5)

@@ -1,0 +1,136 @@
+"""The `mt` commands end to end through typer's CliRunner, and their one-line errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny run trained once for all CLI tests: (run directory, toy data directory)."""
+    from conftest import TINY_CONFIG
+
+    tmp = tmp_path_factory.mktemp("cli")
+    config = tmp / "tiny.yaml"
+    config.write_text(TINY_CONFIG.format(cache=tmp / "cache", steps=20))
+    result = runner.invoke(
+        app, ["train", "--config", str(config), "--run-dir", str(tmp / "run"), "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    (data_dir,) = (tmp / "cache").glob("toy-*")
+    return tmp / "run", data_dir
+
+
+def test_train_writes_a_run_directory(trained):
+    run, _ = trained
+    assert (run / "best.pt").is_file() and (run / "last.pt").is_file()
+    assert (run / "config.yaml").is_file()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("step" in r for r in lines) and any("loss" in r for r in lines)
+
+
+def test_translate_keeps_one_line_per_input(trained, tmp_path):
+    run, data = trained
+    src = (data / "test.src").read_text().splitlines()[:5]
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join([src[0], "", src[1], "   ", *src[2:]]) + "\n")
+    out = tmp_path / "out.txt"
+    result = runner.invoke(
+        app,
+        ["translate", "-c", str(run / "best.pt"), "-i", str(inp), "-o", str(out), "--beam", "1"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = out.read_text().split("\n")[:-1]
+    assert len(lines) == 7 and lines[1] == "" and lines[3] == ""
+    # stdin -> stdout gives the same translations
+    piped = runner.invoke(
+        app, ["translate", "-c", str(run / "best.pt"), "--beam", "1"], input=inp.read_text()
+    )
+    assert piped.exit_code == 0 and piped.stdout.split("\n")[:-1] == lines
+
+
+def test_evaluate_translates_and_scores(trained):
+    run, data = trained
+    result = runner.invoke(
+        app,
+        ["evaluate", "-c", str(run / "best.pt"), "--src", str(data / "test.src"),
+         "--ref", str(data / "test.trg"), "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    scores = json.loads(result.stdout)
+    assert set(scores) >= {"bleu", "chrf", "ter", "bleu_signature"}
+    assert "tok:13a" in scores["bleu_signature"]
+
+
+def test_average_and_plot(trained, tmp_path):
+    run, _ = trained
+    out = tmp_path / "avg.pt"
+    result = runner.invoke(
+        app, ["average", str(run / "last.pt"), str(run / "best.pt"), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
+    png = tmp_path / "m.png"
+    assert runner.invoke(app, ["plot", str(run), "--output", str(png)]).exit_code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_missing_checkpoint_is_a_one_line_error(tmp_path):
+    result = runner.invoke(app, ["translate", "-c", str(tmp_path / "nope.pt")], input="hi\n")
+    assert "checkpoint not found" in _one_line_error(result)
+
+
+def test_missing_config_is_a_one_line_error(tmp_path):
+    result = runner.invoke(app, ["train", "--config", str(tmp_path / "nope.yaml")])
+    assert "config file not found" in _one_line_error(result)
+
+
+def test_bad_set_key_is_a_one_line_error(tmp_path):
+    result = runner.invoke(
+        app, ["train", "--set", "train.max_stepz=3", "--run-dir", str(tmp_path / "r")]
+    )
+    assert "train.max_stepz" in _one_line_error(result)
+    assert not (tmp_path / "r").exists(), "nothing written for a bad config"
+
+
+def test_evaluate_line_count_mismatch_names_both_files(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a\nb\n")
+    ref.write_text("a\n")
+    message = _one_line_error(
+        runner.invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref)])
+    )
+    assert "hyp.txt has 2" in message and "ref.txt has 1" in message
+
+
+def test_checkpoint_that_is_not_ours_is_refused(tmp_path):
+    import torch
+
+    bogus = tmp_path / "bogus.pt"
+    torch.save({"weights": torch.ones(2)}, bogus)
+    result = runner.invoke(app, ["translate", "-c", str(bogus)], input="hi\n")
+    assert "not a transformer-mt checkpoint" in _one_line_error(result)
+
+
+def test_python_dash_m_runs_the_same_cli():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer_mt", "--help"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "translate" in out.stdout and "evaluate" in out.stdout

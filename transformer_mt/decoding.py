@@ -1,0 +1,350 @@
+"""Search over a trained Transformer: greedy, beam search and sampling. Token ids in, token ids out.
+
+All three take a padded source batch ``src`` (B, S) of ids ending in EOS (padding =
+``model.src_pad_idx``) and return one :class:`DecodeResult` per sentence, in batch order. They run
+under ``torch.inference_mode`` and need the model in eval mode (dropout would randomize the
+search), which is the caller's job: ``model.eval()``.
+
+Speed: with ``use_cache=True`` (the default) every step feeds the decoder one new position and
+reuses the keys/values of earlier positions (:class:`~transformer_mt.model.DecoderCache`); the
+source's cross-attention keys/values are computed once. ``use_cache=False`` re-runs the decoder on
+the whole prefix at every step, the slow reference that tests and benchmarks compare against.
+Finished sentences leave the active batch (and the cache), so they stop costing compute.
+
+Length: a sentence gets at most ``max_len_a + max_len_b * source_length`` target tokens (EOS not
+counted; source length counts the source's EOS), capped by the model's ``max_len``. A hypothesis
+cut at that length has ``finished=False``.
+
+Scores are sums of token log-probabilities (EOS included) divided by the GNMT length penalty
+``((5 + length) / 6) ** alpha`` (Wu et al., 2016), length counting EOS; ``alpha=0`` gives raw sums.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.data.tokenizer import EOS_ID
+from transformer_mt.model import DecoderCache, Transformer
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One output sequence."""
+
+    tokens: list[int]  # target ids without BOS and EOS
+    score: float  # sum of log-probs / GNMT length penalty
+    finished: bool  # True: ended with EOS; False: cut at the maximum length
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """The output for one source sentence: its hypotheses, best first (distinct token lists)."""
+
+    nbest: list[Hypothesis]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.nbest[0].tokens
+
+    @property
+    def score(self) -> float:
+        return self.nbest[0].score
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ``((5 + length) / 6) ** alpha``."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_target_lengths(
+    model: Transformer, src: torch.Tensor, max_len_a: float, max_len_b: float
+) -> torch.Tensor:
+    """Per-sentence token budget ``a + b * source length``, in [1, model max_len]; shape (B,)."""
+    src_len = (src != model.src_pad_idx).sum(dim=1).double()  # (B,)
+    limit = torch.floor(max_len_a + max_len_b * src_len).long()
+    # Target positions 0 .. n-1 feed the decoder to produce n tokens: n may reach the table size.
+    return limit.clamp(1, model.positions.max_len)
+
+
+def _check_model(model: Transformer) -> None:
+    if model.training:
+        raise ValueError("decoding needs model.eval(): dropout would make the search random")
+
+
+def _next_log_probs(
+    model: Transformer,
+    tokens: torch.Tensor,
+    memory: torch.Tensor,
+    src_mask: torch.Tensor,
+    cache: DecoderCache | None,
+) -> torch.Tensor:
+    """Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t), -inf for
+    the ids search must never emit."""
+    if cache is None:
+        # Reference path: the whole prefix again, every step.
+        logits = model.decode(tokens, memory, src_mask)[:, -1]  # (R, V)
+    else:
+        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (R, V)
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    # Never emit PAD or BOS: a PAD inside a prefix would be masked as padding by the uncached path
+    # (and by any later teacher-forced pass), so the two paths would disagree.
+    log_probs[:, model.trg_pad_idx] = float("-inf")
+    log_probs[:, model.trg_sos_idx] = float("-inf")
+    return log_probs
+
+
+def _hypothesis(prefix: list[int], logp: float, eos: bool, alpha: float) -> Hypothesis:
+    """``prefix``: generated ids (no BOS; EOS, if any, already dropped)."""
+    return Hypothesis(prefix, logp / length_penalty(len(prefix) + int(eos), alpha), eos)
+
+
+def _sequential_search(
+    model: Transformer,
+    src: torch.Tensor,
+    choose: Callable[[torch.Tensor], torch.Tensor],
+    max_len_a: float,
+    max_len_b: float,
+    len_penalty: float,
+    use_cache: bool,
+    eos_idx: int,
+) -> list[DecodeResult]:
+    """One hypothesis per sentence, extended by ``choose(log_probs (R, V)) -> ids (R,)``."""
+    _check_model(model)
+    n_sent = src.size(0)
+    max_lens = max_target_lengths(model, src, max_len_a, max_len_b).to(src.device)  # (B,)
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    sent = torch.arange(n_sent, device=src.device)  # sentence index of each active row
+    tokens = torch.full((n_sent, 1), model.trg_sos_idx, dtype=torch.long, device=src.device)
+    logp_sum = torch.zeros(n_sent, device=src.device)  # (R,)
+    cache = model.new_cache() if use_cache else None
+    results: list[DecodeResult | None] = [None] * n_sent
+
+    for step in range(int(max_lens.max())):
+        log_probs = _next_log_probs(model, tokens, memory, src_mask, cache)  # (R, V)
+        nxt = choose(log_probs)  # (R,)
+        logp_sum += log_probs.gather(1, nxt[:, None]).squeeze(1)
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (R, step + 2)
+        ended = nxt == eos_idx
+        done = ended | (max_lens <= step + 1)
+        if not bool(done.any()):
+            continue
+        done_rows = done.nonzero().squeeze(1)
+        for s, eos, lp, toks in zip(
+            sent[done_rows].tolist(),
+            ended[done_rows].tolist(),
+            logp_sum[done_rows].tolist(),
+            tokens[done_rows, 1:].tolist(),
+            strict=True,
+        ):
+            results[s] = DecodeResult(
+                [_hypothesis(toks[:-1] if eos else toks, lp, eos, len_penalty)]
+            )
+        keep = (~done).nonzero().squeeze(1)  # (R',)
+        if keep.numel() == 0:
+            break
+        # Finished rows leave every tensor, so later steps compute only what is still open.
+        tokens, logp_sum, sent, max_lens = tokens[keep], logp_sum[keep], sent[keep], max_lens[keep]
+        memory, src_mask = memory.index_select(0, keep), src_mask.index_select(0, keep)
+        if cache is not None:
+            cache.select(keep)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: Transformer,
+    src: torch.Tensor,
+    *,
+    max_len_a: float = 10.0,
+    max_len_b: float = 1.5,
+    len_penalty: float = 1.0,
+    use_cache: bool = True,
+    eos_idx: int = EOS_ID,
+) -> list[DecodeResult]:
+    """Pick the most probable token at each step. ``len_penalty`` only scales the reported score."""
+    return _sequential_search(
+        model,
+        src,
+        lambda log_probs: log_probs.argmax(dim=-1),
+        max_len_a,
+        max_len_b,
+        len_penalty,
+        use_cache,
+        eos_idx,
+    )
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set to -inf every logit (R, V) outside the ``top_k`` best and outside the smallest set whose
+    probability reaches ``top_p`` (nucleus). ``top_k=0`` and ``top_p=1`` switch a filter off."""
+    if top_k > 0 and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (R, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (R, V)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens before it already hold top_p: the best one always stays.
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return logits
+
+
+@torch.inference_mode()
+def sample(
+    model: Transformer,
+    src: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    max_len_a: float = 10.0,
+    max_len_b: float = 1.5,
+    len_penalty: float = 1.0,
+    use_cache: bool = True,
+    eos_idx: int = EOS_ID,
+) -> list[DecodeResult]:
+    """Draw each token from softmax(logits / temperature), optionally top-k / top-p filtered
+    (back-translation). The score is the model's own log-probability of the draw (temperature 1,
+    unfiltered). Pass a seeded ``generator`` for reproducible draws."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}; use greedy_search for 0")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+    def choose(log_probs: torch.Tensor) -> torch.Tensor:
+        probs = filter_logits(log_probs / temperature, top_k, top_p).softmax(dim=-1)  # (R, V)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (R,)
+
+    return _sequential_search(
+        model, src, choose, max_len_a, max_len_b, len_penalty, use_cache, eos_idx
+    )
+
+
+def _reorder_self_attention(cache: DecoderCache, index: torch.Tensor) -> None:
+    """Reorder the beams of the self-attention cache only.
+
+    The K rows of a sentence share one source, so their cross-attention keys/values are equal and
+    a reorder within sentences leaves them unchanged: skipping them halves the copying of a step
+    (the gathers were a third of cached beam search's time). Uses the layout ``DecoderCache``
+    documents: per layer ``{"self": {"k", "v"}, "cross": {"k", "v"}}``.
+    """
+    for layer in cache.layers:
+        part = layer["self"]
+        for name, t in part.items():
+            part[name] = t.index_select(0, index)  # (n*K, H, t, Dh)
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Transformer,
+    src: torch.Tensor,
+    *,
+    beam: int = 4,
+    nbest: int = 1,
+    len_penalty: float = 1.0,
+    max_len_a: float = 10.0,
+    max_len_b: float = 1.5,
+    use_cache: bool = True,
+    eos_idx: int = EOS_ID,
+) -> list[DecodeResult]:
+    """Beam search over all sentences at once: rows are (sentence, beam) pairs, (B*K, t).
+
+    Each step ranks the 2K best extensions per sentence. An EOS among the K best ends a hypothesis;
+    the K best non-EOS extensions stay on the beam (so beam 1 picks exactly what greedy picks). A
+    sentence is done when it holds ``beam`` ended hypotheses or reaches its maximum length (then its
+    live beams end unfinished); done sentences leave the batch. Returns the ``nbest`` best of each
+    sentence by length-penalized score, best first; they are distinct token sequences because every
+    beam is a distinct path.
+    """
+    _check_model(model)
+    k = beam
+    if not 1 <= nbest <= k:
+        raise ValueError(f"need 1 <= nbest <= beam, got nbest={nbest}, beam={beam}")
+    n = src.size(0)
+    dev = src.device
+    max_lens = max_target_lengths(model, src, max_len_a, max_len_b).to(dev)  # (n,)
+    memory, src_mask = model.encode(src)  # (n, S, D), (n, 1, 1, S)
+    memory = memory.repeat_interleave(k, dim=0)  # (n*K, S, D)
+    src_mask = src_mask.repeat_interleave(k, dim=0)  # (n*K, 1, 1, S)
+    sent = torch.arange(n, device=dev)  # original index of each active sentence
+    tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
+    # All K beams start as the same BOS: only beam 0 may expand at first, else the beam would
+    # fill with copies of one hypothesis.
+    scores = torch.full((n, k), float("-inf"), device=dev)  # (n, K) summed log-probs
+    scores[:, 0] = 0.0
+    cache = model.new_cache() if use_cache else None
+    ended: list[list[Hypothesis]] = [[] for _ in range(n)]
+    beam_offsets = torch.arange(k, device=dev)
+
+    for step in range(int(max_lens.max())):
+        log_probs = _next_log_probs(model, tokens, memory, src_mask, cache)  # (n*K, V)
+        n_act, vocab = scores.size(0), log_probs.size(-1)
+        if 2 * k + 2 > vocab:  # 2K finite candidates per sentence; PAD and BOS are never emitted
+            raise ValueError(f"beam={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
+        cand = (scores.view(-1, 1) + log_probs).view(n_act, k * vocab)  # (n, K*V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (n, 2K)
+        is_eos = top_tok == eos_idx
+
+        # EOS among the K best candidates ends a hypothesis (a -inf one is a step-0 copy beam).
+        end_mask = is_eos[:, :k] & top_scores[:, :k].isfinite()  # (n, K)
+        if bool(end_mask.any()):
+            i_idx, j_idx = end_mask.nonzero(as_tuple=True)
+            rows = i_idx * k + top_beam[i_idx, j_idx]
+            for s, lp, toks in zip(
+                sent[i_idx].tolist(),
+                top_scores[i_idx, j_idx].tolist(),
+                tokens[rows, 1:].tolist(),
+                strict=True,
+            ):
+                ended[s].append(_hypothesis(toks, lp, True, len_penalty))
+
+        # The K best non-EOS candidates live on; there are always K, as at most K are EOS.
+        live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+        live_beam = top_beam.gather(1, live_pos)  # (n, K)
+        live_tok = top_tok.gather(1, live_pos)  # (n, K)
+        reorder = (torch.arange(n_act, device=dev)[:, None] * k + live_beam).view(-1)  # (n*K,)
+        tokens = torch.cat([tokens.index_select(0, reorder), live_tok.view(-1, 1)], dim=1)
+        scores = live_scores
+
+        at_max = max_lens <= step + 1  # (n,)
+        if bool(at_max.any()):
+            i_idx = at_max.nonzero().squeeze(1)
+            rows = (i_idx[:, None] * k + beam_offsets).view(-1)  # (m*K,)
+            for s, lp, toks in zip(
+                sent[i_idx].repeat_interleave(k).tolist(),
+                scores[i_idx].view(-1).tolist(),
+                tokens[rows, 1:].tolist(),
+                strict=True,
+            ):
+                ended[s].append(_hypothesis(toks, lp, False, len_penalty))
+        n_ended = torch.tensor([len(ended[s]) for s in sent.tolist()], device=dev)
+        done = at_max | (n_ended >= k)  # (n,)
+
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)  # (n',)
+            if keep.numel() == 0:
+                break
+            keep_rows = (keep[:, None] * k + beam_offsets).view(-1)  # (n'*K,)
+            tokens = tokens.index_select(0, keep_rows)
+            reorder = reorder.index_select(0, keep_rows)
+            memory = memory.index_select(0, keep_rows)
+            src_mask = src_mask.index_select(0, keep_rows)
+            scores, sent, max_lens = scores[keep], sent[keep], max_lens[keep]
+            if cache is not None:
+                # One gather both reorders the beams and drops the done sentences.
+                cache.select(reorder)
+        elif cache is not None:
+            _reorder_self_attention(cache, reorder)
+
+    results = []
+    for hyps in ended:
+        best = sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest]
+        assert len(best) == nbest, "a done sentence always holds >= beam hypotheses"
+        results.append(DecodeResult(best))
+    return results

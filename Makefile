@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 TORCH_INDEX ?=
 RUN_DIR ?= runs/toy
-TOY_TEST := data/cache/toy-seed1234-20000-500-500/test
+TOY_TEST := data/cache/toy-v2-seed1234-20000-500-500/test
 
 .PHONY: train test test-slow lint format clean
 

@@ -228,6 +228,11 @@ def validate(cfg: Config) -> None:
             raise MTError(f"train.{key}={getattr(t, key)} must be at least 1")
     if t.precision not in ("fp32", "bf16", "fp16"):
         raise MTError(f"train.precision={t.precision!r}: expected fp32, bf16 or fp16")
+    if t.batch_tokens < cfg.data.max_tokens_per_side:
+        raise MTError(
+            f"train.batch_tokens={t.batch_tokens} is below data.max_tokens_per_side="
+            f"{cfg.data.max_tokens_per_side}: the longest pair would not fit in a batch"
+        )
     if not 0.0 <= t.label_smoothing < 1.0:
         raise MTError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if cfg.data.max_words < 1:

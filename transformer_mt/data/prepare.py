@@ -3,10 +3,23 @@
 Every step is cached under ``data.cache_dir`` by a hash of its inputs and settings, so a second
 ``mt train`` or ``mt prepare`` with nothing changed reuses the tokenizer and the token ids, and any
 change (a file's contents, a vocabulary size, a cleaning threshold) rebuilds what depends on it.
+
+Memory stays bounded by the corpus's largest *sample*, never the corpus: the training files are
+streamed once into sentencepiece (which keeps a uniform sample of ``input_sentence_size``
+sentences) and once more into the binarized cache. Only the validation split is held in memory,
+as text, for the BLEU that training reports.
+
+Failure leaves nothing half-made: the small validation split is checked first (a bad line there
+fails in a second, not after an hour of tokenizer training), the training files are read to the end
+by the tokenizer training before any model file is written, and every file or directory of the
+cache is written aside and renamed into place only when complete.
 """
 
+from __future__ import annotations
+
 import itertools
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -14,12 +27,17 @@ from transformer_mt.config import Config
 from transformer_mt.data.binarized import BinarizedPair, build_binarized, cache_key, load_binarized
 from transformer_mt.data.corpus import CleanConfig, CleanReport, clean_parallel, iter_clean_pairs
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, TokenizerSettings
-from transformer_mt.data.toy import toy_splits
+from transformer_mt.data.toy import TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import write_text_atomic
+
+Say = Callable[[str], None]
+"""Where progress messages go (``print``, ``typer.echo`` to stderr, or a no-op on other ranks)."""
 
 SPLITS = ("train", "valid", "test")
 _MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 _ENCODE_CHUNK = 10_000  # sentences encoded per sentencepiece call (it runs them in parallel)
+REPORT_FILE = "clean_report.txt"  # beside a binarized split: its cleaning report, shown on reuse
 
 
 @dataclass
@@ -35,48 +53,90 @@ class PreparedData:
     files: dict[str, tuple[Path, Path]]  # split -> (source file, target file)
 
 
+# --- where the text comes from ------------------------------------------------------------------
+
+
 def corpus_files(cfg: Config, progress: bool = True) -> dict[str, tuple[Path, Path]]:
     """The (source, target) file pair of each split, generating or downloading what is missing."""
-    d = cfg.data
-    if d.corpus == "toy":
+    corpus = cfg.data.corpus
+    if corpus == "toy":
         return _write_toy(cfg)
-    if d.corpus == "multi30k":
-        from transformer_mt.data.download import download_corpus
+    if corpus == "multi30k":
+        return _multi30k_files(cfg, progress)
+    return _local_files(cfg)
 
-        dest = Path(d.download_dir) / "multi30k"
-        names = [
-            f"{s}.{lang}.gz" for s in _MULTI30K_SPLITS.values() for lang in (d.src_lang, d.trg_lang)
-        ]
-        download_corpus("multi30k", dest, d.base_url, only=names, progress=progress)
-        return {
-            split: (dest / f"{name}.{d.src_lang}", dest / f"{name}.{d.trg_lang}")
-            for split, name in _MULTI30K_SPLITS.items()
-        }
-    files = {}
+
+def _local_files(cfg: Config) -> dict[str, tuple[Path, Path]]:
+    """The files a local corpus names; all are checked now, so that a typo in ``test_src`` fails
+    before the training split is tokenized rather than later in ``mt evaluate``."""
+    d = cfg.data
+    files: dict[str, tuple[Path, Path]] = {}
     for split in SPLITS:
         src, trg = getattr(d, f"{split}_src"), getattr(d, f"{split}_trg")
         if (src is None) != (trg is None) or (src is None and split != "test"):
             raise MTError(f"data.corpus=local needs data.{split}_src and data.{split}_trg")
         if src is not None:
             files[split] = (Path(src), Path(trg))
+    for split, pair in files.items():
+        for side, path in zip(("src", "trg"), pair, strict=True):
+            if not path.is_file():
+                raise MTError(f"data.{split}_{side}: {path} is not a file; check the path")
     return files
+
+
+def _multi30k_files(cfg: Config, progress: bool) -> dict[str, tuple[Path, Path]]:
+    """Download (once) only the six files the language pair needs, and return the unpacked ones."""
+    # Imported here: urllib and the registry are only needed when a corpus is downloaded.
+    from transformer_mt.data.download import download_corpus
+    from transformer_mt.data.registry import get_corpus
+
+    d = cfg.data
+    # The languages that have all three splits (the registry lists cs for fewer test sets).
+    by_split: dict[str, set[str]] = {}
+    for f in get_corpus("multi30k").files:
+        split, lang = f.local_name.removesuffix(".gz").rsplit(".", 1)
+        by_split.setdefault(split, set()).add(lang)
+    langs = sorted(set.intersection(*(by_split.get(s, set()) for s in _MULTI30K_SPLITS.values())))
+    for key, lang in (("src_lang", d.src_lang), ("trg_lang", d.trg_lang)):
+        # Checked here: the downloader's own message would talk about --only patterns.
+        if lang not in langs:
+            raise MTError(
+                f"data.{key}={lang!r}: Multi30k task 1 has train/val/test_2016_flickr only in "
+                f"{', '.join(langs)}; choose one of them"
+            )
+    if d.src_lang == d.trg_lang:
+        raise MTError(f"data.src_lang and data.trg_lang are both {d.src_lang!r}; pick two")
+    names = [
+        f"{split}.{lang}.gz"
+        for split in _MULTI30K_SPLITS.values()
+        for lang in (d.src_lang, d.trg_lang)
+    ]
+    dest = Path(d.download_dir) / "multi30k"
+    outputs = download_corpus("multi30k", dest, base_url=d.base_url, only=names, progress=progress)
+    by_name = {p.name: p for p in outputs}  # gunzipped beside the .gz: "train.de", ...
+    return {
+        split: (by_name[f"{name}.{d.src_lang}"], by_name[f"{name}.{d.trg_lang}"])
+        for split, name in _MULTI30K_SPLITS.items()
+    }
 
 
 def _write_toy(cfg: Config) -> dict[str, tuple[Path, Path]]:
     """Write the built-in corpus as plain text files (so users can read what the model learns)."""
     d = cfg.data
     sizes = (d.toy_train_size, d.toy_valid_size, d.toy_test_size)
-    out = Path(d.cache_dir) / (f"toy-seed{d.toy_seed}-" + "-".join(map(str, sizes)))
+    out = Path(d.cache_dir) / (f"toy-v{TOY_VERSION}-seed{d.toy_seed}-" + "-".join(map(str, sizes)))
     files = {s: (out / f"{s}.{d.src_lang}", out / f"{s}.{d.trg_lang}") for s in SPLITS}
     if all(p.is_file() for pair in files.values() for p in pair):
         return files
     out.mkdir(parents=True, exist_ok=True)
     for split, pairs in toy_splits(*sizes, seed=d.toy_seed).items():
         for side, path in enumerate(files[split]):
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-            tmp.replace(path)  # a killed run never leaves a half-written corpus file
+            # Atomic: a killed run never leaves a half-written corpus file to be reused.
+            write_text_atomic(path, "".join(p[side] + "\n" for p in pairs))
     return files
+
+
+# --- sentencepiece --------------------------------------------------------------------------------
 
 
 def _clean_cfg(cfg: Config) -> CleanConfig:
@@ -87,34 +147,83 @@ def _clean_cfg(cfg: Config) -> CleanConfig:
     )
 
 
-def _train_tokenizers(
-    cfg: Config, train: tuple[Path, Path], cache: Path, say
+def _no_pairs_error(name: str, files: tuple[Path, Path], why: str) -> MTError:
+    return MTError(
+        f"{name} split ({files[0]} / {files[1]}) has no pairs left after {why}; check the data "
+        "or loosen data.max_words / data.max_ratio / data.max_tokens_per_side"
+    )
+
+
+def _training_sentences(
+    files: tuple[Path, Path], clean: CleanConfig, sides: tuple[int, ...]
+) -> Iterator[str]:
+    """Stream the cleaned training sentences of the given sides (0 = source, 1 = target).
+
+    A joint vocabulary gets both sides of each pair, interleaved, so that sentencepiece's sample
+    (when the corpus exceeds ``input_sentence_size``) keeps the two languages balanced.
+    """
+    n_pairs = 0
+    for pair in iter_clean_pairs(files[0], files[1], clean):
+        n_pairs += 1
+        for side in sides:
+            yield pair[side]
+    if n_pairs == 0:
+        raise _no_pairs_error("train", files, "cleaning")
+
+
+def _save_atomic(tok: Tokenizer, path: Path) -> None:
+    """Write a model file aside and rename it into place; remove the temporary file on failure."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tok.save(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def train_tokenizers(
+    cfg: Config, train: tuple[Path, Path], train_key: str, cache: Path, say: Say
 ) -> tuple[Tokenizer, Tokenizer]:
+    """The (source, target) tokenizers: one joint model used twice, or two separate ones.
+
+    Cached as ``spm-<key>-joint.model`` or ``spm-<key>-{src,trg}.model``, keyed by the training
+    files' contents (``train_key``), the cleaning thresholds and the tokenizer settings.
+    """
     t = cfg.tokenizer
     settings = TokenizerSettings(t.vocab_size, t.model_type, t.character_coverage)
+    clean = _clean_cfg(cfg)
     key = cache_key(
-        train[0],
-        train[1],
-        {"tokenizer": asdict(settings), "joint": t.joint, "clean": asdict(_clean_cfg(cfg))},
+        train_key, {"tokenizer": asdict(settings), "joint": t.joint, "clean": asdict(clean)}
     )[:16]
-    names = ["joint"] if t.joint else ["src", "trg"]
-    paths = [cache / f"spm-{key}-{n}.model" for n in names]
+    sides: list[tuple[str, tuple[int, ...]]] = (
+        [("joint", (0, 1))] if t.joint else [("src", (0,)), ("trg", (1,))]
+    )
+    paths = [cache / f"spm-{key}-{name}.model" for name, _ in sides]
     if all(p.is_file() for p in paths):
+        say(f"tokenizer: reusing {', '.join(str(p) for p in paths)}")
         toks = [Tokenizer.load(p) for p in paths]
-    else:
-        say(
-            f"training sentencepiece ({t.model_type}, vocab {t.vocab_size}, "
-            f"{'joint' if t.joint else 'separate'}) on {train[0].name} / {train[1].name}"
-        )
-        src, trg, _ = clean_parallel(*train, _clean_cfg(cfg))
-        texts = [src + trg] if t.joint else [src, trg]
-        toks = [Tokenizer.train(x, settings) for x in texts]
-        cache.mkdir(parents=True, exist_ok=True)
-        for tok, p in zip(toks, paths, strict=True):
-            tmp = p.with_suffix(".tmp")
-            tok.save(tmp)
-            tmp.replace(p)
+        return toks[0], toks[-1]
+    say(
+        f"tokenizer: training sentencepiece ({t.model_type}, vocab {t.vocab_size}, "
+        f"{'joint' if t.joint else 'separate'}) on {train[0].name} / {train[1].name}"
+    )
+    # Streamed: sentencepiece keeps only a sample, so the corpus is never loaded whole. Both
+    # models are trained before either is saved, so a bad line leaves no model behind.
+    toks = [Tokenizer.train(_training_sentences(train, clean, idx), settings) for _, idx in sides]
+    cache.mkdir(parents=True, exist_ok=True)
+    for tok, path in zip(toks, paths, strict=True):
+        _save_atomic(tok, path)
     return toks[0], toks[-1]
+
+
+# --- binarized ids --------------------------------------------------------------------------------
+
+
+@dataclass
+class _EncodeCount:
+    kept: int = 0
+    too_long: int = 0
 
 
 def _encoded_pairs(
@@ -122,7 +231,7 @@ def _encoded_pairs(
     src_tok: Tokenizer,
     trg_tok: Tokenizer,
     max_tokens: int,
-    dropped: list[int],
+    count: _EncodeCount,
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Source ids end with EOS; target ids are stored bare (the trainer adds BOS and EOS). Pairs
     whose source + EOS or target + BOS/EOS exceed ``max_tokens`` are dropped and counted."""
@@ -131,42 +240,84 @@ def _encoded_pairs(
         trgs = trg_tok.encode_batch([t for _, t in chunk])
         for s, t in zip(srcs, trgs, strict=True):
             if len(s) + 1 > max_tokens or len(t) + 1 > max_tokens:
-                dropped[0] += 1
+                count.too_long += 1
                 continue
-            yield s + [EOS_ID], t
+            count.kept += 1
+            yield [*s, EOS_ID], t
 
 
 def binarize_split(
-    cfg: Config, files: tuple[Path, Path], src_tok: Tokenizer, trg_tok: Tokenizer, name: str, say
+    cfg: Config,
+    files: tuple[Path, Path],
+    files_key: str,
+    src_tok: Tokenizer,
+    trg_tok: Tokenizer,
+    name: str,
+    say: Say,
 ) -> BinarizedPair:
-    """The cached token ids of one split, built (streaming, atomically) when missing or stale."""
-    settings = {"clean": asdict(_clean_cfg(cfg)), "max_tokens": cfg.data.max_tokens_per_side}
-    key = cache_key(files[0], files[1], src_tok.model_proto, trg_tok.model_proto, settings)
+    """The cached token ids of one split, built (streaming, atomically) when missing or stale.
+
+    ``files_key`` is :func:`cache_key` of the two files (computed once by the caller: hashing a
+    large corpus takes a while). The split's cleaning report is printed when it is built, and
+    kept beside the ids to be printed again when the cache is reused.
+    """
+    clean = _clean_cfg(cfg)
+    max_tokens = cfg.data.max_tokens_per_side
+    settings = {"clean": asdict(clean), "max_tokens": max_tokens}
+    key = cache_key(files_key, src_tok.model_proto, trg_tok.model_proto, settings)
     out = Path(cfg.data.cache_dir) / f"{cfg.name}-{name}"
     cached = load_binarized(out, key)
     if cached is not None:
+        report_path = out / REPORT_FILE
+        stored = report_path.read_text(encoding="utf-8") if report_path.is_file() else ""
+        say(f"{name}: reusing {out} ({len(cached):,} pairs; inputs and settings unchanged)")
+        if stored:
+            say("  " + stored.rstrip("\n").replace("\n", "\n  "))
         return cached
+
     report = CleanReport()
-    dropped = [0]
-    pairs = iter_clean_pairs(files[0], files[1], _clean_cfg(cfg), report)
-    encoded = _encoded_pairs(pairs, src_tok, trg_tok, cfg.data.max_tokens_per_side, dropped)
-    data = build_binarized(out, key, encoded, max(src_tok.vocab_size, trg_tok.vocab_size))
-    say(f"{name}: {files[0]} / {files[1]}\n  " + report.format().replace("\n", "\n  "))
-    if dropped[0]:
-        say(f"  dropped {dropped[0]:,} pairs over {cfg.data.max_tokens_per_side} subword tokens")
-    if len(data) == 0:
-        raise MTError(
-            f"{name} split of {files[0]} has no pairs left after cleaning; check the data"
+    count = _EncodeCount()
+
+    def pairs() -> Iterator[tuple[list[int], list[int]]]:
+        yield from _encoded_pairs(
+            iter_clean_pairs(files[0], files[1], clean, report), src_tok, trg_tok, max_tokens, count
         )
+        # Raised inside the stream, so build_binarized discards the build: no empty cache.
+        if count.kept == 0:
+            raise _no_pairs_error(name, files, f"cleaning and the {max_tokens}-token limit")
+
+    data = build_binarized(out, key, pairs(), max(src_tok.vocab_size, trg_tok.vocab_size))
+    lines = [f"{files[0]} / {files[1]}", *report.format().splitlines()]
+    if count.too_long:
+        lines.append(f"dropped {count.too_long:,} pairs over {max_tokens} subword tokens a side")
+    n_src, n_trg = data.n_tokens
+    lines.append(f"-> {len(data):,} pairs, {n_src:,} / {n_trg:,} tokens, in {out}")
+    text = "\n".join(lines) + "\n"
+    write_text_atomic(out / REPORT_FILE, text)
+    say(f"{name}: " + text.rstrip("\n").replace("\n", "\n  "))
     return data
 
 
-def prepare(cfg: Config, say=print, progress: bool = True) -> PreparedData:
-    """Everything training needs, reusing the caches when nothing changed."""
+# --- all of it --------------------------------------------------------------------------------
+
+
+def prepare(cfg: Config, say: Say = print, progress: bool = True) -> PreparedData:
+    """Everything training needs, reusing the caches when nothing changed.
+
+    Raises:
+        MTError: a file is missing or bad (naming the file and line), a split is empty after
+            cleaning, or a download fails. Nothing half-written is left in the cache.
+    """
     files = corpus_files(cfg, progress)
+    clean = _clean_cfg(cfg)
+    # Validation first: it is small, it is needed in memory anyway (for BLEU), and a bad line in it
+    # should fail before the long tokenizer training rather than after.
+    valid_src, valid_trg, valid_report = clean_parallel(*files["valid"], clean)
+    if valid_report.kept == 0:
+        raise _no_pairs_error("valid", files["valid"], "cleaning")
+    keys = {split: cache_key(*files[split]) for split in ("train", "valid")}
     cache = Path(cfg.data.cache_dir)
-    src_tok, trg_tok = _train_tokenizers(cfg, files["train"], cache, say)
-    train = binarize_split(cfg, files["train"], src_tok, trg_tok, "train", say)
-    valid = binarize_split(cfg, files["valid"], src_tok, trg_tok, "valid", say)
-    valid_src, valid_trg, _ = clean_parallel(*files["valid"], _clean_cfg(cfg))
+    src_tok, trg_tok = train_tokenizers(cfg, files["train"], keys["train"], cache, say)
+    train = binarize_split(cfg, files["train"], keys["train"], src_tok, trg_tok, "train", say)
+    valid = binarize_split(cfg, files["valid"], keys["valid"], src_tok, trg_tok, "valid", say)
     return PreparedData(src_tok, trg_tok, train, valid, valid_src, valid_trg, files)

@@ -5,7 +5,7 @@ them; they are also recorded in the checkpoint.
 """
 
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,18 +46,23 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Number of pieces, special ids included (may be below the size asked for)."""
         return self.sp.get_piece_size()
 
     def encode(self, text: str) -> list[int]:
+        """One sentence to piece ids, without BOS/EOS."""
         return self.sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Many sentences at once (sentencepiece encodes them on several threads)."""
         return self.sp.encode(texts, out_type=int)
 
     def pieces(self, text: str) -> list[str]:
+        """One sentence to its pieces as strings (for display and debugging)."""
         return self.sp.encode(text, out_type=str)
 
     def id_to_piece(self, ids: Iterable[int]) -> list[str]:
+        """The piece string of each id."""
         return [self.sp.id_to_piece(int(i)) for i in ids]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -66,18 +71,39 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: Path) -> "Tokenizer":
+        """Read a ``.model`` file written by :meth:`save` (or by sentencepiece itself)."""
         return cls(Path(path).read_bytes())
 
     def save(self, path: Path) -> None:
+        """Write the serialized model; callers that need atomicity write aside and rename."""
         Path(path).write_bytes(self.model_proto)
 
     @classmethod
     def train(cls, texts: Iterable[str], settings: TokenizerSettings) -> "Tokenizer":
-        """Train a sentencepiece model on an iterable of sentences (kept in memory by spm)."""
+        """Train a sentencepiece model on an iterable of sentences, streamed.
+
+        sentencepiece reads the iterable to its end but keeps only a uniform sample of
+        ``settings.input_sentence_size`` sentences (reservoir sampling), so a generator over a
+        corpus larger than RAM is fine. An exception raised by the iterable (e.g. an
+        :class:`MTError` naming a bad line) is re-raised as it was: sentencepiece would otherwise
+        turn it into a RuntimeError and lose the message.
+        """
+        failure: list[BaseException] = []
+        counted = [0]
+
+        def guarded() -> Iterator[str]:
+            try:
+                for text in texts:
+                    counted[0] += 1
+                    yield text
+            except BaseException as err:  # also Ctrl-C: it must reach the caller unchanged
+                failure.append(err)
+                raise
+
         buf = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(texts),
+                sentence_iterator=guarded(),
                 model_writer=buf,
                 vocab_size=settings.vocab_size,
                 model_type=settings.model_type,
@@ -93,8 +119,14 @@ class Tokenizer:
                 num_threads=2,
             )
         except RuntimeError as err:
+            if failure:
+                raise failure[0] from None
+            if counted[0] == 0:
+                raise MTError("sentencepiece training got no sentences; check the data") from None
             msg = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
             raise MTError(
                 f"sentencepiece training failed: {msg}; check tokenizer.vocab_size and the data"
             ) from err
+        if failure:  # pragma: no cover - sentencepiece always reports the iterator's error
+            raise failure[0]
         return cls(buf.getvalue())

@@ -76,6 +76,8 @@ _TRG_FUNCTION = {
     "yesterday": "jeri", "today": "oje",
 }  # fmt: skip
 
+# Bump when the generator's output changes, so cached corpora of the old version are not reused.
+TOY_VERSION = 2
 _LEXICON_SEED = 20170612  # fixed: the target language never changes between corpora
 
 

@@ -1,0 +1,42 @@
+"""`mt evaluate --hyp` reports exactly what sacrebleu's own API computes on the same files."""
+
+import json
+
+import sacrebleu
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+
+HYPS = ["The cat sat on the mat.", "A dog runs in the park!", "", "Ein Haus, am See."]
+REF1 = ["The cat sat on a mat.", "The dog is running in a park.", "Nothing.", "Ein Haus am See."]
+REF2 = ["A cat was sitting on the mat.", "A dog runs through the park!", "", "Das Haus am See."]
+
+
+def _write(path, lines):
+    path.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_json_scores_equal_sacrebleu_api_with_two_references(tmp_path):
+    hyp = _write(tmp_path / "hyp.txt", HYPS)
+    r1, r2 = _write(tmp_path / "r1.txt", REF1), _write(tmp_path / "r2.txt", REF2)
+    result = CliRunner().invoke(app, ["evaluate", "--hyp", hyp, "--ref", r1, "--ref", r2, "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    refs = [REF1, REF2]
+    assert got["bleu"] == sacrebleu.corpus_bleu(HYPS, refs).score
+    assert got["chrf"] == sacrebleu.corpus_chrf(HYPS, refs).score
+    assert got["ter"] == sacrebleu.corpus_ter(HYPS, refs).score
+    assert got["bleu_signature"].startswith("nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp")
+    assert "chrF2" in got["chrf_signature"] or "nc:6" in got["chrf_signature"]
+
+
+def test_plain_output_prints_each_score_with_its_signature(tmp_path):
+    hyp = _write(tmp_path / "hyp.txt", HYPS)
+    ref = _write(tmp_path / "r1.txt", REF1)
+    result = CliRunner().invoke(app, ["evaluate", "--hyp", hyp, "--ref", ref])
+    assert result.exit_code == 0, result.output
+    bleu = sacrebleu.corpus_bleu(HYPS, [REF1]).score
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"BLEU = {bleu:.2f}") and "tok:13a" in lines[0]
+    assert lines[1].startswith("chrF = ") and lines[2].startswith("TER  = ")

@@ -1,11 +1,13 @@
 """Training: exact formulas, atomic checkpoints, non-finite losses, exact resume after SIGKILL."""
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,70 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path):
     w = torch.load(tmp_path / "whole" / "last.pt", weights_only=True)["model"]
     r = torch.load(run / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(w[k], r[k]) for k in w)
+
+
+def _sets(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def test_sigterm_saves_a_checkpoint_exits_0_and_the_rerun_continues(tmp_path):
+    from conftest import TINY_CONFIG
+
+    config = tmp_path / "c.yaml"
+    # Far more steps than the test waits for: only the signal ends this run.
+    config.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=100_000))
+    fast = _sets("train.valid_bleu=false", "train.best_metric=loss", "train.valid_every=100000")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        _train_cmd(config, run) + fast, env=env, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    metrics = run / "metrics.jsonl"
+    while proc.poll() is None and time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    stopped_at = torch.load(run / "last.pt", weights_only=True)["step"]
+    assert 3 <= stopped_at < 100_000
+    assert f"stopped by signal at step {stopped_at}" in stderr
+    assert _metrics(run)[-1]["step"] == stopped_at, "the checkpoint holds the last logged step"
+
+    rerun = subprocess.run(
+        _train_cmd(config, run) + fast + _sets(f"train.max_steps={stopped_at + 2}"),
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert f"at step {stopped_at}" in rerun.stderr, "the second run must resume, not restart"
+    steps = [r["step"] for r in _metrics(run) if "loss" in r]
+    assert steps == list(range(1, stopped_at + 3))
+    assert torch.load(run / "last.pt", weights_only=True)["step"] == stopped_at + 2
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_on_cpu_with_finite_losses(tiny_config, tmp_path, precision):
+    cfg = load_config(tiny_config, [f"train.precision={precision}", "train.max_steps=3",
+                                    "train.valid_bleu=false", "train.best_metric=loss"])  # fmt: skip
+    trainer = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None)
+    assert trainer.state.step == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a skipped (non-finite) step warns: make it fail here
+        state = trainer.run()
+    assert state.step == 3
+    lines = _metrics(tmp_path / "run")
+    assert all(math.isfinite(r["loss"]) for r in lines if "loss" in r)
+    assert all(math.isfinite(r["val_loss"]) for r in lines if "val_loss" in r)
+    scaler = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["train_state"]["scaler"]
+    assert ("scale" in scaler) == (precision == "fp16"), "fp16 keeps a gradient scaler's state"
+
+
+def test_an_unsupported_autocast_precision_fails_before_training(
+    tiny_config, tmp_path, monkeypatch
+):
+    # torch only warns and falls back to fp32 for an autocast dtype a device lacks; simulate that.
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: False)
+    cfg = load_config(tiny_config, ["train.precision=fp16"])
+    with pytest.raises(MTError, match=r"train\.precision=fp16 is not supported.*bf16 or fp32"):
+        Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None)

@@ -6,6 +6,7 @@ is a bug and keeps its traceback.
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -86,6 +87,8 @@ def train(
     cfg = _load_config(config, set_)
     run_dir = run_dir or Path("runs") / cfg.name
     state = run_training(cfg, run_dir, resume=resume, progress=progress, say=_say)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+        return
     best = f", best val {cfg.train.best_metric} {state.best:.2f}" if state.best is not None else ""
     _say(f"done: step {state.step}{best}; checkpoints in {run_dir}/ (best.pt, last.pt)")
 

@@ -7,6 +7,7 @@ The Noam learning rate is set once per optimizer step.
 """
 
 import contextlib
+import inspect
 import json
 import math
 import random
@@ -84,6 +85,17 @@ def collate(data: BinarizedPair, index: np.ndarray) -> tuple[torch.Tensor, ...]:
 
 
 @dataclass
+class StepResult:
+    """One optimizer step, summed over micro-batches and ranks (identical on every rank)."""
+
+    loss: float  # summed label-smoothed loss
+    nll: float  # summed negative log-likelihood
+    tokens: float  # non-pad target tokens
+    grad_norm: float  # global gradient norm before clipping; nan for a skipped step
+    stop: bool  # some rank was asked to stop (Ctrl-C, SIGTERM)
+
+
+@dataclass
 class TrainState:
     """Everything besides weights and optimizer that a resumed run needs to continue exactly."""
 
@@ -126,20 +138,34 @@ class BatchStream:
             yield batches[self.state.batch_in_epoch - 1]
 
 
-def _rng_state() -> dict[str, Any]:
-    # Batch order has its own seeded generator (make_batches); these cover dropout and any code
-    # that draws from the global generators.
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's generators. Batch order has its own seeded generator (make_batches); these
+    cover dropout and any code that draws from the global generators."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        # Only this rank's own GPU: get_rng_state_all would create a context on every visible GPU.
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    # .cpu(): the checkpoint is loaded with map_location=<the GPU>, but generator states must be
+    # CPU ByteTensors.
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and device.type == "cuda":
+        if isinstance(state["cuda"], list):  # older checkpoints stored every visible GPU's state
+            torch.cuda.set_rng_state_all([x.cpu() for x in state["cuda"]])
+        else:
+            torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    """Dropout seed of ``rank``: rank 0 keeps ``seed`` (a single process is unchanged); other ranks
+    get their own stream, or every rank would drop the same units of its different batch."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def resolve_device(name: str) -> torch.device:
@@ -151,10 +177,18 @@ def resolve_device(name: str) -> torch.device:
 
 
 class _StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step."""
+    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step.
+
+    A second signal stops at once (KeyboardInterrupt), but only once ``REPEAT_GRACE_S`` have
+    passed since the first: under torchrun a Ctrl-C reaches each worker twice within moments (from
+    the terminal, and relayed by torchrun's agent), and that pair must still save a checkpoint.
+    """
+
+    REPEAT_GRACE_S = 2.0
 
     def __init__(self) -> None:
         self.requested = False
+        self._first_at = 0.0
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "_StopFlag":
@@ -165,13 +199,35 @@ class _StopFlag:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # a second Ctrl-C: stop now
+        now = time.monotonic()
+        if not self.requested:
+            self.requested, self._first_at = True, now
+        elif now - self._first_at > self.REPEAT_GRACE_S:  # the user insists: stop now
             raise KeyboardInterrupt
-        self.requested = True
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _check_autocast(device: torch.device, dtype: torch.dtype | None, precision: str) -> None:
+    """Fail before any work if autocast cannot run ``dtype`` on ``device``.
+
+    torch does not raise for an unsupported autocast dtype: it warns and runs in fp32, which would
+    silently train at another precision than the config says.
+    """
+    if dtype is None:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(device.type, dtype=dtype):
+            enabled = torch.is_autocast_enabled(device.type)
+    if not enabled or any("not supported" in str(w.message) for w in caught):
+        instead = "bf16 or fp32" if precision == "fp16" else "fp32"
+        raise MTError(
+            f"train.precision={precision} is not supported on {device.type} by this torch "
+            f"({torch.__version__}); use train.precision={instead}"
+        )
 
 
 class Trainer:
@@ -197,19 +253,24 @@ class Trainer:
         self.say = say if self.info.is_main else (lambda *a, **k: None)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+        _check_autocast(self.device, self.autocast_dtype, t.precision)
         if data is None:
             # Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read
-            # the finished caches, so no two processes build the same files.
-            if self.info.is_main:
-                data = prepare(cfg, self.say, progress)
-            D.barrier(self.info)
-            if not self.info.is_main:
-                data = prepare(cfg, lambda *a, **k: None, False)
+            # the finished caches, so no two processes build the same files. If rank 0 fails
+            # (a missing file, a bad download), every rank stops with its message.
+            data = D.main_first(
+                lambda: prepare(cfg, self.say, progress),
+                self.info,
+                lambda: prepare(cfg, lambda *a, **k: None, False),
+            )
         self.data = data
-        torch.manual_seed(t.seed)
+        torch.manual_seed(t.seed)  # the same initial weights on every rank
         random.seed(t.seed)
         self.model_args = model_args(cfg, data.src_tok, data.trg_tok)
         self.model = Transformer(**self.model_args).to(self.device)
+        torch.manual_seed(_rank_seed(t.seed, self.info.rank))
+        random.seed(_rank_seed(t.seed, self.info.rank))
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=0.0,
@@ -227,11 +288,18 @@ class Trainer:
             self.train_model = torch.compile(self.model)
         if self.info.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DDP(self.train_model, device_ids=ids)
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+            # The only buffer is the constant sinusoid table: broadcasting it before every forward
+            # pass would cost a collective per micro-batch for nothing. (torch 2.13 renamed the
+            # switch; older versions know only broadcast_buffers.)
+            no_sync = (
+                {"forward_sync_buffers": False}
+                if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                else {"broadcast_buffers": False}
+            )
+            self.train_model = DDP(self.train_model, device_ids=ids, **no_sync)
 
     # ----------------------------------------------------------------------------- checkpoints
-    def _checkpoint(self) -> dict[str, Any]:
+    def _checkpoint(self, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "model_args": self.model_args,
@@ -244,7 +312,9 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
                 "state": asdict(self.state),
-                "rng": _rng_state(),
+                "rng": rng_per_rank[0],
+                # Each rank draws its own dropout masks; an exact resume restores each stream.
+                "rng_per_rank": rng_per_rank,
             },
         }
 
@@ -260,13 +330,27 @@ class Trainer:
         self.optimizer.load_state_dict(ts["optimizer"])
         self.scaler.load_state_dict(ts["scaler"])
         self.state = TrainState(**ts["state"])
-        _set_rng_state(ts["rng"])
+        per_rank = ts.get("rng_per_rank", [ts["rng"]])
+        if len(per_rank) == self.info.world_size:
+            _set_rng_state(per_rank[self.info.rank], self.device)
+        else:  # another world size: batches differ anyway, so fresh per-rank streams are fine
+            self.say(f"resuming with {self.info.world_size} process(es) instead of {len(per_rank)}")
+            _set_rng_state(per_rank[0], self.device)
+            if self.info.rank:
+                torch.manual_seed(_rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
         self.say(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
 
     def _save(self, best: bool) -> None:
-        if not self.info.is_main:
-            return
-        ckpt = self._checkpoint()
+        """Write last.pt, step_N.pt (and best.pt); a collective: every rank calls it, rank 0 writes.
+
+        A failed write (disk full) stops every rank with rank 0's message instead of leaving the
+        others to wait in the next collective.
+        """
+        rngs = D.all_gather_objects(_rng_state(self.device), self.info)
+        D.main_first(lambda: self._write_checkpoints(rngs, best), self.info, lambda: None)
+
+    def _write_checkpoints(self, rngs: list[dict[str, Any]], best: bool) -> None:
+        ckpt = self._checkpoint(rngs)
         step_path = self.run_dir / f"step_{self.state.step}.pt"
         save_atomic(ckpt, step_path)
         save_atomic(ckpt, self.last_path)
@@ -275,6 +359,14 @@ class Trainer:
         step_files = sorted(self.run_dir.glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
         for old in step_files[: max(0, len(step_files) - self.cfg.train.keep_last)]:
             old.unlink()
+
+    def _write_run_files(self) -> None:
+        """The run directory's config and tokenizers (rank 0 only; see ``main_first``)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        for name, tok in (("src", self.data.src_tok), ("trg", self.data.trg_tok)):
+            tok.save(self.run_dir / f"spm.{name}.model")
+        self._trim_metrics()
 
     # ------------------------------------------------------------------------------ metrics
     def _log(self, record: dict[str, Any]) -> None:
@@ -295,7 +387,11 @@ class Trainer:
     # ---------------------------------------------------------------------------- validation
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss and perplexity on the binarized split; BLEU from greedy decoding."""
+        """Validation loss and perplexity on the binarized split; BLEU from greedy decoding.
+
+        Every rank scores and decodes its share, and every rank computes the same result from the
+        gathered sums and hypotheses, so all of them take the same early-stopping decision.
+        """
         from transformer_mt.translation import translate_lines  # decoding sits above training data
 
         self.model.eval()
@@ -317,13 +413,15 @@ class Trainer:
             tokens += (trg_out != PAD_ID).sum().item()
         nll_sum, tokens = D.all_reduce_sum([nll_sum, tokens], self.info, self.device)
         result = {"val_loss": nll_sum / tokens, "val_ppl": math.exp(min(nll_sum / tokens, 50.0))}
-        if self.cfg.train.valid_bleu and self.info.is_main:
+        if self.cfg.train.valid_bleu:
             d = self.cfg.decode
+            rank, world = self.info.rank, self.info.world_size
+            # Rank r decodes lines r, r + world, ...: shares of similar length and cost.
             hyps = translate_lines(
                 self.model,
                 self.data.src_tok,
                 self.data.trg_tok,
-                self.data.valid_src,
+                self.data.valid_src[rank::world],
                 beam=1,
                 max_len_a=d.max_len_a,
                 max_len_b=d.max_len_b,
@@ -332,11 +430,11 @@ class Trainer:
                 device=self.device,
                 progress=False,
             )
-            result["val_bleu"] = corpus_bleu([h[0][0] for h in hyps], self.data.valid_trg)
-        if self.info.enabled:  # every rank needs the BLEU for the same early-stopping decision
-            (bleu,) = D.all_reduce_sum([result.get("val_bleu", 0.0)], self.info, self.device)
-            if self.cfg.train.valid_bleu:
-                result["val_bleu"] = bleu
+            shares = D.all_gather_objects([h[0][0] for h in hyps], self.info)
+            ordered = [""] * len(self.data.valid_src)
+            for r, share in enumerate(shares):
+                ordered[r::world] = share
+            result["val_bleu"] = corpus_bleu(ordered, self.data.valid_trg)
         self.model.train()
         return result
 
@@ -358,8 +456,9 @@ class Trainer:
         return better, t.patience > 0 and s.bad_validations >= t.patience
 
     # ---------------------------------------------------------------------------------- loop
-    def _train_step(self, micro_batches: list[np.ndarray]) -> tuple[float, float, float]:
-        """One optimizer step; returns (summed loss, summed nll, global target tokens)."""
+    def _train_step(self, micro_batches: list[np.ndarray], stop_requested: bool) -> StepResult:
+        """One optimizer step on this rank's ``micro_batches``; the result is the same on every
+        rank (sums over all ranks), and so is every decision taken from it."""
         t = self.cfg.train
         tensors = [collate(self.data.train, b) for b in micro_batches]
         local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in tensors))
@@ -382,32 +481,33 @@ class Trainer:
                 self.scaler.scale(loss * (self.info.world_size / global_tokens)).backward()
             loss_sum += loss.item()
             nll_sum += nll.item()
-        loss_sum, nll_sum = D.all_reduce_sum([loss_sum, nll_sum], self.info, self.device)
+        # The stop flag rides along with the sums: one collective, and all ranks stop together.
+        loss_sum, nll_sum, stops = D.all_reduce_sum(
+            [loss_sum, nll_sum, float(stop_requested)], self.info, self.device
+        )
+        result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             if self.scaler.is_enabled():  # let the scaler lower its scale, as for an inf grad
                 self.scaler.update(self.scaler.get_scale() / 2)
-            return loss_sum, nll_sum, global_tokens
-        if t.clip_norm > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+            return result
+        self.scaler.unscale_(self.optimizer)  # fp16: the norm and the clipping see true gradients
+        # Without clipping, max_norm=inf only measures the norm (logged: a rising norm warns of a
+        # blow-up before the loss does).
+        max_norm = t.clip_norm if t.clip_norm > 0 else math.inf
+        result.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         lr = noam_lr(self.state.step + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_factor)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, nll_sum, global_tokens
+        return result
 
     def run(self) -> TrainState:
         """Train until ``train.max_steps``, early stopping, or a stop signal; returns the state."""
         t, s = self.cfg.train, self.state
-        if self.info.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, self.run_dir / "config.yaml")
-            for name, tok in (("src", self.data.src_tok), ("trg", self.data.trg_tok)):
-                tok.save(self.run_dir / f"spm.{name}.model")
-            self._trim_metrics()
+        D.main_first(self._write_run_files, self.info, lambda: None)
         if s.step >= t.max_steps:
             self.say(f"{self.run_dir} has already reached train.max_steps={t.max_steps}")
             return s
@@ -426,26 +526,39 @@ class Trainer:
             unit="step",
             dynamic_ncols=True,
         )
-        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "time": time.perf_counter()}
+        window = _new_window()
         with _StopFlag() as stop:
             while s.step < t.max_steps:
-                loss, nll, tokens = self._train_step([next(stream) for _ in range(t.accum_steps)])
-                if not math.isfinite(loss):
+                step = self._train_step(
+                    [next(stream) for _ in range(t.accum_steps)], stop.requested
+                )
+                if not math.isfinite(step.loss):  # all-reduced: every rank skips or stops alike
                     s.nonfinite_in_a_row += 1
-                    warnings.warn(f"step {s.step + 1}: non-finite loss, step skipped", stacklevel=1)
+                    if self.info.is_main:
+                        msg = f"step {s.step + 1}: non-finite loss, step skipped"
+                        warnings.warn(msg, stacklevel=1)
                     if s.nonfinite_in_a_row >= t.max_nonfinite:
                         raise MTError(
                             f"loss was not finite for {s.nonfinite_in_a_row} steps in a row at step "
                             f"{s.step + 1}; lower train.lr_factor, set train.clip_norm, or use "
                             "train.precision=bf16 or fp32"
                         )
+                    if step.stop:
+                        self._save(best=False)
+                        self.say(
+                            f"stopped by signal at step {s.step}; resume with the same command"
+                        )
+                        break
                     continue
                 s.nonfinite_in_a_row = 0
                 s.step += 1
                 bar.update(1)
-                window["loss"] += loss
-                window["nll"] += nll
-                window["tokens"] += tokens
+                window["loss"] += step.loss
+                window["nll"] += step.nll
+                window["tokens"] += step.tokens
+                if math.isfinite(step.grad_norm):  # fp16 overflow: the scaler skipped the update
+                    window["grad_norm"] += step.grad_norm
+                    window["norm_steps"] += 1
                 if s.step % t.log_every == 0 or s.step == t.max_steps:
                     now = time.perf_counter()
                     rate = window["tokens"] / max(now - window["time"], 1e-9)
@@ -456,14 +569,14 @@ class Trainer:
                         "loss": window["loss"] / window["tokens"],
                         "nll": window["nll"] / window["tokens"],
                         "lr": lr,
+                        "grad_norm": window["grad_norm"] / max(window["norm_steps"], 1),
                         "tokens_per_s": rate,
                     }
                     self._log(record)
                     bar.set_postfix(
                         loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}"
                     )
-                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "time": time.perf_counter()}
-                (stop_now,) = D.all_reduce_sum([float(stop.requested)], self.info, self.device)
+                    window = _new_window()
                 if s.step % t.valid_every == 0 or s.step == t.max_steps:
                     result = self.validate()
                     best, early = self._after_validation(result)
@@ -476,21 +589,28 @@ class Trainer:
                     if early:
                         self.say(f"early stopping: no improvement in {t.patience} validations")
                         break
-                elif stop_now:
+                elif step.stop:
                     self._save(best=False)
-                if stop_now:
+                if step.stop:
                     self.say(f"stopped by signal at step {s.step}; resume with the same command")
                     break
         bar.close()
         return s
 
 
+def _new_window() -> dict[str, float]:
+    """Sums over the steps since the last metrics line."""
+    keys = ("loss", "nll", "tokens", "grad_norm", "norm_steps")
+    return {**dict.fromkeys(keys, 0.0), "time": time.perf_counter()}
+
+
 def train(
     cfg: Config, run_dir: Path, *, resume: bool = True, progress: bool = True, say=print
 ) -> TrainState:
     """Prepare data, train, and write the run directory; the library entry of `mt train`."""
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, say=say)
     try:
-        return trainer.run()
+        return Trainer(cfg, run_dir, resume=resume, progress=progress, say=say).run()
     finally:
-        D.shutdown(trainer.info)
+        # Also when the constructor failed after joining the process group: a group left alive at
+        # exit aborts the process (SIGABRT) instead of exiting with the error's code.
+        D.shutdown()

@@ -1,0 +1,406 @@
+"""Training throughput: target tokens per second and peak memory of our Transformer beside
+torch.nn.Transformer of the same size, in the same process, on the same batches.
+
+    python scripts/bench_train.py                         # Multi30k, the small CPU size, fp32
+    python scripts/bench_train.py --runs 3 --steps 10     # quicker
+    python scripts/bench_train.py --device cuda --d-model 512 --heads 8 --ffn 2048 \\
+        --layers 6 --precision bf16 --batch-tokens 16384  # a GPU; prints model FLOPs utilization
+
+Data: the Multi30k de->en training set (``$MT_SHARED_DATA`` or ../shared/data/multi30k), cleaned
+as `mt train` cleans it, with a joint 8k unigram sentencepiece model (trained once, cached in
+``--cache-dir``), cut into length-sorted batches of about ``--batch-tokens`` target tokens; the
+toy corpus when Multi30k is absent (a note says so). One run = ``--warmup`` untimed steps, then
+``--steps`` timed optimizer steps; the table shows the median over ``--runs`` runs, the two models
+alternating run by run so that a noisy neighbour hurts both alike.
+
+Both models: shared source/target embeddings tied to a bias-free output Linear, sinusoidal
+positions, post-norm layers, the same dropout, label-smoothed loss (0.1) summed over non-pad
+tokens and divided by their count, Adam (0.9, 0.98, 1e-9). nn.Transformer adds a final LayerNorm
+to each stack (it always does); that costs little.
+
+Model FLOPs per target token (printed): 3 x forward FLOPs (forward + backward ~ 3 forwards) of the
+matrix products, counted from the real (unpadded) lengths of each sentence, embeddings excluded:
+  forward = sum over sentences of
+    L_enc * S * (8 d^2 + 4 d f + 4 S d)             encoder: Q,K,V,O; FFN; QK^T and AV
+  + L_dec * T * (12 d^2 + 4 d f + 4 T d + 4 S d)    decoder: self Q,K,V,O + cross Q,O; FFN; both
+                                                    attentions (causal self-attention counted full)
+  + L_dec * S * 4 d^2                               cross-attention K,V of the memory
+  + T * 2 d V                                       output projection
+with S, T the source and target lengths (EOS/BOS included). That is the usual 6 x (parameters a
+token passes through) plus the attention terms. At the small size on Multi30k it is ~0.045 GFLOP
+per target token. Utilization = that x tokens/s / peak (``--peak-tflops``; default: H100 bf16
+dense, 989 TFLOP/s; printed on GPUs, or on any device when the flag is given).
+"""
+
+import argparse
+import hashlib
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from transformer_mt.data.batching import make_batches, padding_fraction
+from transformer_mt.data.corpus import CleanConfig, clean_parallel
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from transformer_mt.model import Transformer
+from transformer_mt.training.loss import label_smoothed_nll
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
+
+
+# ---------------------------------------------------------------------------------------- data
+def multi30k_dir() -> Path | None:
+    """The shared Multi30k files ($MT_SHARED_DATA or ../shared/data/multi30k), or None."""
+    env = os.environ.get("MT_SHARED_DATA")
+    candidates = [Path(env), Path(env) / "multi30k"] if env else []
+    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
+    return next((c for c in candidates if (c / "train.de.gz").is_file()), None)
+
+
+def load_pairs() -> tuple[list[str], list[str], str]:
+    """(sources, targets, description): Multi30k de->en train, or the toy corpus."""
+    where = multi30k_dir()
+    if where is not None:
+        src, trg, _ = clean_parallel(where / "train.de.gz", where / "train.en.gz", CleanConfig())
+        return src, trg, f"Multi30k de->en train ({where})"
+    from transformer_mt.data.toy import toy_splits
+
+    print("note: Multi30k not found (set MT_SHARED_DATA); using the toy corpus instead")
+    pairs = toy_splits(20000, 10, 10, seed=1234)["train"]
+    return [s for s, _ in pairs], [t for _, t in pairs], "toy corpus (20k pairs)"
+
+
+def cached_tokenizer(src: list[str], trg: list[str], vocab: int, cache: Path) -> Tokenizer:
+    """A joint unigram sentencepiece model, trained once per corpus and size."""
+    digest = hashlib.sha256()
+    for line in src + trg:
+        digest.update(line.encode())
+        digest.update(b"\n")
+    path = cache / f"bench-spm-{vocab}-{digest.hexdigest()[:16]}.model"
+    if path.is_file():
+        return Tokenizer.load(path)
+    print(f"training sentencepiece (joint unigram, {vocab}); cached in {path}")
+    tok = Tokenizer.train(src + trg, TokenizerSettings(vocab, "unigram"))
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tok.save(tmp)
+    tmp.replace(path)
+    return tok
+
+
+def pad(rows: list[list[int]]) -> torch.Tensor:
+    out = np.full((len(rows), max(map(len, rows))), PAD_ID, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return torch.from_numpy(out)
+
+
+def build_batches(
+    src_ids: list[list[int]], trg_ids: list[list[int]], batch_tokens: int, count: int
+) -> tuple[list[Batch], float]:
+    """The first ``count`` batches of a shuffled epoch of length-sorted, token-budget batches (as
+    `mt train` cuts them) and the target-side padding fraction of those batches."""
+    src_lens = np.array([len(s) + 1 for s in src_ids])  # + EOS
+    trg_lens = np.array([len(t) + 1 for t in trg_ids])  # + BOS (input) / EOS (output)
+    index = make_batches(src_lens, trg_lens, batch_tokens, seed=1, epoch=0)[:count]
+    if len(index) < count:
+        raise SystemExit(f"the corpus gives only {len(index)} batches; lower --steps/--warmup")
+    batches = []
+    for b in index:
+        src = pad([src_ids[i] + [EOS_ID] for i in b])
+        trg_in = pad([[BOS_ID, *trg_ids[i]] for i in b])
+        trg_out = pad([[*trg_ids[i], EOS_ID] for i in b])
+        batches.append((src, trg_in, trg_out))
+    return batches, padding_fraction(index, trg_lens)
+
+
+# --------------------------------------------------------------------------------------- models
+class Sinusoids(nn.Module):
+    """The fixed sinusoidal position table of the paper, (max_len, d_model)."""
+
+    def __init__(self, d_model: int, max_len: int = 512) -> None:
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+        div = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(1e4) / d_model)
+        )
+        table = torch.zeros(max_len, d_model)
+        table[:, 0::2] = torch.sin(pos * div)
+        table[:, 1::2] = torch.cos(pos * div)
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, length: int) -> torch.Tensor:
+        return self.table[:length]  # (T, D)
+
+
+class TorchTransformerMT(nn.Module):
+    """torch.nn.Transformer with the same embeddings, positions and tied output as ours."""
+
+    def __init__(self, vocab: int, d_model: int, heads: int, ffn: int, layers: int, drop: float):
+        super().__init__()
+        self.scale = math.sqrt(d_model)
+        self.emb = nn.Embedding(vocab, d_model, padding_idx=PAD_ID)
+        nn.init.normal_(self.emb.weight, std=d_model**-0.5)
+        self.pos = Sinusoids(d_model)
+        self.drop = nn.Dropout(drop)
+        self.core = nn.Transformer(
+            d_model, heads, layers, layers, ffn, drop, batch_first=True, norm_first=False
+        )
+        self.out = nn.Linear(d_model, vocab, bias=False)
+        self.out.weight = self.emb.weight  # tied, as ours
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.emb(ids) * self.scale + self.pos(ids.size(1)))  # (B, T, D)
+
+    def forward(self, src: torch.Tensor, trg: torch.Tensor) -> torch.Tensor:
+        src_pad, trg_pad = src == PAD_ID, trg == PAD_ID  # (B, S), (B, T): True = ignore
+        # Boolean like the padding masks (True = may not attend): mixed mask types are deprecated.
+        t = trg.size(1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=trg.device).triu(1)  # (T, T)
+        h = self.core(
+            self._embed(src),
+            self._embed(trg),
+            tgt_mask=causal,
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=trg_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+        return self.out(h)  # (B, T, V)
+
+
+def ours(args: argparse.Namespace, vocab: int) -> nn.Module:
+    return Transformer(
+        PAD_ID, PAD_ID, BOS_ID, vocab, vocab,
+        d_model=args.d_model, n_head=args.heads, max_len=512, ffn_hidden=args.ffn,
+        n_layers=args.layers, drop_prob=args.dropout, tie_embeddings=True, share_embeddings=True,
+    )  # fmt: skip
+
+
+def baseline(args: argparse.Namespace, vocab: int) -> nn.Module:
+    return TorchTransformerMT(vocab, args.d_model, args.heads, args.ffn, args.layers, args.dropout)
+
+
+# ------------------------------------------------------------------------------------- measuring
+def flops_per_target_token(batches: list[Batch], d: int, f: int, layers: int, vocab: int) -> float:
+    """Training FLOPs per target token from the model's shape (formula in the module docstring)."""
+    total, tokens = 0.0, 0
+    for src, _, trg_out in batches:
+        s_len = (src != PAD_ID).sum(1).double()  # (B,) real source lengths
+        t_len = (trg_out != PAD_ID).sum(1).double()  # (B,) real target lengths
+        enc = layers * s_len * (8 * d * d + 4 * d * f + 4 * s_len * d)
+        dec = layers * t_len * (12 * d * d + 4 * d * f + 4 * t_len * d + 4 * s_len * d)
+        total += 3 * float((enc + dec + layers * s_len * 4 * d * d + t_len * 2 * d * vocab).sum())
+        tokens += int(t_len.sum())
+    return total / tokens
+
+
+class RssSampler:
+    """Peak resident memory of this process while a block runs, sampled every few milliseconds
+    (``getrusage`` only knows the peak of the whole process life, which the first model sets)."""
+
+    def __init__(self, every_s: float = 0.005) -> None:
+        self.every_s, self.peak = every_s, 0
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._stop = threading.Event()
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, self._rss())
+
+    @contextmanager
+    def sampling(self) -> Iterator[None]:
+        self.peak = max(self.peak, self._rss())
+        self._stop.clear()
+        thread = threading.Thread(target=self._loop, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            thread.join()
+            self.peak = max(self.peak, self._rss())
+
+
+@dataclass
+class Contender:
+    """One model under test, its optimizer, and what was measured."""
+
+    name: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    rates: list[float]
+    peak_bytes: int = 0
+    sampler: RssSampler | None = None
+
+
+def make_step(device: torch.device, precision: str) -> Callable[[Contender, Batch], None]:
+    """One optimizer step, identical for both models."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def step(c: Contender, batch: Batch) -> None:
+        src, trg_in, trg_out = (x.to(device, non_blocking=True) for x in batch)
+        ctx = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+        with ctx:
+            logits = c.model(src, trg_in)
+        loss, _ = label_smoothed_nll(logits, trg_out, PAD_ID, 0.1)
+        (loss / (trg_out != PAD_ID).sum()).backward()
+        c.optimizer.step()
+        c.optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_run(c: Contender, batches: list[Batch], warmup: int, step, device: torch.device) -> None:
+    """Warm-up steps, then the timed steps; appends target tokens/s and updates the peak memory."""
+    for batch in batches[:warmup]:
+        step(c, batch)
+    timed = batches[warmup:]
+    tokens = sum(int((out != PAD_ID).sum()) for _, _, out in timed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sampler = c.sampler.sampling() if c.sampler else nullcontext()
+    with sampler:
+        sync(device)
+        start = time.perf_counter()
+        for batch in timed:
+            step(c, batch)
+        sync(device)
+        elapsed = time.perf_counter() - start
+    c.rates.append(tokens / elapsed)
+    if device.type == "cuda":
+        c.peak_bytes = max(c.peak_bytes, torch.cuda.max_memory_allocated(device))
+    elif c.sampler:
+        c.peak_bytes = c.sampler.peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per model (median)")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each run")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="token budget per batch")
+    parser.add_argument("--vocab", type=int, default=8000, help="joint sentencepiece vocabulary")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                        help="fp32, or autocast to bf16/fp16 (no gradient scaler: throughput only)")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = its default")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="device peak for utilization; default on GPUs: 989 (H100 bf16 dense)")  # fmt: skip
+    parser.add_argument("--only", choices=["ours", "baseline"], default=None,
+                        help="measure one model only")  # fmt: skip
+    parser.add_argument("--cache-dir", type=Path,
+                        default=Path(tempfile.gettempdir()) / "transformer-mt-bench",
+                        help="where the sentencepiece model is cached")  # fmt: skip
+    args = parser.parse_args()
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but no CUDA GPU is visible")
+    peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
+
+    src, trg, corpus = load_pairs()
+    tok = cached_tokenizer(src, trg, args.vocab, args.cache_dir)
+    src_ids, trg_ids = tok.encode_batch(src), tok.encode_batch(trg)
+    batches, pad_frac = build_batches(src_ids, trg_ids, args.batch_tokens, args.warmup + args.steps)
+    vocab = tok.vocab_size
+    flops = flops_per_target_token(
+        batches[args.warmup :], args.d_model, args.ffn, args.layers, vocab
+    )
+
+    step = make_step(device, args.precision)
+    contenders = []
+    for name, build in (("ours", ours), ("nn.Transformer", baseline)):
+        if args.only and (name == "ours") != (args.only == "ours"):
+            continue
+        torch.manual_seed(0)
+        model = build(args, vocab).to(device).train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        sampler = RssSampler() if device.type == "cpu" else None
+        contenders.append(Contender(name, model, opt, [], sampler=sampler))
+
+    timed = batches[args.warmup :]
+    n_sent = sum(len(b[0]) for b in timed) / len(timed)
+    n_tok = sum(int((b[2] != PAD_ID).sum()) for b in timed) / len(timed)
+    print(f"data: {corpus}: {len(src):,} pairs, vocab {vocab}")
+    print(
+        f"batches: ~{args.batch_tokens} tokens budget; timed ones average {n_sent:.0f} sentences, "
+        f"{n_tok:.0f} target tokens, {pad_frac:.1%} target padding"
+    )
+    print(
+        f"model: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
+        f"ffn {args.ffn}, dropout {args.dropout}, {args.precision}; device {device}, "
+        f"{torch.get_num_threads()} threads; torch {torch.__version__}"
+    )
+    for c in contenders:
+        n = sum(p.numel() for p in c.model.parameters())
+        print(f"  {c.name}: {n:,} parameters")
+    print(
+        f"model FLOPs per target token: {flops / 1e9:.4f} GFLOP (formula: see --help / docstring)"
+    )
+    print(f"runs: {args.runs} x ({args.warmup} warm-up + {args.steps} timed steps)", flush=True)
+
+    for run in range(args.runs):
+        for c in contenders:
+            timed_run(c, batches, args.warmup, step, device)
+            print(f"  run {run + 1}: {c.name:>15} {c.rates[-1]:9,.0f} tok/s", flush=True)
+
+    mem = "peak GPU MiB" if device.type == "cuda" else "peak RSS MiB"
+    header = f"{'model':>15} | {'tgt tok/s':>10} | {'min..max':>15} | {'GFLOP/s':>8} | {mem:>12}"
+    if peak_tflops:
+        header += " | MFU"
+    print("\n" + header)
+    print("-" * len(header))
+    for c in contenders:
+        med = statistics.median(c.rates)
+        line = (
+            f"{c.name:>15} | {med:10,.0f} | {min(c.rates):7,.0f}..{max(c.rates):<7,.0f} | "
+            f"{med * flops / 1e9:8,.1f} | {c.peak_bytes / 2**20:12,.0f}"
+        )
+        if peak_tflops:
+            line += f" | {med * flops / (peak_tflops * 1e12):.1%}"
+        print(line)
+    if len(contenders) == 2:
+        ratio = statistics.median(contenders[0].rates) / statistics.median(contenders[1].rates)
+        print(f"\nours / nn.Transformer throughput: {ratio:.2f}x")
+    if device.type == "cpu":
+        whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        print(
+            f"peak RSS of the whole process (getrusage): {whole:,.0f} MiB; per-model figures are "
+            "sampled during that model's timed steps and include the other model's weights"
+        )
+    if peak_tflops:
+        print(f"MFU against {peak_tflops:g} TFLOP/s peak (--peak-tflops)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

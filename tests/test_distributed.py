@@ -1,0 +1,150 @@
+"""Data-parallel training on two gloo CPU processes, through the real `torchrun` entry point.
+
+The invariant: two processes that each take half of a global batch make exactly the update that
+one process makes on the whole batch (here: one process with ``accum_steps=2``), because the loss
+is divided by the global token count and DDP's gradient mean is turned back into a sum.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from transformer_mt.config import load_config
+from transformer_mt.data.batching import make_batches
+from transformer_mt.data.prepare import prepare
+from transformer_mt.errors import MTError
+from transformer_mt.training import distributed as D
+
+TIMEOUT_S = 180  # a hang fails the test instead of stalling the suite
+# Dropout off: the two layouts draw different random masks, and the comparison is of arithmetic.
+FAST = ["model.drop_prob=0", "train.valid_bleu=false", "train.best_metric=loss"]
+
+
+def _train_cmd(config: Path, run_dir: Path, sets: list[str], nproc: int) -> list[str]:
+    launcher = [sys.executable]
+    if nproc > 1:
+        # --standalone: torchrun starts its own rendezvous on a free port (no hard-coded port).
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd = [*launcher, "-m", "transformer_mt", "train", "--config", str(config)]
+    cmd += ["--run-dir", str(run_dir), "--no-progress"]
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _even_batch_tokens(config: Path) -> int:
+    """A token budget whose epoch has an even number of batches, so that ranks 0 and 1 take
+    batches b0 and b1 of each pair unchanged (with an odd count, sharding splits a batch)."""
+    cfg = load_config(config)
+    data = prepare(cfg, lambda *a, **k: None, False)  # also fills the cache both runs will use
+    for budget in range(cfg.train.batch_tokens, cfg.train.batch_tokens + 200, 8):
+        n = len(make_batches(data.train.src_lengths, data.train.trg_lengths + 1, budget, seed=1,
+                             epoch=0))  # fmt: skip
+        if n % 2 == 0 and n >= 8:
+            return budget
+    raise AssertionError("no token budget near the config's gives an even batch count")
+
+
+def test_two_gloo_processes_match_one_process(tmp_path):
+    from conftest import TINY_CONFIG
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=4))
+    sets = [*FAST, f"train.batch_tokens={_even_batch_tokens(config)}"]
+
+    one = _run(_train_cmd(config, tmp_path / "one", [*sets, "train.accum_steps=2"], nproc=1))
+    assert one.returncode == 0, one.stderr
+    two = _run(_train_cmd(config, tmp_path / "two", sets, nproc=2))
+    assert two.returncode == 0, two.stderr
+
+    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    # One line per step and validation: a second rank writing too would duplicate them.
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 4]
+    for x, y in zip(a, b, strict=True):
+        for key in ("loss", "nll", "lr", "val_loss"):
+            if key in x:
+                assert y[key] == pytest.approx(x[key], abs=1e-5), f"step {x['step']}: {key}"
+        if "grad_norm" in x:  # Adam hides a uniform gradient scale from the weights; this does not
+            assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4), f"step {x['step']}"
+    w1 = torch.load(tmp_path / "one" / "last.pt", weights_only=True)["model"]
+    w2 = torch.load(tmp_path / "two" / "last.pt", weights_only=True)["model"]
+    for name, value in w1.items():
+        diff = (value - w2[name]).abs().max().item()
+        assert diff < 1e-5, f"{name} differs by {diff} after 4 steps"
+    # Only rank 0 writes: the same files as the single process, and it alone announces the run.
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one").iterdir()
+    )
+    assert two.stderr.count("training on cpu (2 process(es))") == 1
+    ckpt = torch.load(tmp_path / "two" / "last.pt", weights_only=True)
+    assert len(ckpt["train_state"]["rng_per_rank"]) == 2, "each rank's dropout stream is saved"
+
+
+def test_a_failure_on_rank_0_ends_every_rank_with_its_message(tmp_path):
+    # A real failure that only rank 0 sees first: it prepares the data while rank 1 waits for it.
+    from conftest import TINY_CONFIG
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=4))
+    missing = tmp_path / "nowhere"
+    sets = [*FAST, "data.corpus=local"]
+    for split in ("train", "valid"):
+        sets += [f"data.{split}_src={missing}.src", f"data.{split}_trg={missing}.trg"]
+    result = _run(_train_cmd(config, tmp_path / "run", sets, nproc=2))
+    assert result.returncode != 0
+    assert f"{missing}.src is not a file" in result.stderr
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def _agree_worker(rank: int, store: str, queue) -> None:
+    """Rank 1 fails; both ranks must raise, naming rank 1's error."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                         world_size=2)  # fmt: skip
+    info = D.DistInfo(rank=rank, world_size=2)
+    try:
+        D.agree_on_error(ValueError("disk on fire") if rank == 1 else None, info)
+        queue.put((rank, "no error"))
+    except (ValueError, MTError) as err:
+        queue.put((rank, f"{type(err).__name__}: {err}"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_agree_on_error_raises_on_every_rank(tmp_path):
+    # No port at all: a file store in the test's directory is the rendezvous.
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_agree_worker, args=(r, str(tmp_path / "store"), queue))
+             for r in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT_S)
+        assert p.exitcode == 0
+    got = dict(queue.get(timeout=5) for _ in procs)
+    assert got == {0: "MTError: rank 1 failed: disk on fire", 1: "ValueError: disk on fire"}
+
+
+def test_single_process_helpers_are_no_ops():
+    info = D.DistInfo()
+    assert D.all_reduce_sum([1.0, 2.0], info, torch.device("cpu")) == [1.0, 2.0]
+    assert D.all_gather_objects({"a": 1}, info) == [{"a": 1}]
+    assert D.main_first(lambda: 7, info) == 7
+    D.agree_on_error(None, info)
+    with pytest.raises(KeyError):
+        D.agree_on_error(KeyError("x"), info)

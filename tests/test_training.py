@@ -212,3 +212,35 @@ def test_an_unsupported_autocast_precision_fails_before_training(
     cfg = load_config(tiny_config, ["train.precision=fp16"])
     with pytest.raises(MTError, match=r"train\.precision=fp16 is not supported.*bf16 or fp32"):
         Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None)
+
+
+def test_early_stopping_keeps_the_best_and_stops_after_patience(tiny_config, tmp_path, monkeypatch):
+    # Validation BLEU is forced to fall after the first validation, so the best stays at step 10.
+    scores = iter([30.0, 20.0, 25.0, 10.0, 5.0])
+    monkeypatch.setattr(
+        Trainer,
+        "validate",
+        lambda self: {"val_loss": 1.0, "val_ppl": 2.7, "val_bleu": next(scores)},
+    )
+    cfg = load_config(tiny_config, ["train.max_steps=60", "train.patience=2"])
+    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    assert state.step == 30, "two validations without improvement after step 10"
+    assert state.best == 30.0 and state.bad_validations == 2
+    assert torch.load(tmp_path / "run" / "best.pt", weights_only=True)["step"] == 10
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["step"] == 30
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(tiny_config, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    cfg = load_config(tiny_config, ["train.tensorboard=true"])
+    with pytest.raises(MTError, match="pip install tensorboard"):
+        Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()

@@ -85,6 +85,7 @@ class TrainConfig:
     precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + gradient scaler)
     compile: bool = False  # torch.compile the model (helps on GPUs; measured no gain on 2 CPUs)
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
+    tensorboard: bool = False  # also write metrics to RUN_DIR/tensorboard (needs `tensorboard`)
     keep_last: int = 2  # step checkpoints kept besides last.pt and best.pt
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default

@@ -280,6 +280,7 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
         self.state = TrainState()
+        self.tb: Any = None  # TensorBoard writer, opened by run() when train.tensorboard is on
         self.last_path = self.run_dir / "last.pt"
         if resume and self.last_path.is_file():
             self._restore(self.last_path)
@@ -373,6 +374,24 @@ class Trainer:
         if self.info.is_main:
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+            if self.tb is not None:
+                for key, value in record.items():
+                    if key != "step" and isinstance(value, int | float):
+                        self.tb.add_scalar(key, value, record["step"])
+                self.tb.flush()
+
+    def _open_tensorboard(self) -> Any:
+        """A SummaryWriter in RUN_DIR/tensorboard when train.tensorboard is on (rank 0 only)."""
+        if not (self.cfg.train.tensorboard and self.info.is_main):
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise MTError(
+                "train.tensorboard: true needs the tensorboard package; pip install tensorboard "
+                "or set train.tensorboard=false"
+            ) from err
+        return SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def _trim_metrics(self) -> None:
         """On resume, drop the lines logged after the checkpoint: they will be logged again."""
@@ -508,6 +527,7 @@ class Trainer:
         """Train until ``train.max_steps``, early stopping, or a stop signal; returns the state."""
         t, s = self.cfg.train, self.state
         D.main_first(self._write_run_files, self.info, lambda: None)
+        self.tb = self._open_tensorboard()
         if s.step >= t.max_steps:
             self.say(f"{self.run_dir} has already reached train.max_steps={t.max_steps}")
             return s
@@ -595,6 +615,8 @@ class Trainer:
                     self.say(f"stopped by signal at step {s.step}; resume with the same command")
                     break
         bar.close()
+        if self.tb is not None:
+            self.tb.close()
         return s
 
 

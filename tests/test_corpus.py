@@ -4,10 +4,10 @@ every drop is counted exactly, and gzipped input reads the same as plain."""
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import pytest
+from conftest import shared_multi30k
 
 from transformer_mt.data.corpus import (
     CleanConfig,
@@ -26,14 +26,6 @@ def _write(path: Path, data: bytes | str) -> Path:
 
 def _pair(tmp_path: Path, src: bytes | str, trg: bytes | str) -> tuple[Path, Path]:
     return _write(tmp_path / "c.de", src), _write(tmp_path / "c.en", trg)
-
-
-def _shared_data() -> Path:
-    env = os.environ.get("MT_SHARED_DATA")
-    if env:
-        # Either the shared data folder or its multi30k folder itself.
-        return Path(env) / "multi30k" if (Path(env) / "multi30k").is_dir() else Path(env)
-    return Path(__file__).resolve().parents[2] / "shared/data/multi30k"
 
 
 def test_clean_pairs_are_stripped_and_kept_in_order(tmp_path: Path) -> None:
@@ -199,10 +191,10 @@ def test_streaming_fills_the_report_as_it_goes(tmp_path: Path) -> None:
 
 
 def test_multi30k_train_reads_29000_pairs() -> None:
-    data = _shared_data()
+    data = shared_multi30k()
+    if data is None:
+        pytest.skip("original Multi30k files absent (../shared/data/multi30k; set MT_SHARED_DATA)")
     de, en = data / "train.de.gz", data / "train.en.gz"
-    if not (de.is_file() and en.is_file()):
-        pytest.skip(f"Multi30k not found at {data} (set MT_SHARED_DATA to the shared data folder)")
     srcs, trgs, report = clean_parallel(de, en)
     assert report.total == 29_000
     assert report.kept + report.dropped == 29_000

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import shared_multi30k
 
 from transformer_mt.data.download import download_corpus, fetch_corpus
 from transformer_mt.data.registry import Corpus, CorpusFile, Unpack, get_corpus, list_corpora
@@ -32,16 +33,7 @@ M30K_RAW = "data/task1/raw"
 VERIFIED = [f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
 
 
-def _shared_multi30k() -> Path | None:
-    """The directory of the original Multi30k gzip files, or None when this checkout lacks it."""
-    candidates = []
-    if env := os.environ.get("MT_SHARED_DATA"):
-        candidates += [Path(env) / "multi30k", Path(env)]
-    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
-    return next((p for p in candidates if (p / "SHA256SUMS").is_file()), None)
-
-
-SHARED = _shared_multi30k()
+SHARED = shared_multi30k()
 needs_multi30k = pytest.mark.skipif(
     SHARED is None,
     reason="original Multi30k files absent (../shared/data/multi30k; set MT_SHARED_DATA)",

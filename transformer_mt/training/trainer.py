@@ -6,18 +6,15 @@ step (all micro-batches, all ranks), so 1 process with batch B equals N processe
 The Noam learning rate is set once per optimizer step.
 """
 
-import contextlib
 import inspect
 import json
 import math
 import random
-import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +25,23 @@ from tqdm import tqdm
 
 from transformer_mt.config import Config, save_config
 from transformer_mt.data.batching import make_batches, shard_batches
-from transformer_mt.data.binarized import BinarizedPair
 from transformer_mt.data.prepare import PreparedData, prepare
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, Tokenizer
+from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, SPECIAL_IDS, Tokenizer
 from transformer_mt.errors import MTError
 from transformer_mt.evaluation import corpus_bleu
 from transformer_mt.model import Transformer
 from transformer_mt.training import distributed as D
+from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.training.loss import label_smoothed_nll
 from transformer_mt.training.schedule import noam_lr
+from transformer_mt.training.state import (
+    StopFlag,
+    TrainState,
+    rank_seed,
+    rng_state,
+    set_rng_state,
+)
 
 
 def model_args(cfg: Config, src_tok: Tokenizer, trg_tok: Tokenizer) -> dict[str, Any]:
@@ -63,27 +67,6 @@ def model_args(cfg: Config, src_tok: Tokenizer, trg_tok: Tokenizer) -> dict[str,
     )
 
 
-def collate(data: BinarizedPair, index: np.ndarray) -> tuple[torch.Tensor, ...]:
-    """Padded (src, trg_in, trg_out) LongTensors for the examples ``index``.
-
-    Sources already end with EOS; the decoder reads BOS + target and predicts target + EOS.
-    """
-    pairs = [data[int(i)] for i in index]
-    n = len(pairs)
-    s_len = max(len(s) for s, _ in pairs)
-    t_len = max(len(t) for _, t in pairs) + 1
-    src = np.full((n, s_len), PAD_ID, dtype=np.int64)
-    trg_in = np.full((n, t_len), PAD_ID, dtype=np.int64)
-    trg_out = np.full((n, t_len), PAD_ID, dtype=np.int64)
-    for row, (s, t) in enumerate(pairs):
-        src[row, : len(s)] = s
-        trg_in[row, 0] = BOS_ID
-        trg_in[row, 1 : len(t) + 1] = t
-        trg_out[row, : len(t)] = t
-        trg_out[row, len(t)] = EOS_ID
-    return torch.from_numpy(src), torch.from_numpy(trg_in), torch.from_numpy(trg_out)
-
-
 @dataclass
 class StepResult:
     """One optimizer step, summed over micro-batches and ranks (identical on every rank)."""
@@ -95,119 +78,12 @@ class StepResult:
     stop: bool  # some rank was asked to stop (Ctrl-C, SIGTERM)
 
 
-@dataclass
-class TrainState:
-    """Everything besides weights and optimizer that a resumed run needs to continue exactly."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # current epoch
-    batch_in_epoch: int = 0  # this rank's next batch within the epoch
-    best: float | None = None  # best validation value of train.best_metric
-    bad_validations: int = 0  # validations in a row without improvement (early stopping)
-    nonfinite_in_a_row: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)  # validation results
-
-
-class BatchStream:
-    """This rank's batches, epoch after epoch, from a resumable position (epoch, batch index)."""
-
-    def __init__(self, data: BinarizedPair, cfg: Config, info: D.DistInfo, state: TrainState):
-        self.data, self.cfg, self.info, self.state = data, cfg, info, state
-        self.src_lens = data.src_lengths
-        self.trg_lens = data.trg_lengths + 1  # + BOS (input) / EOS (output)
-        self._epoch_batches: list[np.ndarray] | None = None
-
-    def _batches(self) -> list[np.ndarray]:
-        if self._epoch_batches is None:
-            t = self.cfg.train
-            all_batches = make_batches(
-                self.src_lens, self.trg_lens, t.batch_tokens, seed=t.seed, epoch=self.state.epoch
-            )
-            self._epoch_batches = shard_batches(all_batches, self.info.rank, self.info.world_size)
-        return self._epoch_batches
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        while True:
-            batches = self._batches()
-            if self.state.batch_in_epoch >= len(batches):
-                self.state.epoch += 1
-                self.state.batch_in_epoch = 0
-                self._epoch_batches = None
-                continue
-            self.state.batch_in_epoch += 1
-            yield batches[self.state.batch_in_epoch - 1]
-
-
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    """This process's generators. Batch order has its own seeded generator (make_batches); these
-    cover dropout and any code that draws from the global generators."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        # Only this rank's own GPU: get_rng_state_all would create a context on every visible GPU.
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    # .cpu(): the checkpoint is loaded with map_location=<the GPU>, but generator states must be
-    # CPU ByteTensors.
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    if "cuda" in state and device.type == "cuda":
-        if isinstance(state["cuda"], list):  # older checkpoints stored every visible GPU's state
-            torch.cuda.set_rng_state_all([x.cpu() for x in state["cuda"]])
-        else:
-            torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-def _rank_seed(seed: int, rank: int) -> int:
-    """Dropout seed of ``rank``: rank 0 keeps ``seed`` (a single process is unchanged); other ranks
-    get their own stream, or every rank would drop the same units of its different batch."""
-    if rank == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise MTError(f"train.device={name!r} but no CUDA GPU is visible; use cpu or auto")
     return torch.device(name)
-
-
-class _StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step.
-
-    A second signal stops at once (KeyboardInterrupt), but only once ``REPEAT_GRACE_S`` have
-    passed since the first: under torchrun a Ctrl-C reaches each worker twice within moments (from
-    the terminal, and relayed by torchrun's agent), and that pair must still save a checkpoint.
-    """
-
-    REPEAT_GRACE_S = 2.0
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._first_at = 0.0
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopFlag":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            # Outside the main thread (e.g. a test runner's thread) no handlers can be set.
-            with contextlib.suppress(ValueError):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if not self.requested:
-            self.requested, self._first_at = True, now
-        elif now - self._first_at > self.REPEAT_GRACE_S:  # the user insists: stop now
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _check_autocast(device: torch.device, dtype: torch.dtype | None, precision: str) -> None:
@@ -269,8 +145,8 @@ class Trainer:
         random.seed(t.seed)
         self.model_args = model_args(cfg, data.src_tok, data.trg_tok)
         self.model = Transformer(**self.model_args).to(self.device)
-        torch.manual_seed(_rank_seed(t.seed, self.info.rank))
-        random.seed(_rank_seed(t.seed, self.info.rank))
+        torch.manual_seed(rank_seed(t.seed, self.info.rank))
+        random.seed(rank_seed(t.seed, self.info.rank))
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=0.0,
@@ -333,12 +209,12 @@ class Trainer:
         self.state = TrainState(**ts["state"])
         per_rank = ts.get("rng_per_rank", [ts["rng"]])
         if len(per_rank) == self.info.world_size:
-            _set_rng_state(per_rank[self.info.rank], self.device)
+            set_rng_state(per_rank[self.info.rank], self.device)
         else:  # another world size: batches differ anyway, so fresh per-rank streams are fine
             self.say(f"resuming with {self.info.world_size} process(es) instead of {len(per_rank)}")
-            _set_rng_state(per_rank[0], self.device)
+            set_rng_state(per_rank[0], self.device)
             if self.info.rank:
-                torch.manual_seed(_rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
+                torch.manual_seed(rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
         self.say(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
 
     def _save(self, best: bool) -> None:
@@ -347,7 +223,7 @@ class Trainer:
         A failed write (disk full) stops every rank with rank 0's message instead of leaving the
         others to wait in the next collective.
         """
-        rngs = D.all_gather_objects(_rng_state(self.device), self.info)
+        rngs = D.all_gather_objects(rng_state(self.device), self.info)
         D.main_first(lambda: self._write_checkpoints(rngs, best), self.info, lambda: None)
 
     def _write_checkpoints(self, rngs: list[dict[str, Any]], best: bool) -> None:
@@ -547,7 +423,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         window = _new_window()
-        with _StopFlag() as stop:
+        with StopFlag() as stop:
             while s.step < t.max_steps:
                 step = self._train_step(
                     [next(stream) for _ in range(t.accum_steps)], stop.requested

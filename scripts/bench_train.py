@@ -186,6 +186,7 @@ def ours(args: argparse.Namespace, vocab: int) -> nn.Module:
         PAD_ID, PAD_ID, BOS_ID, vocab, vocab,
         d_model=args.d_model, n_head=args.heads, max_len=512, ffn_hidden=args.ffn,
         n_layers=args.layers, drop_prob=args.dropout, tie_embeddings=True, share_embeddings=True,
+        attn_drop_prob=args.attn_dropout, ffn_drop_prob=args.ffn_dropout,
     )  # fmt: skip
 
 
@@ -306,7 +307,15 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
-    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--dropout", type=float, default=0.1, help="residual/embedding dropout")
+    parser.add_argument(
+        "--attn-dropout", type=float, default=0.0,
+        help="ours: dropout on attention weights (nn.Transformer always applies --dropout there)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ffn-dropout", type=float, default=0.0,
+        help="ours: dropout inside the FFN (nn.Transformer always applies --dropout there)",
+    )  # fmt: skip
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                         help="fp32, or autocast to bf16/fp16 (no gradient scaler: throughput only)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = its default")
@@ -357,7 +366,8 @@ def main() -> None:
     )
     print(
         f"model: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
-        f"ffn {args.ffn}, dropout {args.dropout}, {args.precision}; device {device}, "
+        f"ffn {args.ffn}, dropout {args.dropout} (ours: attention {args.attn_dropout}, "
+        f"FFN {args.ffn_dropout}; nn.Transformer: {args.dropout} everywhere), {args.precision}; device {device}, "
         f"{torch.get_num_threads()} threads; torch {torch.__version__}"
     )
     for c in contenders:

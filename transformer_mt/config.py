@@ -56,7 +56,9 @@ class ModelConfig:
     ffn_hidden: int = 1024  # inner width of the feed-forward sublayers
     n_layers: int = 3  # encoder layers
     n_dec_layers: int | None = None  # decoder layers; null = same as n_layers
-    drop_prob: float = 0.1  # dropout probability
+    drop_prob: float = 0.1  # dropout on embeddings and sublayer outputs (the paper's)
+    attn_drop_prob: float = 0.0  # dropout on attention weights (not in the paper; costs time)
+    ffn_drop_prob: float = 0.0  # dropout inside the feed-forward sublayer (not in the paper)
     max_len: int = 256  # longest sequence (source or target) the position table covers
     pre_norm: bool = False  # LayerNorm before sublayers (stable when deep) instead of after (paper)
     tie_embeddings: bool = True  # decoder input embedding shared with the output projection

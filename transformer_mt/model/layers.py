@@ -83,13 +83,17 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: Linear -> ReLU -> dropout -> Linear."""
+    """Position-wise feed-forward network: Linear -> ReLU -> (dropout) -> Linear.
+
+    The inner dropout is not in the paper (the Annotated Transformer adds it): it is off unless
+    ``drop_prob`` > 0, and then costs a random mask over the widest activation of the layer.
+    """
 
     def __init__(self, d_model: int, ffn_hidden: int, drop_prob: float) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_hidden)
         self.fc2 = nn.Linear(ffn_hidden, d_model)
-        self.dropout = nn.Dropout(drop_prob)
+        self.dropout = nn.Dropout(drop_prob) if drop_prob > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
@@ -136,11 +140,18 @@ class Sublayer(nn.Module):
 
 class EncoderLayer(nn.Module):
     def __init__(
-        self, d_model: int, n_head: int, ffn_hidden: int, drop_prob: float, pre_norm: bool
-    ):
+        self,
+        d_model: int,
+        n_head: int,
+        ffn_hidden: int,
+        drop_prob: float,
+        pre_norm: bool,
+        attn_drop_prob: float = 0.0,
+        ffn_drop_prob: float = 0.0,
+    ) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, n_head, drop_prob)
-        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob)
+        self.attn = MultiHeadAttention(d_model, n_head, attn_drop_prob)
+        self.ffn = FeedForward(d_model, ffn_hidden, ffn_drop_prob)
         self.sub1 = Sublayer(d_model, drop_prob, pre_norm)
         self.sub2 = Sublayer(d_model, drop_prob, pre_norm)
 
@@ -151,12 +162,19 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, d_model: int, n_head: int, ffn_hidden: int, drop_prob: float, pre_norm: bool
-    ):
+        self,
+        d_model: int,
+        n_head: int,
+        ffn_hidden: int,
+        drop_prob: float,
+        pre_norm: bool,
+        attn_drop_prob: float = 0.0,
+        ffn_drop_prob: float = 0.0,
+    ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob)
-        self.cross_attn = MultiHeadAttention(d_model, n_head, drop_prob, cross=True)
-        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob)
+        self.self_attn = MultiHeadAttention(d_model, n_head, attn_drop_prob)
+        self.cross_attn = MultiHeadAttention(d_model, n_head, attn_drop_prob, cross=True)
+        self.ffn = FeedForward(d_model, ffn_hidden, ffn_drop_prob)
         self.sub1 = Sublayer(d_model, drop_prob, pre_norm)
         self.sub2 = Sublayer(d_model, drop_prob, pre_norm)
         self.sub3 = Sublayer(d_model, drop_prob, pre_norm)

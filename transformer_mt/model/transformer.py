@@ -46,7 +46,10 @@ class Transformer(nn.Module):
         d_model: model width. n_head: attention heads. ffn_hidden: feed-forward width.
         max_len: longest sequence the position table covers.
         n_layers: encoder layers (and decoder layers unless ``n_dec_layers`` is given).
-        drop_prob: dropout on embeddings, sublayer outputs, attention weights and the FFN.
+        drop_prob: dropout on the embeddings and on each sublayer's output (the paper's residual
+            dropout).
+        attn_drop_prob: dropout on attention weights (not in the paper; off by default).
+        ffn_drop_prob: dropout inside the feed-forward sublayer (not in the paper; off by default).
         pre_norm: LayerNorm before each sublayer (plus a final norm) instead of after it.
         tie_embeddings: share the decoder's input embedding with the output projection.
         share_embeddings: share source and target embeddings (needs a joint vocabulary).
@@ -68,6 +71,8 @@ class Transformer(nn.Module):
         *,
         n_dec_layers: int | None = None,
         pre_norm: bool = False,
+        attn_drop_prob: float = 0.0,
+        ffn_drop_prob: float = 0.0,
         tie_embeddings: bool = True,
         share_embeddings: bool = False,
     ) -> None:
@@ -89,10 +94,16 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(drop_prob)
         n_dec = n_layers if n_dec_layers is None else n_dec_layers
         self.encoder = nn.ModuleList(
-            EncoderLayer(d_model, n_head, ffn_hidden, drop_prob, pre_norm) for _ in range(n_layers)
+            EncoderLayer(
+                d_model, n_head, ffn_hidden, drop_prob, pre_norm, attn_drop_prob, ffn_drop_prob
+            )
+            for _ in range(n_layers)
         )
         self.decoder = nn.ModuleList(
-            DecoderLayer(d_model, n_head, ffn_hidden, drop_prob, pre_norm) for _ in range(n_dec)
+            DecoderLayer(
+                d_model, n_head, ffn_hidden, drop_prob, pre_norm, attn_drop_prob, ffn_drop_prob
+            )
+            for _ in range(n_dec)
         )
         # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes each stack.
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()

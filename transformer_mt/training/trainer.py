@@ -62,6 +62,8 @@ def model_args(cfg: Config, src_tok: Tokenizer, trg_tok: Tokenizer) -> dict[str,
         drop_prob=m.drop_prob,
         n_dec_layers=m.n_dec_layers,
         pre_norm=m.pre_norm,
+        attn_drop_prob=m.attn_drop_prob,
+        ffn_drop_prob=m.ffn_drop_prob,
         tie_embeddings=m.tie_embeddings,
         share_embeddings=m.share_embeddings,
     )

@@ -150,12 +150,10 @@ def _section_types(cls: type) -> dict[str, Any]:
 
 
 def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
-    sections = _section_types(Config)
-    if section not in sections or section == "name":
-        if section == "name" and key == "":
-            cfg.name = _check_type(value, str, "name")
-            return
-        known = ", ".join(k for k in sections if k != "name")
+    """Set ``section.key`` to ``value`` after checking that both exist and the type fits."""
+    sections = {k: v for k, v in _section_types(Config).items() if k != "name"}
+    if section not in sections:
+        known = ", ".join(sections)
         raise MTError(f"{where}unknown config section {section!r}; known: name, {known}")
     obj = getattr(cfg, section)
     hints = _section_types(type(obj))
@@ -182,7 +180,7 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
         where = f"{path}: "
         for section, body in raw.items():
             if section == "name":
-                _apply(cfg, "name", "", body, where)
+                cfg.name = _check_type(body, str, "name")
                 continue
             if not isinstance(body, dict):
                 raise MTError(f"{where}section {section!r} must be a mapping of keys")
@@ -252,7 +250,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     cfg = Config()
     for section, body in raw.items():
         if section == "name":
-            cfg.name = body
+            cfg.name = _check_type(body, str, "name")
             continue
         for key, value in body.items():
             _apply(cfg, section, key, value, "checkpoint config: ")

@@ -134,3 +134,15 @@ def test_python_dash_m_runs_the_same_cli():
         [sys.executable, "-m", "transformer_mt", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0 and "translate" in out.stdout and "evaluate" in out.stdout
+
+
+def test_translate_counts_lines_like_wc(trained, tmp_path):
+    """Form feeds and U+2028 inside a sentence are not line breaks; CRLF input works too."""
+    run, _ = trained
+    text = "The dog eats.\r\nA cat\x0csleeps.\nThe man\u2028runs.\n\n"
+    result = runner.invoke(
+        app, ["translate", "-c", str(run / "best.pt"), "--beam", "1"], input=text
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("\n") == text.count("\n") == 4
+    assert result.stdout.split("\n")[3] == ""

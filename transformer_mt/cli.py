@@ -104,10 +104,10 @@ def prepare(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 
 
 def _read_input(path: Path | None) -> list[str]:
-    from transformer_mt.fileio import read_lines
+    from transformer_mt.fileio import read_lines, split_lines
 
     if path is None:
-        return sys.stdin.read().splitlines()
+        return split_lines(sys.stdin.read())
     return read_lines(path)
 
 

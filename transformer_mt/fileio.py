@@ -17,7 +17,19 @@ def read_lines(path: Path) -> list[str]:
     except UnicodeDecodeError as err:
         line = path.read_bytes()[: err.start].count(b"\n") + 1
         raise MTError(f"{path}:{line}: invalid UTF-8; save the file as UTF-8") from err
-    return text.splitlines()
+    return split_lines(text)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as `wc -l` counts them: split on "\n" only (a trailing CR is dropped).
+
+    ``str.splitlines`` would also break at form feeds, U+2028 and other separators that occur
+    inside real sentences, and then a translation would no longer match its input line for line.
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -146,3 +146,21 @@ def test_translate_counts_lines_like_wc(trained, tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stdout.count("\n") == text.count("\n") == 4
     assert result.stdout.split("\n")[3] == ""
+
+
+def test_sampling_is_seeded_and_top_k_1_equals_greedy(trained):
+    run, data = trained
+    text = "".join(line + "\n" for line in (data / "test.src").read_text().splitlines()[:6])
+    ckpt = ["translate", "-c", str(run / "best.pt")]
+    greedy = runner.invoke(app, [*ckpt, "--beam", "1"], input=text).stdout
+    top1 = runner.invoke(app, [*ckpt, "--sample", "--top-k", "1"], input=text).stdout
+    assert top1 == greedy
+    draws = [
+        runner.invoke(app, [*ckpt, "--sample", "--seed", str(s), "--temperature", "5"], input=text)
+        for s in (1, 1, 2)
+    ]
+    assert all(d.exit_code == 0 for d in draws)
+    assert draws[0].stdout == draws[1].stdout != draws[2].stdout
+    assert draws[0].stdout.count("\n") == 6
+    bad = runner.invoke(app, [*ckpt, "--sample", "--beam", "4"], input=text)
+    assert bad.exit_code == 1 and "--sample" in bad.stderr

@@ -128,11 +128,27 @@ def translate(
     attention_layer: Annotated[
         int | None, typer.Option(help="Decoder layer for the heatmaps; default: average of all.")
     ] = None,
+    sample: Annotated[
+        bool, typer.Option("--sample", help="Draw tokens instead of searching (back-translation).")
+    ] = False,
+    temperature: Annotated[float, typer.Option(help="With --sample: softmax temperature.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="With --sample: keep the k best tokens; 0 = all.")] = 0,
+    top_p: Annotated[float, typer.Option(help="With --sample: nucleus mass; 1 = all.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="With --sample: seed of the draws.")] = 0,
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
+    from transformer_mt.decoding import SamplingOptions
     from transformer_mt.training.checkpoint import load_for_inference
     from transformer_mt.translation import format_best, format_nbest, translate_lines
 
+    sampling = None
+    if sample:
+        if beam not in (None, 1) or nbest != 1:
+            raise MTError("--sample draws one translation per line: drop --beam / --nbest")
+        if temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise MTError("--sample needs --temperature > 0, 0 < --top-p <= 1 and --top-k >= 0")
+        sampling = SamplingOptions(temperature, top_k, top_p, seed)
+        beam = 1
     loaded = load_for_inference(checkpoint, device)
     d = loaded.config.decode
     beam = beam or d.beam_size
@@ -154,6 +170,7 @@ def translate(
         progress=input is not None,
         attention_dir=attention_dir,
         attention_layer=attention_layer,
+        sampling=sampling,
     )
     out_lines = format_nbest(results) if nbest > 1 else format_best(results)
     text = "".join(line + "\n" for line in out_lines)

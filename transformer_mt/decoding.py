@@ -193,6 +193,16 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How ``sample`` draws: used by back-translation (`mt translate --sample`)."""
+
+    temperature: float = 1.0  # > 0; lower is closer to greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 = all
+    top_p: float = 1.0  # keep the smallest set holding this probability mass; 1 = all
+    seed: int = 0  # seeds the draws, so the same input and seed give the same output
+
+
 @torch.inference_mode()
 def sample(
     model: Transformer,

@@ -19,7 +19,14 @@ import torch
 from tqdm import tqdm
 
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
-from transformer_mt.decoding import DecodeResult, Hypothesis, beam_search, greedy_search
+from transformer_mt.decoding import (
+    DecodeResult,
+    Hypothesis,
+    SamplingOptions,
+    beam_search,
+    greedy_search,
+    sample,
+)
 from transformer_mt.model import Transformer
 
 Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
@@ -42,6 +49,7 @@ def translate_lines(
     progress: bool = False,
     attention_dir: Path | None = None,
     attention_layer: int | None = None,
+    sampling: SamplingOptions | None = None,
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``nbest`` (text, score).
 
@@ -63,7 +71,14 @@ def translate_lines(
             (line numbers start at 1, zero-padded to 6 digits).
         attention_layer: decoder layer for the pictures (negative counts from the end); None
             averages all layers.
+        sampling: draw each token instead of searching (back-translation); needs beam == 1.
     """
+    if sampling is not None and beam != 1:
+        raise ValueError("sampling draws one hypothesis per line: use it with beam=1")
+    generator = None
+    if sampling is not None:
+        generator = torch.Generator(device=device or next(model.parameters()).device)
+        generator.manual_seed(sampling.seed)
     if not 1 <= nbest <= beam:
         raise ValueError(f"need 1 <= nbest <= beam, got nbest={nbest}, beam={beam}")
     n_layers = model.n_dec_layers
@@ -100,7 +115,13 @@ def translate_lines(
     with tqdm(total=len(sources), unit="sent", disable=not progress, file=sys.stderr) as bar:
         for batch in _token_batches(sources, batch_tokens):
             src = _pad([sources[i] for i in batch], model.src_pad_idx, dev)  # (B, S)
-            if beam == 1:
+            if sampling is not None:
+                decoded = sample(
+                    model, src, temperature=sampling.temperature, top_k=sampling.top_k,
+                    top_p=sampling.top_p, generator=generator, max_len_a=max_len_a,
+                    max_len_b=max_len_b, len_penalty=len_penalty,
+                )  # fmt: skip
+            elif beam == 1:
                 decoded = greedy_search(
                     model, src, max_len_a=max_len_a, max_len_b=max_len_b, len_penalty=len_penalty
                 )

@@ -244,3 +244,14 @@ def test_tensorboard_without_the_package_is_a_clear_error(tiny_config, tmp_path,
     cfg = load_config(tiny_config, ["train.tensorboard=true"])
     with pytest.raises(MTError, match="pip install tensorboard"):
         Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+
+
+def test_time_budget_validates_saves_and_stops(tiny_config, tmp_path):
+    cfg = load_config(tiny_config, ["train.max_steps=1000", "train.max_minutes=0.002"])
+    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    assert 1 <= state.step < 1000
+    assert state.train_seconds >= 0.12
+    lines = _metrics(tmp_path / "run")
+    assert lines[-1]["step"] == state.step and "val_bleu" in lines[-1], "a final validation"
+    assert all(a["time_s"] <= b["time_s"] for a, b in zip(lines, lines[1:]))
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["step"] == state.step

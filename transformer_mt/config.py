@@ -84,6 +84,7 @@ class TrainConfig:
     valid_bleu: bool = True  # decode the validation set greedily and compute BLEU
     best_metric: str = "bleu"  # checkpoint selection: "bleu" (higher is better) or "loss"
     patience: int = 0  # stop after this many validations without improvement; 0 = never
+    max_minutes: float = 0.0  # stop (validate, save) after this much training wall time; 0 = off
     precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + gradient scaler)
     compile: bool = False  # torch.compile the model (helps on GPUs; measured no gain on 2 CPUs)
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)

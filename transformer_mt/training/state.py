@@ -22,6 +22,7 @@ class TrainState:
     best: float | None = None  # best validation value of train.best_metric
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     nonfinite_in_a_row: int = 0
+    train_seconds: float = 0.0  # wall time spent training and validating, over all invocations
     history: list[dict[str, float]] = field(default_factory=list)  # validation results
 
 

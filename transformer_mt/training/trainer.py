@@ -78,6 +78,7 @@ class StepResult:
     tokens: float  # non-pad target tokens
     grad_norm: float  # global gradient norm before clipping; nan for a skipped step
     stop: bool  # some rank was asked to stop (Ctrl-C, SIGTERM)
+    time_up: bool  # rank 0 found train.max_minutes spent
 
 
 def resolve_device(name: str) -> torch.device:
@@ -353,7 +354,9 @@ class Trainer:
         return better, t.patience > 0 and s.bad_validations >= t.patience
 
     # ---------------------------------------------------------------------------------- loop
-    def _train_step(self, micro_batches: list[np.ndarray], stop_requested: bool) -> StepResult:
+    def _train_step(
+        self, micro_batches: list[np.ndarray], stop_requested: bool, time_up: bool
+    ) -> StepResult:
         """One optimizer step on this rank's ``micro_batches``; the result is the same on every
         rank (sums over all ranks), and so is every decision taken from it."""
         t = self.cfg.train
@@ -379,10 +382,13 @@ class Trainer:
             loss_sum += loss.item()
             nll_sum += nll.item()
         # The stop flag rides along with the sums: one collective, and all ranks stop together.
-        loss_sum, nll_sum, stops = D.all_reduce_sum(
-            [loss_sum, nll_sum, float(stop_requested)], self.info, self.device
+        # Rank 0's clock decides the time budget, so that no two ranks disagree about it.
+        loss_sum, nll_sum, stops, times_up = D.all_reduce_sum(
+            [loss_sum, nll_sum, float(stop_requested), float(time_up and self.info.is_main)],
+            self.info,
+            self.device,
         )
-        result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0)
+        result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0, times_up > 0)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             if self.scaler.is_enabled():  # let the scaler lower its scale, as for an inf grad
@@ -425,10 +431,15 @@ class Trainer:
             dynamic_ncols=True,
         )
         window = _new_window()
+        started, spent_before = time.perf_counter(), s.train_seconds
+        budget_s = t.max_minutes * 60.0
         with StopFlag() as stop:
             while s.step < t.max_steps:
+                s.train_seconds = spent_before + time.perf_counter() - started
                 step = self._train_step(
-                    [next(stream) for _ in range(t.accum_steps)], stop.requested
+                    [next(stream) for _ in range(t.accum_steps)],
+                    stop.requested,
+                    budget_s > 0 and s.train_seconds >= budget_s,
                 )
                 if not math.isfinite(step.loss):  # all-reduced: every rank skips or stops alike
                     s.nonfinite_in_a_row += 1
@@ -463,6 +474,7 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     record = {
                         "step": s.step,
+                        "time_s": round(s.train_seconds, 1),
                         "epoch": s.epoch,
                         "loss": window["loss"] / window["tokens"],
                         "nll": window["nll"] / window["tokens"],
@@ -475,10 +487,11 @@ class Trainer:
                         loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}"
                     )
                     window = _new_window()
-                if s.step % t.valid_every == 0 or s.step == t.max_steps:
+                if s.step % t.valid_every == 0 or s.step == t.max_steps or step.time_up:
                     result = self.validate()
                     best, early = self._after_validation(result)
-                    self._log({"step": s.step, **result})
+                    s.train_seconds = spent_before + time.perf_counter() - started
+                    self._log({"step": s.step, "time_s": round(s.train_seconds, 1), **result})
                     if self.info.is_main:
                         summary = ", ".join(f"{k} {v:.3f}" for k, v in result.items())
                         bar.write(f"step {s.step}: {summary}", file=sys.stderr)
@@ -486,6 +499,9 @@ class Trainer:
                     window["time"] = time.perf_counter()  # validation time is not training time
                     if early:
                         self.say(f"early stopping: no improvement in {t.patience} validations")
+                        break
+                    if step.time_up:
+                        self.say(f"train.max_minutes={t.max_minutes:g} spent at step {s.step}")
                         break
                 elif step.stop:
                     self._save(best=False)

@@ -1,5 +1,6 @@
 """Training: exact formulas, atomic checkpoints, non-finite losses, exact resume after SIGKILL."""
 
+import itertools
 import json
 import math
 import os
@@ -253,5 +254,5 @@ def test_time_budget_validates_saves_and_stops(tiny_config, tmp_path):
     assert state.train_seconds >= 0.12
     lines = _metrics(tmp_path / "run")
     assert lines[-1]["step"] == state.step and "val_bleu" in lines[-1], "a final validation"
-    assert all(a["time_s"] <= b["time_s"] for a, b in zip(lines, lines[1:]))
+    assert all(a["time_s"] <= b["time_s"] for a, b in itertools.pairwise(lines))
     assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["step"] == state.step

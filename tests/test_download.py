@@ -405,3 +405,28 @@ def test_unknown_corpus_and_bad_filter_are_clear_errors(tmp_path: Path) -> None:
         download_corpus("multi30k", tmp_path, "http://127.0.0.1:1/", only=["train.xx.gz"])
     with pytest.raises(MTError, match=r"not an http\(s\) URL"):
         download_corpus("multi30k", tmp_path, "ftp://mirror/")
+
+
+# --- the `mt download` command --------------------------------------------------------------------
+
+
+@needs_multi30k
+def test_mt_download_command_fetches_and_verifies(m30k_server: Loopback, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    runner = CliRunner()
+    dest = tmp_path / "m30k"
+    args = ["download", "multi30k", "--base-url", m30k_server.url, "--dest", str(dest)]
+    only = [x for name in VERIFIED for x in ("--only", name)]
+    result = runner.invoke(app, [*args, *only])
+    assert result.exit_code == 0, result.output
+    printed = sorted(Path(line).name for line in result.stdout.split())
+    assert printed == sorted(n.removesuffix(".gz") for n in VERIFIED)
+    assert all(_sha(dest / name) == digest for name, digest in _sums().items())
+
+    listed = runner.invoke(app, ["download", "--list"])
+    assert listed.exit_code == 0 and "multi30k" in listed.stdout and "iwslt" in listed.stdout
+    bad = runner.invoke(app, ["download", "nope"])
+    assert bad.exit_code == 1 and "unknown corpus" in bad.stderr

@@ -22,7 +22,7 @@ def test_toy_recipe_reaches_bleu_90_on_the_test_split(tmp_path):
          "--set", f"data.cache_dir={cache}", "--no-progress"],
     )  # fmt: skip
     assert trained.exit_code == 0, trained.output
-    (data,) = cache.glob("toy-*")
+    (data,) = cache.glob("toy-v*-seed*")  # the generated text (not the binarized toy-train/)
     scored = runner.invoke(
         app,
         ["evaluate", "-c", str(tmp_path / "run" / "best.pt"), "--src", str(data / "test.src"),

@@ -55,6 +55,7 @@ from transformer_mt.data.batching import make_batches, padding_fraction
 from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.model import Transformer
+from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
@@ -319,6 +320,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                         help="fp32, or autocast to bf16/fp16 (no gradient scaler: throughput only)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = its default")
+    parser.add_argument("--malloc-default", action="store_true",
+                        help="leave glibc malloc as it is (default: keep freed memory, as `mt train` "
+                        "does on CPU; see transformer_mt/training/host_memory.py)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="device peak for utilization; default on GPUs: 989 (H100 bf16 dense)")  # fmt: skip
@@ -328,6 +332,7 @@ def main() -> None:
                         default=Path(tempfile.gettempdir()) / "transformer-mt-bench",
                         help="where the sentencepiece model is cached")  # fmt: skip
     args = parser.parse_args()
+    kept = False if args.malloc_default else keep_freed_memory()
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -368,7 +373,8 @@ def main() -> None:
         f"model: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
         f"ffn {args.ffn}, dropout {args.dropout} (ours: attention {args.attn_dropout}, "
         f"FFN {args.ffn_dropout}; nn.Transformer: {args.dropout} everywhere), {args.precision}; device {device}, "
-        f"{torch.get_num_threads()} threads; torch {torch.__version__}"
+        f"{torch.get_num_threads()} threads; torch {torch.__version__}; glibc malloc "
+        f"{'keeps freed memory' if kept else 'default'}"
     )
     for c in contenders:
         n = sum(p.numel() for p in c.model.parameters())

@@ -106,3 +106,23 @@ def test_tiny_model_overfits_a_handful_of_pairs(tiny_model_args):
         opt.step()
     assert loss.item() < 0.02
     assert torch.equal(model.eval()(src, trg[:, :-1]).argmax(-1), trg[:, 1:])
+
+
+def test_bf16_attention_on_cpu_runs_in_fp32_under_autocast():
+    # Under CPU autocast, bf16 queries/keys/values are attended in fp32 (the bf16 kernel's backward
+    # is slow): the result equals fp32 attention on the same rounded inputs, up to the final
+    # rounding to bf16, and gradients come back in bf16.
+    import torch.nn.functional as F
+
+    from transformer_mt.model.layers import _sdpa
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8).bfloat16().requires_grad_() for _ in range(3))
+    mask = torch.tensor([True, True, True, False, False])[None, None, None, :].expand(2, 1, 1, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _sdpa(q, k, v, mask, 0.0)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, ref.bfloat16(), rtol=0, atol=0)
+    y.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from transformer_mt.config import load_config
 from transformer_mt.errors import MTError
 from transformer_mt.training import checkpoint as ckpt_mod
 from transformer_mt.training import trainer as trainer_mod
+from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll
 from transformer_mt.training.schedule import noam_lr
 from transformer_mt.training.trainer import Trainer
@@ -256,3 +258,46 @@ def test_time_budget_validates_saves_and_stops(tiny_config, tmp_path):
     assert lines[-1]["step"] == state.step and "val_bleu" in lines[-1], "a final validation"
     assert all(a["time_s"] <= b["time_s"] for a, b in itertools.pairwise(lines))
     assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["step"] == state.step
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_label_smoothing_loss_and_gradient_equal_torch_cross_entropy(epsilon):
+    # The hand-written backward must be the exact gradient: compare loss and gradient with torch's
+    # own cross_entropy (same label_smoothing definition) in float64, pad positions included.
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 2:] = 0  # padding
+    target[2, 4] = 0
+    ours, nll = label_smoothed_nll(logits, target, pad_idx=0, epsilon=epsilon)
+    (g_ours,) = torch.autograd.grad(2.5 * ours, logits)
+    ref = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0,
+                          label_smoothing=epsilon, reduction="sum")  # fmt: skip
+    (g_ref,) = torch.autograd.grad(2.5 * ref, logits)
+    plain = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(plain.item(), rel=1e-6) and not nll.requires_grad
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-7)
+    assert g_ours[0, 2:].abs().max() == 0, "padding positions get no gradient"
+
+
+def test_label_smoothing_gradient_keeps_the_dtype_of_bf16_logits():
+    logits = torch.randn(2, 3, 7).bfloat16().requires_grad_()
+    target = torch.tensor([[1, 2, 0], [3, 4, 5]])
+    loss, _ = label_smoothed_nll(logits, target, pad_idx=0, epsilon=0.1)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    ref = F.cross_entropy(logits.float().view(-1, 7), target.view(-1), ignore_index=0,
+                          label_smoothing=0.1, reduction="sum")  # fmt: skip
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_keep_freed_memory_applies_on_linux_glibc():
+    import platform
+
+    applied = keep_freed_memory()
+    on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert applied == on_glibc
+    x = torch.ones(40 << 20, dtype=torch.uint8)  # over the former 32 MiB mmap threshold
+    assert int(x.sum()) == 40 << 20, "large allocations still work"

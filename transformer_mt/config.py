@@ -92,6 +92,7 @@ class TrainConfig:
     keep_last: int = 2  # step checkpoints kept besides last.pt and best.pt
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
+    keep_freed_memory: bool = True  # CPU on Linux: malloc reuses freed blocks (~30 % faster)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.training import distributed as D
 from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.checkpoint import load_checkpoint, save_atomic
+from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll
 from transformer_mt.training.schedule import noam_lr
 from transformer_mt.training.state import (
@@ -132,6 +133,8 @@ class Trainer:
         self.say = say if self.info.is_main else (lambda *a, **k: None)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
+        if t.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         _check_autocast(self.device, self.autocast_dtype, t.precision)
         if data is None:

@@ -13,7 +13,11 @@ TORCH_INDEX ?=
 RUN_DIR ?= runs/toy
 TOY_TEST := data/cache/toy-v2-seed1234-20000-500-500/test
 
-.PHONY: train test test-slow lint format clean
+M30K_DIR ?= runs/multi30k_de_en
+M30K_MINUTES ?= 60
+BASE_URL ?=
+
+.PHONY: train test test-slow multi30k lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +50,14 @@ test: $(VENV)/.installed-dev
 
 test-slow: $(VENV)/.installed-dev
 	$(BIN)/pytest -q -m slow
+
+# The CPU benchmark recipe (docs/BENCHMARKS.md): Multi30k de->en, M30K_MINUTES of training, then
+# test_2016_flickr BLEU of the averaged checkpoint (beam 5). BASE_URL= a mirror of the Multi30k files.
+multi30k: $(VENV)/.installed
+	$(BIN)/mt train --config configs/multi30k_de_en.yaml --run-dir $(M30K_DIR) \
+		--set train.max_minutes=$(M30K_MINUTES) $(if $(BASE_URL),--set data.base_url=$(BASE_URL))
+	$(BIN)/mt evaluate --checkpoint $(M30K_DIR)/average.pt \
+		--src data/multi30k/test_2016_flickr.de --ref data/multi30k/test_2016_flickr.en
 
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format .

@@ -301,3 +301,22 @@ def test_keep_freed_memory_applies_on_linux_glibc():
     assert applied == on_glibc
     x = torch.ones(40 << 20, dtype=torch.uint8)  # over the former 32 MiB mmap threshold
     assert int(x.sum()) == 40 << 20, "large allocations still work"
+
+
+def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, tmp_path):
+    cfg = load_config(tiny_config, ["train.max_steps=30", "train.keep_last=2",
+                                    "train.average_last=2", "train.valid_bleu=false",
+                                    "train.best_metric=loss"])  # fmt: skip
+    run = tmp_path / "run"
+    Trainer(cfg, run, progress=False, say=lambda *a: None).run()
+    avg = torch.load(run / "average.pt", weights_only=True)
+    a, b = (torch.load(run / f"step_{n}.pt", weights_only=True)["model"] for n in (20, 30))
+    assert avg["averaged_from"] == [str(run / "step_20.pt"), str(run / "step_30.pt")]
+    for name, value in avg["model"].items():
+        torch.testing.assert_close(value, (a[name] + b[name]) / 2, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(a["src_emb.weight"], b["src_emb.weight"]), "two different checkpoints"
+
+
+def test_average_last_beyond_keep_last_is_a_config_error(tiny_config):
+    with pytest.raises(MTError, match=r"train.average_last=3 .* train.keep_last=1"):
+        load_config(tiny_config, ["train.average_last=3"])

@@ -90,6 +90,7 @@ class TrainConfig:
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
     tensorboard: bool = False  # also write metrics to RUN_DIR/tensorboard (needs `tensorboard`)
     keep_last: int = 2  # step checkpoints kept besides last.pt and best.pt
+    average_last: int = 0  # at the end, average.pt = mean of the last N step checkpoints; 0 = off
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
     keep_freed_memory: bool = True  # CPU on Linux: malloc reuses freed blocks (~30 % faster)
@@ -235,6 +236,11 @@ def validate(cfg: Config) -> None:
         raise MTError(
             f"train.batch_tokens={t.batch_tokens} is below data.max_tokens_per_side="
             f"{cfg.data.max_tokens_per_side}: the longest pair would not fit in a batch"
+        )
+    if not 0 <= t.average_last <= t.keep_last:
+        raise MTError(
+            f"train.average_last={t.average_last} must be between 0 and train.keep_last="
+            f"{t.keep_last}: only kept step checkpoints can be averaged"
         )
     if not 0.0 <= t.label_smoothing < 1.0:
         raise MTError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")

@@ -32,7 +32,7 @@ from transformer_mt.evaluation import corpus_bleu
 from transformer_mt.model import Transformer
 from transformer_mt.training import distributed as D
 from transformer_mt.training.batches import BatchStream, collate
-from transformer_mt.training.checkpoint import load_checkpoint, save_atomic
+from transformer_mt.training.checkpoint import average_checkpoints, load_checkpoint, save_atomic
 from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll
 from transformer_mt.training.schedule import noam_lr
@@ -243,6 +243,15 @@ class Trainer:
         for old in step_files[: max(0, len(step_files) - self.cfg.train.keep_last)]:
             old.unlink()
 
+    def _write_average(self) -> None:
+        """average.pt: the weights averaged over the last ``train.average_last`` step checkpoints
+        (rank 0 only). Averaging the last few checkpoints of a run usually adds BLEU for free."""
+        steps = sorted(self.run_dir.glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
+        chosen = steps[-self.cfg.train.average_last :]
+        average_checkpoints(chosen, self.run_dir / "average.pt")
+        names = ", ".join(p.name for p in chosen)
+        self.say(f"wrote {self.run_dir / 'average.pt'}: the average of {names}")
+
     def _write_run_files(self) -> None:
         """The run directory's config and tokenizers (rank 0 only; see ``main_first``)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -436,6 +445,7 @@ class Trainer:
         window = _new_window()
         started, spent_before = time.perf_counter(), s.train_seconds
         budget_s = t.max_minutes * 60.0
+        interrupted = False  # by a signal: no final average, the run is to be resumed
         with StopFlag() as stop:
             while s.step < t.max_steps:
                 s.train_seconds = spent_before + time.perf_counter() - started
@@ -460,6 +470,7 @@ class Trainer:
                         self.say(
                             f"stopped by signal at step {s.step}; resume with the same command"
                         )
+                        interrupted = True
                         break
                     continue
                 s.nonfinite_in_a_row = 0
@@ -510,8 +521,11 @@ class Trainer:
                     self._save(best=False)
                 if step.stop:
                     self.say(f"stopped by signal at step {s.step}; resume with the same command")
+                    interrupted = True
                     break
         bar.close()
+        if t.average_last > 0 and not interrupted:
+            D.main_first(self._write_average, self.info, lambda: None)
         if self.tb is not None:
             self.tb.close()
         return s

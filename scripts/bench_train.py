@@ -10,13 +10,16 @@ Data: the Multi30k de->en training set (``$MT_SHARED_DATA`` or ../shared/data/mu
 as `mt train` cleans it, with a joint 8k unigram sentencepiece model (trained once, cached in
 ``--cache-dir``), cut into length-sorted batches of about ``--batch-tokens`` target tokens; the
 toy corpus when Multi30k is absent (a note says so). One run = ``--warmup`` untimed steps, then
-``--steps`` timed optimizer steps; the table shows the median over ``--runs`` runs, the two models
-alternating run by run so that a noisy neighbour hurts both alike.
+``--steps`` timed optimizer steps on batches no other run times (training sees a new shape every
+step, and so does memory reuse); the table shows the median over ``--runs`` runs, the two models
+alternating run by run, on the same batches, so that a noisy neighbour hurts both alike.
 
 Both models: shared source/target embeddings tied to a bias-free output Linear, sinusoidal
 positions, post-norm layers, the same dropout, label-smoothed loss (0.1) summed over non-pad
-tokens and divided by their count, Adam (0.9, 0.98, 1e-9). nn.Transformer adds a final LayerNorm
-to each stack (it always does); that costs little.
+tokens and divided by their count, Adam (0.9, 0.98, 1e-9), the same autocast (``--precision``),
+the same loss code (``--loss``: by default the output projection fused into the loss, as `mt
+train` runs it) and the same malloc setting. nn.Transformer adds a final LayerNorm to each stack
+(it always does); that costs little.
 
 Model FLOPs per target token (printed): 3 x forward FLOPs (forward + backward ~ 3 forwards) of the
 matrix products, counted from the real (unpadded) lengths of each sentence, embeddings excluded:
@@ -56,7 +59,7 @@ from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.model import Transformer
 from transformer_mt.training.host_memory import keep_freed_memory
-from transformer_mt.training.loss import label_smoothed_nll
+from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
 
@@ -117,7 +120,9 @@ def build_batches(
     trg_lens = np.array([len(t) + 1 for t in trg_ids])  # + BOS (input) / EOS (output)
     index = make_batches(src_lens, trg_lens, batch_tokens, seed=1, epoch=0)[:count]
     if len(index) < count:
-        raise SystemExit(f"the corpus gives only {len(index)} batches; lower --steps/--warmup")
+        raise SystemExit(
+            f"the corpus gives only {len(index)} batches; lower --runs/--steps/--warmup"
+        )
     batches = []
     for b in index:
         src = pad([src_ids[i] + [EOS_ID] for i in b])
@@ -165,7 +170,9 @@ class TorchTransformerMT(nn.Module):
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.drop(self.emb(ids) * self.scale + self.pos(ids.size(1)))  # (B, T, D)
 
-    def forward(self, src: torch.Tensor, trg: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, src: torch.Tensor, trg: torch.Tensor, features_only: bool = False
+    ) -> torch.Tensor:
         src_pad, trg_pad = src == PAD_ID, trg == PAD_ID  # (B, S), (B, T): True = ignore
         # Boolean like the padding masks (True = may not attend): mixed mask types are deprecated.
         t = trg.size(1)
@@ -179,7 +186,7 @@ class TorchTransformerMT(nn.Module):
             memory_key_padding_mask=src_pad,
             tgt_is_causal=True,
         )
-        return self.out(h)  # (B, T, V)
+        return h if features_only else self.out(h)  # (B, T, D) or (B, T, V)
 
 
 def ours(args: argparse.Namespace, vocab: int) -> nn.Module:
@@ -252,16 +259,24 @@ class Contender:
     sampler: RssSampler | None = None
 
 
-def make_step(device: torch.device, precision: str) -> Callable[[Contender, Batch], None]:
-    """One optimizer step, identical for both models."""
+def make_step(
+    device: torch.device, precision: str, loss_kind: str
+) -> Callable[[Contender, Batch], None]:
+    """One optimizer step, identical for both models: ``chunked`` is what `mt train` runs (the
+    output projection fused into the loss, block by block), ``logits`` the usual full logits and
+    loss."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def step(c: Contender, batch: Batch) -> None:
         src, trg_in, trg_out = (x.to(device, non_blocking=True) for x in batch)
         ctx = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
         with ctx:
-            logits = c.model(src, trg_in)
-        loss, _ = label_smoothed_nll(logits, trg_out, PAD_ID, 0.1)
+            out = c.model(src, trg_in, features_only=loss_kind == "chunked")
+        if loss_kind == "chunked":
+            weight = c.model.out.weight
+            loss, _ = linear_label_smoothed_nll(out, weight, trg_out, PAD_ID, 0.1, dtype)
+        else:
+            loss, _ = label_smoothed_nll(out, trg_out, PAD_ID, 0.1)
         (loss / (trg_out != PAD_ID).sum()).backward()
         c.optimizer.step()
         c.optimizer.zero_grad(set_to_none=True)
@@ -274,11 +289,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_run(c: Contender, batches: list[Batch], warmup: int, step, device: torch.device) -> None:
+def timed_run(
+    c: Contender, warm: list[Batch], timed: list[Batch], step, device: torch.device
+) -> None:
     """Warm-up steps, then the timed steps; appends target tokens/s and updates the peak memory."""
-    for batch in batches[:warmup]:
+    for batch in warm:
         step(c, batch)
-    timed = batches[warmup:]
     tokens = sum(int((out != PAD_ID).sum()) for _, _, out in timed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -319,6 +335,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                         help="fp32, or autocast to bf16/fp16 (no gradient scaler: throughput only)")  # fmt: skip
+    parser.add_argument("--loss", choices=["chunked", "logits"], default="chunked",
+                        help="chunked: output projection fused into the loss, as `mt train` does; "
+                        "logits: full (B, T, V) logits, then the loss")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = its default")
     parser.add_argument("--malloc-default", action="store_true",
                         help="leave glibc malloc as it is (default: keep freed memory, as `mt train` "
@@ -344,13 +363,16 @@ def main() -> None:
     src, trg, corpus = load_pairs()
     tok = cached_tokenizer(src, trg, args.vocab, args.cache_dir)
     src_ids, trg_ids = tok.encode_batch(src), tok.encode_batch(trg)
-    batches, pad_frac = build_batches(src_ids, trg_ids, args.batch_tokens, args.warmup + args.steps)
+    # Every run times different batches (as training does: shapes vary from step to step); both
+    # models see the same ones.
+    count = args.warmup + args.runs * args.steps
+    batches, pad_frac = build_batches(src_ids, trg_ids, args.batch_tokens, count)
     vocab = tok.vocab_size
     flops = flops_per_target_token(
         batches[args.warmup :], args.d_model, args.ffn, args.layers, vocab
     )
 
-    step = make_step(device, args.precision)
+    step = make_step(device, args.precision, args.loss)
     contenders = []
     for name, build in (("ours", ours), ("nn.Transformer", baseline)):
         if args.only and (name == "ours") != (args.only == "ours"):
@@ -372,7 +394,7 @@ def main() -> None:
     print(
         f"model: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
         f"ffn {args.ffn}, dropout {args.dropout} (ours: attention {args.attn_dropout}, "
-        f"FFN {args.ffn_dropout}; nn.Transformer: {args.dropout} everywhere), {args.precision}; device {device}, "
+        f"FFN {args.ffn_dropout}; nn.Transformer: {args.dropout} everywhere), {args.precision}, loss {args.loss}; device {device}, "
         f"{torch.get_num_threads()} threads; torch {torch.__version__}; glibc malloc "
         f"{'keeps freed memory' if kept else 'default'}"
     )
@@ -386,7 +408,9 @@ def main() -> None:
 
     for run in range(args.runs):
         for c in contenders:
-            timed_run(c, batches, args.warmup, step, device)
+            first = args.warmup + run * args.steps
+            timed = batches[first : first + args.steps]
+            timed_run(c, batches[: args.warmup], timed, step, device)
             print(f"  run {run + 1}: {c.name:>15} {c.rates[-1]:9,.0f} tok/s", flush=True)
 
     mem = "peak GPU MiB" if device.type == "cuda" else "peak RSS MiB"

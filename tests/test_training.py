@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from transformer_mt.config import load_config
 from transformer_mt.errors import MTError
 from transformer_mt.training import checkpoint as ckpt_mod
+from transformer_mt.training import loss as loss_mod
 from transformer_mt.training import trainer as trainer_mod
 from transformer_mt.training.host_memory import keep_freed_memory
-from transformer_mt.training.loss import label_smoothed_nll
+from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 from transformer_mt.training.schedule import noam_lr
 from transformer_mt.training.trainer import Trainer
 
@@ -84,7 +85,7 @@ def test_run_directory_contents(tiny_config, tmp_path):
 
 
 def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeypatch):
-    real = trainer_mod.label_smoothed_nll
+    real = trainer_mod.linear_label_smoothed_nll
     calls = {"n": 0}
 
     def nan_on_third_call(*args, **kwargs):
@@ -92,7 +93,7 @@ def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeyp
         loss, nll = real(*args, **kwargs)
         return (loss * float("nan"), nll) if calls["n"] == 3 else (loss, nll)
 
-    monkeypatch.setattr(trainer_mod, "label_smoothed_nll", nan_on_third_call)
+    monkeypatch.setattr(trainer_mod, "linear_label_smoothed_nll", nan_on_third_call)
     cfg = load_config(tiny_config, ["train.max_steps=4", "train.valid_bleu=false",
                                     "train.best_metric=loss"])  # fmt: skip
     with pytest.warns(UserWarning, match="non-finite loss"):
@@ -102,7 +103,7 @@ def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeyp
 
     monkeypatch.setattr(
         trainer_mod,
-        "label_smoothed_nll",
+        "linear_label_smoothed_nll",
         lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]),
     )
     cfg = load_config(tiny_config, ["train.max_nonfinite=3"])
@@ -320,3 +321,50 @@ def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, 
 def test_average_last_beyond_keep_last_is_a_config_error(tiny_config):
     with pytest.raises(MTError, match=r"train.average_last=3 .* train.keep_last=1"):
         load_config(tiny_config, ["train.average_last=3"])
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_chunked_projection_and_loss_equal_the_unfused_pair(epsilon, monkeypatch):
+    # Blocks of 3 rows (13 rows in all: a short last block): loss, NLL and the gradients of the
+    # hidden states and of the weight equal those of logits = hidden @ weight.T + the plain loss.
+    monkeypatch.setattr(loss_mod, "_CHUNK_BYTES", 3 * 4 * 11)
+    torch.manual_seed(0)
+    hidden = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 6, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 11, (13,))
+    target[[2, 7, 8]] = 0  # padding
+    ref, ref_nll = label_smoothed_nll(hidden @ weight.T, target, pad_idx=0, epsilon=epsilon)
+    g_ref = torch.autograd.grad(1.5 * ref, (hidden, weight))
+    ours, nll = linear_label_smoothed_nll(hidden, weight, target, pad_idx=0, epsilon=epsilon)
+    g_ours = torch.autograd.grad(1.5 * ours, (hidden, weight))
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-6)
+    for a, b in zip(g_ours, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert g_ours[0][[2, 7, 8]].abs().max() == 0, "padding rows get no gradient"
+
+
+def test_chunked_loss_in_bf16_reaches_a_tied_embedding(tiny_model_args):
+    # Under bf16 the products round, so compare loosely; the tied weight must receive the gradient
+    # of both its uses (embedding lookup and output projection), as with the model's own logits.
+    from transformer_mt.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(**tiny_model_args).eval()  # no dropout: both passes see the same net
+    src = torch.randint(4, tiny_model_args["enc_voc_size"], (3, 5))
+    trg = torch.randint(4, tiny_model_args["dec_voc_size"], (3, 6))
+    trg[0, 4:] = 0
+    out = trg.roll(-1, dims=1)
+    ref, _ = label_smoothed_nll(model(src, trg), out, 0, 0.1)
+    ref.backward()
+    g_ref = model.trg_emb.weight.grad.clone()
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = model(src, trg, features_only=True)
+    ours, _ = linear_label_smoothed_nll(hidden, model.out.weight, out, 0, 0.1, torch.bfloat16)
+    ours.backward()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-3)
+    g = model.trg_emb.weight.grad
+    assert g.dtype == torch.float32
+    cos = F.cosine_similarity(g.flatten(), g_ref.flatten(), dim=0)
+    assert cos > 0.99, f"bf16 gradient direction differs from fp32: cosine {cos:.4f}"

@@ -148,8 +148,11 @@ class Transformer(nn.Module):
         memory: torch.Tensor,
         src_mask: torch.Tensor,
         cache: DecoderCache | None = None,
+        features_only: bool = False,
     ) -> torch.Tensor:
-        """Target ids (B, T) and memory (B, S, D) to logits (B, T, dec_voc_size).
+        """Target ids (B, T) and memory (B, S, D) to logits (B, T, dec_voc_size), or with
+        ``features_only`` to the decoder states (B, T, D) that the output projection ``out`` maps
+        to logits (a trainer can fuse that projection into its loss).
 
         Without ``cache``, ``trg`` is the whole prefix and a pad + no-peek mask applies. With a
         ``cache``, ``trg`` holds only the new positions (usually one per step): they may attend to
@@ -168,7 +171,8 @@ class Transformer(nn.Module):
             x = layer(x, memory, trg_mask, src_mask, None if cache is None else cache.layers[i])
         if cache is not None:
             cache.length += trg.size(1)
-        return self.out(self.dec_norm(x))
+        x = self.dec_norm(x)
+        return x if features_only else self.out(x)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.n_dec_layers)
@@ -193,7 +197,10 @@ class Transformer(nn.Module):
                 attn.need_weights = False
                 attn.attn_weights = None
 
-    def forward(self, src: torch.Tensor, trg: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits: src (B, S), trg (B, T) -> (B, T, dec_voc_size)."""
+    def forward(
+        self, src: torch.Tensor, trg: torch.Tensor, features_only: bool = False
+    ) -> torch.Tensor:
+        """Teacher-forced logits: src (B, S), trg (B, T) -> (B, T, dec_voc_size); with
+        ``features_only``, the decoder states (B, T, D) before the output projection."""
         memory, src_mask = self.encode(src)
-        return self.decode(trg, memory, src_mask)
+        return self.decode(trg, memory, src_mask, features_only=features_only)

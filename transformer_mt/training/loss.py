@@ -54,3 +54,87 @@ def label_smoothed_nll(
     v = logits.size(-1)
     loss, nll = _LabelSmoothedNLL.apply(logits.reshape(-1, v), target.reshape(-1), pad_idx, epsilon)
     return loss, nll.detach()
+
+
+# Rows of the (rows, V) fp32 logits block the chunked loss holds at a time: ~16 MiB keeps it in
+# malloc's reusable heap (below the 32 MiB mmap limit) and close to the caches.
+_CHUNK_BYTES = 16 << 20
+
+
+class _LinearLabelSmoothedNLL(torch.autograd.Function):
+    """The output projection and the label-smoothed loss together, a block of rows at a time.
+
+    The (N, V) logits never exist whole: each block of rows is projected, scored, and turned at
+    once into its gradient ``softmax(z) - q``, which is multiplied back into the gradients of the
+    hidden states and of the weight. Backward then only scales those by the incoming gradient.
+    Matrix products run in ``dtype`` (bf16 under autocast), everything else in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, pad_idx: int, epsilon: float, dtype):  # type: ignore[override]
+        n, vocab = hidden.size(0), weight.size(0)
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        with torch.autocast(hidden.device.type, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            keep = target != pad_idx
+            grad_h = torch.empty_like(h) if need_grad else None
+            grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+            nll = hidden.new_zeros((), dtype=torch.float32)
+            smooth = nll.clone()
+            rows = max(1, _CHUNK_BYTES // (4 * vocab))
+            for i in range(0, n, rows):
+                hc, tc, kc = h[i : i + rows], target[i : i + rows], keep[i : i + rows]
+                z = (hc @ w.T).float()  # (rows, V)
+                lse = torch.logsumexp(z, dim=-1)
+                nll += ((lse - z.gather(1, tc[:, None]).squeeze(1)) * kc).sum()
+                smooth += ((lse - z.mean(dim=-1)) * kc).sum()
+                if need_grad:
+                    z.sub_(lse[:, None]).exp_().sub_(epsilon / vocab)  # softmax - epsilon / V
+                    z.scatter_add_(1, tc[:, None], lse.new_full((len(tc), 1), epsilon - 1.0))
+                    g = z.mul_(kc[:, None]).to(dtype)  # d(loss sum) / d(logits), (rows, V)
+                    torch.mm(g, w, out=grad_h[i : i + rows])
+                    grad_w += (g.T @ hc).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return (1.0 - epsilon) * nll + epsilon * smooth, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):  # type: ignore[override]
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        return (
+            (grad_h * grad_loss).to(h_dtype),
+            (grad_w * grad_loss).to(w_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_label_smoothed_nll(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    pad_idx: int,
+    epsilon: float,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``label_smoothed_nll(hidden @ weight.T, ...)`` without the (B, T, V) logits in memory.
+
+    The same sums, computed block by block (see ``_LinearLabelSmoothedNLL``): the output
+    projection and the loss are the costliest part of a small model's training step, and most of
+    it is memory traffic over the logits. Gradients reach ``hidden`` and ``weight`` (a tied
+    embedding included) as from the unfused pair of operations.
+
+    Args:
+        hidden: (B, T, D) decoder states before the output projection; weight: (V, D), the
+            bias-free output projection; target: (B, T) ids.
+        dtype: the matrix-product dtype (the autocast dtype under mixed precision); default: the
+            dtype of ``hidden``.
+    """
+    d = hidden.size(-1)
+    loss, nll = _LinearLabelSmoothedNLL.apply(
+        hidden.reshape(-1, d), weight, target.reshape(-1), pad_idx, epsilon, dtype or hidden.dtype
+    )
+    return loss, nll.detach()

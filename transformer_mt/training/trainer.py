@@ -34,7 +34,7 @@ from transformer_mt.training import distributed as D
 from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.checkpoint import average_checkpoints, load_checkpoint, save_atomic
 from transformer_mt.training.host_memory import keep_freed_memory
-from transformer_mt.training.loss import label_smoothed_nll
+from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 from transformer_mt.training.schedule import noam_lr
 from transformer_mt.training.state import (
     StopFlag,
@@ -386,8 +386,12 @@ class Trainer:
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
             with sync:
                 with self._autocast():
-                    logits = self.train_model(src, trg_in)
-                loss, nll = label_smoothed_nll(logits, trg_out, PAD_ID, t.label_smoothing)
+                    hidden = self.train_model(src, trg_in, features_only=True)  # (B, T, D)
+                # The output projection runs inside the loss, in blocks (no (B, T, V) logits).
+                loss, nll = linear_label_smoothed_nll(
+                    hidden, self.model.out.weight, trg_out, PAD_ID, t.label_smoothing,
+                    self.autocast_dtype,
+                )  # fmt: skip
                 # DDP averages gradients over ranks; the world size turns that mean back into a
                 # sum, so the step's gradient is (sum of token losses) / (global token count).
                 self.scaler.scale(loss * (self.info.world_size / global_tokens)).backward()

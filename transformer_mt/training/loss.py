@@ -56,9 +56,11 @@ def label_smoothed_nll(
     return loss, nll.detach()
 
 
-# Rows of the (rows, V) fp32 logits block the chunked loss holds at a time: ~16 MiB keeps it in
-# malloc's reusable heap (below the 32 MiB mmap limit) and close to the caches.
+# Size of the (rows, V) fp32 logits block the chunked loss holds at a time. On CPU ~16 MiB keeps it
+# in malloc's reusable heap (below the 32 MiB mmap limit) and close to the caches; a GPU wants
+# fewer, larger blocks (fewer kernel launches) and has the memory for them.
 _CHUNK_BYTES = 16 << 20
+_GPU_CHUNK_BYTES = 1 << 30
 
 
 class _LinearLabelSmoothedNLL(torch.autograd.Function):
@@ -81,7 +83,8 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
             grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
             nll = hidden.new_zeros((), dtype=torch.float32)
             smooth = nll.clone()
-            rows = max(1, _CHUNK_BYTES // (4 * vocab))
+            budget = _CHUNK_BYTES if hidden.device.type == "cpu" else _GPU_CHUNK_BYTES
+            rows = max(1, budget // (4 * vocab))
             for i in range(0, n, rows):
                 hc, tc, kc = h[i : i + rows], target[i : i + rows], keep[i : i + rows]
                 z = (hc @ w.T).float()  # (rows, V)
@@ -102,8 +105,8 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_nll):  # type: ignore[override]
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
-        return (
-            (grad_h * grad_loss).to(h_dtype),
+        return (  # scaled in fp32: grad_loss may carry an fp16 loss scale
+            grad_h.float().mul_(grad_loss).to(h_dtype),
             (grad_w * grad_loss).to(w_dtype),
             None,
             None,

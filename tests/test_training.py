@@ -22,7 +22,7 @@ from transformer_mt.training import loss as loss_mod
 from transformer_mt.training import trainer as trainer_mod
 from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
-from transformer_mt.training.schedule import noam_lr
+from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.trainer import Trainer
 
 
@@ -34,6 +34,57 @@ def test_noam_matches_hand_computed_values():
     assert noam_lr(100, 256, 400, factor=2.0) == pytest.approx(2 * 256**-0.5 * 100 * 400**-1.5)
     with pytest.raises(ValueError):
         noam_lr(0, 512, 4000)
+
+
+def test_budget_left_is_the_smaller_of_the_step_and_time_fractions():
+    # 100 steps, warm-up 20: steps 21..100 decay; step 21 has all 80 left, step 100 1/80.
+    assert budget_left(21, 100, 20) == 1.0
+    assert budget_left(61, 100, 20) == pytest.approx(40 / 80)
+    assert budget_left(100, 100, 20) == pytest.approx(1 / 80)
+    # A 600 s budget, warm-up over at 100 s: 350 s spent leaves half of the 500 s that decay.
+    assert budget_left(30, 100, 20, 350.0, 600.0, 100.0) == pytest.approx(0.5)
+    # ... unless the steps run out sooner.
+    assert budget_left(90, 100, 20, 350.0, 600.0, 100.0) == pytest.approx(11 / 80)
+    assert budget_left(30, 100, 20, 700.0, 600.0, 100.0) == 0.0, "past the budget: 0, not negative"
+    assert budget_left(30, 100, 20, 350.0, 600.0, None) == pytest.approx(71 / 80), "no time yet"
+
+
+def test_linear_decay_warms_up_as_noam_then_falls_to_zero():
+    peak = noam_lr(20, 256, 20, 0.7)
+    assert [linear_decay_lr(s, 256, 20, 0.7, 0.123) for s in (1, 10, 20)] == [
+        noam_lr(s, 256, 20, 0.7) for s in (1, 10, 20)
+    ], "warm-up ignores the budget"
+    assert linear_decay_lr(21, 256, 20, 0.7, 1.0) == peak
+    assert linear_decay_lr(50, 256, 20, 0.7, 0.25) == pytest.approx(peak / 4)
+    assert linear_decay_lr(50, 256, 20, 0.7, 0.0) == 0.0
+
+
+def test_linear_schedule_in_training_decays_in_a_straight_line(tiny_config, tmp_path):
+    cfg = load_config(tiny_config, ["train.lr_schedule=linear", "train.max_steps=30"])
+    Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    lrs = [r["lr"] for r in _metrics(tmp_path / "run") if "lr" in r]
+    peak = noam_lr(10, 32, 10)
+    assert lrs[:10] == pytest.approx([noam_lr(s, 32, 10) for s in range(1, 11)])
+    # Steps 11..30 take peak * (31 - s) / 20: equal steps down to peak / 20 at the last one.
+    assert lrs[10:] == pytest.approx([peak * (31 - s) / 20 for s in range(11, 31)])
+
+
+def test_linear_schedule_with_a_time_budget_reaches_zero_when_time_is_up(tiny_config, tmp_path):
+    sets = ["train.lr_schedule=linear", "train.max_steps=100000", "train.warmup_steps=2"]
+    cfg = load_config(tiny_config, [*sets, "train.max_minutes=0.01", "train.valid_every=100000"])
+    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    lrs = [r["lr"] for r in _metrics(tmp_path / "run") if "lr" in r]
+    assert len(lrs) == state.step > 3, "the time budget, not max_steps, ended the run"
+    assert state.warmup_seconds is not None and 0 < state.warmup_seconds < 0.6
+    decay = lrs[2:]
+    assert decay[0] == noam_lr(2, 32, 2), "the first step after warm-up keeps the peak"
+    assert all(a > b for a, b in itertools.pairwise(decay)), "falls with the clock"
+    assert decay[-1] == 0.0, "the step that finds the budget spent has nothing left"
+
+
+def test_an_unknown_lr_schedule_is_a_config_error(tiny_config):
+    with pytest.raises(MTError, match=r"train\.lr_schedule='cosine'"):
+        load_config(tiny_config, ["train.lr_schedule=cosine"])
 
 
 def test_label_smoothing_matches_a_worked_example():

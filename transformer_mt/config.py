@@ -73,6 +73,8 @@ class TrainConfig:
     accum_steps: int = 1  # micro-batches per optimizer step
     lr_factor: float = 1.0  # Noam factor: lr = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
     warmup_steps: int = 4000  # Noam warm-up in optimizer steps
+    lr_schedule: str = "noam"  # "noam" (the paper's), or "linear": Noam's warm-up, then a straight
+    # line to 0 where the run ends (max_steps, or max_minutes when that comes first)
     adam_beta1: float = 0.9  # Adam beta1
     adam_beta2: float = 0.98  # Adam beta2 (the paper's value)
     adam_eps: float = 1e-9  # Adam epsilon (the paper's value)
@@ -230,6 +232,8 @@ def validate(cfg: Config) -> None:
     for key in ("max_steps", "batch_tokens", "accum_steps", "warmup_steps", "log_every"):
         if getattr(t, key) < 1:
             raise MTError(f"train.{key}={getattr(t, key)} must be at least 1")
+    if t.lr_schedule not in ("noam", "linear"):
+        raise MTError(f"train.lr_schedule={t.lr_schedule!r}: expected noam or linear")
     if t.precision not in ("fp32", "bf16", "fp16"):
         raise MTError(f"train.precision={t.precision!r}: expected fp32, bf16 or fp16")
     if t.batch_tokens < cfg.data.max_tokens_per_side:

@@ -23,6 +23,7 @@ class TrainState:
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     nonfinite_in_a_row: int = 0
     train_seconds: float = 0.0  # wall time spent training and validating, over all invocations
+    warmup_seconds: float | None = None  # train_seconds when warm-up ended (linear lr schedule)
     history: list[dict[str, float]] = field(default_factory=list)  # validation results
 
 

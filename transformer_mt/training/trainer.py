@@ -35,7 +35,7 @@ from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.checkpoint import average_checkpoints, load_checkpoint, save_atomic
 from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
-from transformer_mt.training.schedule import noam_lr
+from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.state import (
     StopFlag,
     TrainState,
@@ -367,10 +367,11 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- loop
     def _train_step(
-        self, micro_batches: list[np.ndarray], stop_requested: bool, time_up: bool
+        self, micro_batches: list[np.ndarray], stop_requested: bool, seconds: float
     ) -> StepResult:
-        """One optimizer step on this rank's ``micro_batches``; the result is the same on every
-        rank (sums over all ranks), and so is every decision taken from it."""
+        """One optimizer step on this rank's ``micro_batches``, ``seconds`` of training time spent
+        before it; the result is the same on every rank (sums over all ranks), and so is every
+        decision taken from it."""
         t = self.cfg.train
         tensors = [collate(self.data.train, b) for b in micro_batches]
         local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in tensors))
@@ -398,13 +399,16 @@ class Trainer:
             loss_sum += loss.item()
             nll_sum += nll.item()
         # The stop flag rides along with the sums: one collective, and all ranks stop together.
-        # Rank 0's clock decides the time budget, so that no two ranks disagree about it.
-        loss_sum, nll_sum, stops, times_up = D.all_reduce_sum(
-            [loss_sum, nll_sum, float(stop_requested), float(time_up and self.info.is_main)],
+        # Rank 0's clock decides the time budget (and the linear schedule's lr), so that no two
+        # ranks disagree about it.
+        loss_sum, nll_sum, stops, seconds = D.all_reduce_sum(
+            [loss_sum, nll_sum, float(stop_requested), seconds if self.info.is_main else 0.0],
             self.info,
             self.device,
         )
-        result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0, times_up > 0)
+        budget_s = t.max_minutes * 60.0
+        time_up = budget_s > 0 and seconds >= budget_s
+        result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0, time_up)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             if self.scaler.is_enabled():  # let the scaler lower its scale, as for an inf grad
@@ -415,13 +419,25 @@ class Trainer:
         # blow-up before the loss does).
         max_norm = t.clip_norm if t.clip_norm > 0 else math.inf
         result.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        lr = noam_lr(self.state.step + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_factor)
+        lr = self._lr(self.state.step + 1, seconds)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return result
+
+    def _lr(self, step: int, seconds: float) -> float:
+        """The learning rate of optimizer step ``step``, ``seconds`` of training time spent."""
+        t, s, d_model = self.cfg.train, self.state, self.cfg.model.d_model
+        if t.lr_schedule == "noam":
+            return noam_lr(step, d_model, t.warmup_steps, t.lr_factor)
+        if step > t.warmup_steps and s.warmup_seconds is None:
+            s.warmup_seconds = seconds  # the time budget of the decay starts here
+        left = budget_left(
+            step, t.max_steps, t.warmup_steps, seconds, t.max_minutes * 60.0, s.warmup_seconds
+        )
+        return linear_decay_lr(step, d_model, t.warmup_steps, t.lr_factor, left)
 
     def run(self) -> TrainState:
         """Train until ``train.max_steps``, early stopping, or a stop signal; returns the state."""
@@ -448,15 +464,12 @@ class Trainer:
         )
         window = _new_window()
         started, spent_before = time.perf_counter(), s.train_seconds
-        budget_s = t.max_minutes * 60.0
         interrupted = False  # by a signal: no final average, the run is to be resumed
         with StopFlag() as stop:
             while s.step < t.max_steps:
                 s.train_seconds = spent_before + time.perf_counter() - started
                 step = self._train_step(
-                    [next(stream) for _ in range(t.accum_steps)],
-                    stop.requested,
-                    budget_s > 0 and s.train_seconds >= budget_s,
+                    [next(stream) for _ in range(t.accum_steps)], stop.requested, s.train_seconds
                 )
                 if not math.isfinite(step.loss):  # all-reduced: every rank skips or stops alike
                     s.nonfinite_in_a_row += 1

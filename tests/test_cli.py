@@ -68,6 +68,49 @@ def test_evaluate_translates_and_scores(trained):
     assert "tok:13a" in scores["bleu_signature"]
 
 
+def test_evaluate_passes_len_penalty_to_the_search(trained, monkeypatch):
+    # A 20-step model translates every line to "" whatever the penalty, so a spy (that calls the
+    # real search) shows which alpha reached it; the search's own tests check what alpha does.
+    import transformer_mt.translation as translation
+
+    seen, real = [], translation.translate_lines
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["len_penalty"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translation, "translate_lines", spy)
+    run, data = trained
+    args = ["evaluate", "-c", str(run / "best.pt"), "--src", str(data / "test.src")]
+    args += ["--ref", str(data / "test.trg"), "--beam", "2"]
+    for extra in ([], ["--len-penalty", "0.6"]):
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+    assert seen == [1.0, 0.6], "the run's decode.len_penalty, then the option's"
+
+
+def test_tune_len_penalty_script_scores_each_alpha_as_evaluate_does(trained, monkeypatch, capsys):
+    import runpy
+    import sys
+
+    run, data = trained
+    ckpt, src, ref = str(run / "best.pt"), str(data / "test.src"), str(data / "test.trg")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tune_len_penalty.py"
+    argv = [str(script), "-c", ckpt, "--src", src, "--ref", ref, "--beam", "2"]
+    argv += ["--alphas", "0", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(script), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    rows = {float(x.split("|")[0]): float(x.split("|")[1]) for x in lines[2:4]}
+    assert set(rows) == {0.0, 1.0}
+    for alpha, bleu in rows.items():
+        args = ["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--beam", "2", "--json"]
+        direct = runner.invoke(app, [*args, "--len-penalty", str(alpha)])
+        assert round(json.loads(direct.stdout)["bleu"], 2) == bleu
+    best = max(rows, key=rows.get)
+    assert lines[-1].startswith(f"best alpha by BLEU: {best:g} ")
+
+
 def test_average_and_plot(trained, tmp_path):
     run, _ = trained
     out = tmp_path / "avg.pt"

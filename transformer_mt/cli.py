@@ -194,6 +194,9 @@ def evaluate(
         Path | None, typer.Option("--checkpoint", "-c", help="Model to translate --src with.")
     ] = None,
     beam: Annotated[int | None, typer.Option(help="Beam size for --src; 1 = greedy.")] = None,
+    len_penalty: Annotated[
+        float | None, typer.Option(help="Length penalty alpha for --src; default: the run's.")
+    ] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -221,7 +224,9 @@ def evaluate(
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
         results = translate_lines(
             loaded.model, loaded.src_tok, loaded.trg_tok, sources,
-            beam=beam or d.beam_size, len_penalty=d.len_penalty, max_len_a=d.max_len_a,
+            beam=beam or d.beam_size,
+            len_penalty=d.len_penalty if len_penalty is None else len_penalty,
+            max_len_a=d.max_len_a,
             max_len_b=d.max_len_b, batch_tokens=d.batch_tokens, device=device, progress=True,
         )  # fmt: skip
         hyps, hyp_name = [r[0][0] for r in results], str(src)

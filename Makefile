@@ -56,7 +56,7 @@ test-slow: $(VENV)/.installed-dev
 multi30k: $(VENV)/.installed
 	$(BIN)/mt train --config configs/multi30k_de_en.yaml --run-dir $(M30K_DIR) \
 		--set train.max_minutes=$(M30K_MINUTES) $(if $(BASE_URL),--set data.base_url=$(BASE_URL))
-	for c in best average; do echo "--- $$c.pt"; $(BIN)/mt evaluate --checkpoint $(M30K_DIR)/$$c.pt \
+	for c in best last average; do echo "--- $$c.pt"; $(BIN)/mt evaluate --checkpoint $(M30K_DIR)/$$c.pt \
 		--src data/multi30k/test_2016_flickr.de --ref data/multi30k/test_2016_flickr.en; done
 
 format: $(VENV)/.installed-dev

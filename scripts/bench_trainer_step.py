@@ -1,0 +1,84 @@
+"""What `mt train` adds to a bare training step: Trainer._train_step (collate, token counts, the
+fused loss, gradient-norm measurement, the lr schedule, AdamW) against the bare step that
+bench_train.py times (forward, loss, backward, Adam), on the same model and the same batches, in
+the same process, alternating run by run.
+
+    python scripts/bench_trainer_step.py                      # configs/multi30k_de_en.yaml
+    python scripts/bench_trainer_step.py --runs 6 --steps 20 --set data.base_url=http://127.0.0.1:8765/
+
+Data and model come from the config (prepared as `mt train` prepares them: a first run may
+download and binarize). The figure is target tokens per second, the median over ``--runs``.
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from transformer_mt.config import load_config
+from transformer_mt.data.tokenizer import PAD_ID
+from transformer_mt.training.batches import BatchStream, collate
+from transformer_mt.training.loss import linear_label_smoothed_nll
+from transformer_mt.training.trainer import Trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/multi30k_de_en.yaml")
+    parser.add_argument("--set", action="append", default=[], help="config override key=value")
+    parser.add_argument("--runs", type=int, default=4, help="timed runs per variant (median)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    args = parser.parse_args()
+
+    cfg = load_config(args.config, args.set)
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(cfg, run_dir, resume=False, progress=False)
+    data = trainer.data.train
+    stream = iter(BatchStream(data, cfg, trainer.info, trainer.state))
+    batches = [next(stream) for _ in range(2 * args.runs * (args.steps + 1))]
+    model, dtype = trainer.model, trainer.autocast_dtype
+    bare_opt = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
+    eps = cfg.train.label_smoothing
+
+    def bare_step(index: np.ndarray) -> None:
+        src, trg_in, trg_out = (x.to(trainer.device) for x in collate(data, index))
+        autocast = torch.autocast(trainer.device.type, dtype=dtype) if dtype else nullcontext()
+        with autocast:
+            hidden = model(src, trg_in, features_only=True)
+        loss, _ = linear_label_smoothed_nll(hidden, model.out.weight, trg_out, PAD_ID, eps, dtype)
+        (loss / (trg_out != PAD_ID).sum()).backward()
+        bare_opt.step()
+        bare_opt.zero_grad(set_to_none=True)
+
+    def trainer_step(index: np.ndarray) -> None:
+        trainer._train_step([index], stop_requested=False, seconds=0.0)
+
+    variants = {"mt train step": trainer_step, "bare step": bare_step}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    chunks = iter(np.array_split(np.arange(len(batches)), 2 * args.runs))
+    model.train()
+    for run in range(args.runs):
+        for name, step in variants.items():
+            chunk = [batches[i] for i in next(chunks)]
+            step(chunk[0])  # untimed: the first step after a switch pays for the other's memory
+            tokens = sum(int((collate(data, b)[2] != PAD_ID).sum()) for b in chunk[1:])
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for b in chunk[1:]:
+                step(b)
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            rates[name].append(tokens / (time.perf_counter() - start))
+            print(f"  run {run + 1}: {name:>14} {rates[name][-1]:8,.0f} tok/s", flush=True)
+    print(f"{args.config}, {cfg.train.precision}, device {trainer.device}")
+    for name, values in rates.items():
+        print(f"{name:>14}: median {statistics.median(values):,.0f} target tok/s")
+
+
+if __name__ == "__main__":
+    main()

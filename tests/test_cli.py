@@ -124,6 +124,19 @@ def test_average_and_plot(trained, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_overlays_several_runs_and_checks_them_all_first(trained, tmp_path):
+    run, _ = trained
+    png = tmp_path / "runs.png"
+    done = runner.invoke(app, ["plot", str(run), str(run), "--output", str(png)])
+    assert done.exit_code == 0, done.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "--output" in _one_line_error(runner.invoke(app, ["plot", str(run), str(run)]))
+    missing = tmp_path / "not_a_run"
+    bad = runner.invoke(app, ["plot", str(run), str(missing), "--output", str(tmp_path / "x.png")])
+    assert str(missing) in _one_line_error(bad)
+    assert not (tmp_path / "x.png").exists(), "nothing drawn when one run is unreadable"
+
+
 def _one_line_error(result) -> str:
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output

@@ -279,15 +279,18 @@ def average(
 @app.command()
 @user_errors
 def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory with metrics.jsonl.")],
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Run directories with metrics.jsonl (several: overlaid).")
+    ],
     output: Annotated[
-        Path | None, typer.Option(help="PNG path; default RUN_DIR/metrics.png.")
+        Path | None,
+        typer.Option(help="PNG path; default RUN_DIR/metrics.png (needed for several runs)."),
     ] = None,
 ) -> None:
-    """Draw training loss, learning rate and validation BLEU of a run into a PNG."""
+    """Draw training loss, learning rate and validation BLEU of runs into a PNG."""
     from transformer_mt.training.plot import plot_metrics
 
-    out = plot_metrics(run_dir, output)
+    out = plot_metrics(run_dirs, output)
     _say(f"wrote {out}")
 
 

@@ -1,4 +1,5 @@
-"""`mt plot`: training loss, learning rate and validation BLEU of a run, in one PNG."""
+"""`mt plot`: training loss, learning rate and validation BLEU of one run or several (overlaid,
+one colour per run), in one PNG."""
 
 import json
 from pathlib import Path
@@ -13,37 +14,49 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-def plot_metrics(run_dir: Path, output: Path | None = None) -> Path:
+def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
     """Loss, learning rate and validation BLEU against the optimizer step, and BLEU against
-    training time (minutes, when the run logged ``time_s``); returns the PNG's path."""
+    training time (minutes, when a run logged ``time_s``); returns the PNG's path, by default
+    RUN_DIR/metrics.png of a single run (several runs need ``output``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = read_metrics(run_dir)
-    train = [r for r in records if "loss" in r]
-    valid = [r for r in records if any(k.startswith("val") for k in r)]
-    bleu = [r for r in valid if "val_bleu" in r]
-    timed = [r for r in bleu if "time_s" in r]
+    if not run_dirs:
+        raise MTError("name at least one run directory to plot")
+    if output is None and len(run_dirs) > 1:
+        raise MTError(f"{len(run_dirs)} runs to plot: say where the PNG goes with --output")
+    runs = [(Path(d).name, read_metrics(d)) for d in run_dirs]  # all read before drawing
+    timed = any("time_s" in r and "val_bleu" in r for _, records in runs for r in records)
     fig = Figure(figsize=(16 if timed else 12, 3.5))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 4 if timed else 3)
-    # Both curves are plain NLL per target token: the training "loss" includes label smoothing
-    # and would sit above the validation curve for that reason alone.
-    axes[0].plot([r["step"] for r in train], [r["nll"] for r in train], label="train")
-    if valid:
-        axes[0].plot(
-            [r["step"] for r in valid], [r["val_loss"] for r in valid], "o-", label="valid"
-        )
+    for i, (name, records) in enumerate(runs):
+        colour = f"C{i}"
+        train = [r for r in records if "loss" in r]
+        valid = [r for r in records if any(k.startswith("val") for k in r)]
+        bleu = [r for r in valid if "val_bleu" in r]
+        # Both curves are plain NLL per target token: the training "loss" includes label
+        # smoothing and would sit above the validation curve for that reason alone.
+        steps, nll = [r["step"] for r in train], [r["nll"] for r in train]
+        axes[0].plot(steps, nll, color=colour, alpha=0.6, label=f"{name} train")
+        if valid:
+            val_steps, val_nll = [r["step"] for r in valid], [r["val_loss"] for r in valid]
+            axes[0].plot(val_steps, val_nll, "o-", color=colour, label=f"{name} valid")
+        axes[1].plot(steps, [r["lr"] for r in train], color=colour, label=name)
+        bleu_steps, bleu_values = [r["step"] for r in bleu], [r["val_bleu"] for r in bleu]
+        axes[2].plot(bleu_steps, bleu_values, "o-", color=colour, label=name)
+        if timed:
+            minutes = [r["time_s"] / 60 for r in bleu if "time_s" in r]
+            values = [r["val_bleu"] for r in bleu if "time_s" in r]
+            axes[3].plot(minutes, values, "o-", color=colour, label=name)
     axes[0].set(title="NLL per target token", xlabel="step")
-    axes[0].legend()
-    axes[1].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[1].set(title="learning rate", xlabel="step")
-    axes[2].plot([r["step"] for r in bleu], [r["val_bleu"] for r in bleu], "o-")
     axes[2].set(title="validation BLEU", xlabel="step")
     if timed:
-        axes[3].plot([r["time_s"] / 60 for r in timed], [r["val_bleu"] for r in timed], "o-")
         axes[3].set(title="validation BLEU", xlabel="training minutes")
+    for ax in axes:
+        ax.legend(fontsize="small")
     fig.tight_layout()
-    out = Path(output) if output else Path(run_dir) / "metrics.png"
+    out = Path(output) if output else Path(run_dirs[0]) / "metrics.png"
     fig.savefig(out, dpi=100)
     return out

@@ -52,7 +52,8 @@ test-slow: $(VENV)/.installed-dev
 	$(BIN)/pytest -q -m slow
 
 # The CPU benchmark recipe (docs/BENCHMARKS.md): Multi30k de->en, M30K_MINUTES of training, then
-# test_2016_flickr BLEU (beam 5) of best.pt, last.pt and average.pt. BASE_URL= a mirror of the Multi30k files.
+# test_2016_flickr BLEU (beam 5) of best.pt, last.pt and average.pt.
+# BASE_URL= a mirror of the Multi30k files.
 multi30k: $(VENV)/.installed
 	$(BIN)/mt train --config configs/multi30k_de_en.yaml --run-dir $(M30K_DIR) \
 		--set train.max_minutes=$(M30K_MINUTES) $(if $(BASE_URL),--set data.base_url=$(BASE_URL))

@@ -14,15 +14,14 @@ import argparse
 import statistics
 import tempfile
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
+from bench_train import Contender, make_step  # this directory: the step bench_train.py times
 
 from transformer_mt.config import load_config
 from transformer_mt.data.tokenizer import PAD_ID
 from transformer_mt.training.batches import BatchStream, collate
-from transformer_mt.training.loss import linear_label_smoothed_nll
 from transformer_mt.training.trainer import Trainer
 
 
@@ -40,19 +39,13 @@ def main() -> None:
     data = trainer.data.train
     stream = iter(BatchStream(data, cfg, trainer.info, trainer.state))
     batches = [next(stream) for _ in range(2 * args.runs * (args.steps + 1))]
-    model, dtype = trainer.model, trainer.autocast_dtype
+    model = trainer.model
     bare_opt = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
-    eps = cfg.train.label_smoothing
+    bare = Contender("bare", model, bare_opt, [])
+    step_of_bench_train = make_step(trainer.device, cfg.train.precision, "chunked")
 
     def bare_step(index: np.ndarray) -> None:
-        src, trg_in, trg_out = (x.to(trainer.device) for x in collate(data, index))
-        autocast = torch.autocast(trainer.device.type, dtype=dtype) if dtype else nullcontext()
-        with autocast:
-            hidden = model(src, trg_in, features_only=True)
-        loss, _ = linear_label_smoothed_nll(hidden, model.out.weight, trg_out, PAD_ID, eps, dtype)
-        (loss / (trg_out != PAD_ID).sum()).backward()
-        bare_opt.step()
-        bare_opt.zero_grad(set_to_none=True)
+        step_of_bench_train(bare, collate(data, index))
 
     def trainer_step(index: np.ndarray) -> None:
         trainer._train_step([index], stop_requested=False, seconds=0.0)

@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -20,7 +21,11 @@ from transformer_mt.errors import MTError
 from transformer_mt.training import checkpoint as ckpt_mod
 from transformer_mt.training import loss as loss_mod
 from transformer_mt.training import trainer as trainer_mod
-from transformer_mt.training.host_memory import keep_freed_memory
+from transformer_mt.training.host_memory import (
+    keep_freed_memory,
+    release_freed_memory,
+    resident_mib,
+)
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.trainer import Trainer
@@ -130,6 +135,7 @@ def test_run_directory_contents(tiny_config, tmp_path):
     train_lines = [r for r in lines if "loss" in r]
     assert [r["step"] for r in train_lines] == list(range(1, 21))
     assert [r["step"] for r in lines if "val_bleu" in r] == [10, 20]
+    assert all(r["rss_mib"] > 50 for r in lines if "val_bleu" in r), "CPU validations log RSS"
     assert train_lines[-1]["loss"] < train_lines[0]["loss"]
     loaded = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert loaded["step"] == 20 and isinstance(loaded["src_spm"], bytes)
@@ -346,13 +352,26 @@ def test_label_smoothing_gradient_keeps_the_dtype_of_bf16_logits():
 
 
 def test_keep_freed_memory_applies_on_linux_glibc():
-    import platform
-
     applied = keep_freed_memory()
     on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert applied == on_glibc
     x = torch.ones(40 << 20, dtype=torch.uint8)  # over the former 32 MiB mmap threshold
     assert int(x.sum()) == 40 << 20, "large allocations still work"
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="malloc_trim is glibc's",
+)
+def test_release_freed_memory_returns_the_holes_between_live_blocks():
+    keep_freed_memory()  # from here on freed heap blocks stay resident, as in training
+    blocks = [torch.ones(1 << 20, dtype=torch.uint8) for _ in range(400)]  # 1 MiB each, heap
+    del blocks[::2]  # 200 MiB of holes, each between two live blocks: no trim at the top frees it
+    before = resident_mib()
+    assert release_freed_memory()
+    after = resident_mib()
+    assert before - after > 150, f"RSS {before:.0f} -> {after:.0f} MiB"
+    assert all(int(b[-1]) == 1 for b in blocks), "live blocks keep their contents"
 
 
 def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, tmp_path):

@@ -33,7 +33,11 @@ from transformer_mt.model import Transformer
 from transformer_mt.training import distributed as D
 from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.checkpoint import average_checkpoints, load_checkpoint, save_atomic
-from transformer_mt.training.host_memory import keep_freed_memory
+from transformer_mt.training.host_memory import (
+    keep_freed_memory,
+    release_freed_memory,
+    resident_mib,
+)
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.state import (
@@ -133,8 +137,9 @@ class Trainer:
         self.say = say if self.info.is_main else (lambda *a, **k: None)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
-        if t.keep_freed_memory and self.device.type == "cpu":
-            keep_freed_memory()
+        self.kept_freed_memory = t.keep_freed_memory and self.device.type == "cpu"
+        if self.kept_freed_memory:
+            self.kept_freed_memory = keep_freed_memory()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         _check_autocast(self.device, self.autocast_dtype, t.precision)
         if data is None:
@@ -270,6 +275,15 @@ class Trainer:
                     if key != "step" and isinstance(value, int | float):
                         self.tb.add_scalar(key, value, record["step"])
                 self.tb.flush()
+
+    def _memory_mib(self) -> dict[str, float]:
+        """Memory for the validation record (rank 0 logs it): the peak GPU memory torch allocated
+        (``cuda_peak_mib``), or on a CPU the resident size before freed pages go back
+        (``rss_mib``)."""
+        if self.device.type == "cuda":
+            return {"cuda_peak_mib": round(torch.cuda.max_memory_allocated(self.device) / 2**20)}
+        rss = resident_mib() if self.device.type == "cpu" else None
+        return {} if rss is None else {"rss_mib": round(rss)}
 
     def _open_tensorboard(self) -> Any:
         """A SummaryWriter in RUN_DIR/tensorboard when train.tensorboard is on (rank 0 only)."""
@@ -522,11 +536,16 @@ class Trainer:
                     result = self.validate()
                     best, early = self._after_validation(result)
                     s.train_seconds = spent_before + time.perf_counter() - started
-                    self._log({"step": s.step, "time_s": round(s.train_seconds, 1), **result})
+                    memory = self._memory_mib()
+                    self._log(
+                        {"step": s.step, "time_s": round(s.train_seconds, 1), **result, **memory}
+                    )
                     if self.info.is_main:
                         summary = ", ".join(f"{k} {v:.3f}" for k, v in result.items())
                         bar.write(f"step {s.step}: {summary}", file=sys.stderr)
                     self._save(best)
+                    if self.kept_freed_memory:
+                        release_freed_memory()  # the pages validation's odd shapes left behind
                     window["time"] = time.perf_counter()  # validation time is not training time
                     if early:
                         self.say(f"early stopping: no improvement in {t.patience} validations")

@@ -22,6 +22,7 @@ from transformer_mt.training import checkpoint as ckpt_mod
 from transformer_mt.training import loss as loss_mod
 from transformer_mt.training import trainer as trainer_mod
 from transformer_mt.training.host_memory import (
+    bound_kernel_caches,
     keep_freed_memory,
     release_freed_memory,
     resident_mib,
@@ -372,6 +373,51 @@ def test_release_freed_memory_returns_the_holes_between_live_blocks():
     after = resident_mib()
     assert before - after > 150, f"RSS {before:.0f} -> {after:.0f} MiB"
     assert all(int(b[-1]) == 1 for b in blocks), "live blocks keep their contents"
+
+
+_NEW_SHAPE_EVERY_STEP = """
+import random, sys, torch
+from transformer_mt.training.host_memory import bound_kernel_caches, keep_freed_memory, resident_mib
+if sys.argv[1] == "bounded":
+    bound_kernel_caches(8)  # small, so that both caches are full before the measurement starts
+keep_freed_memory()
+torch.set_num_threads(1)
+lin = torch.nn.Linear(256, 1024)
+random.seed(0)
+for i in range(160):
+    x = torch.randn(random.randint(200, 4096), 256, requires_grad=True)  # a new token count
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lin(x).float().sum().backward()
+    if i == 30:
+        start = resident_mib()
+print(resident_mib() - start)
+"""
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="bf16 products do not use oneDNN"
+)
+def test_bounded_kernel_caches_stop_memory_growing_with_new_shapes():
+    caches = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # Trainer tests set them
+    env = {k: v for k, v in os.environ.items() if k not in caches} | {"OMP_NUM_THREADS": "1"}
+
+    def growth(mode: str) -> float:
+        cmd = [sys.executable, "-c", _NEW_SHAPE_EVERY_STEP, mode]
+        return float(
+            subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+        )
+
+    unbounded, bounded = growth("default"), growth("bounded")
+    assert unbounded > 150, f"the default caches grew only {unbounded:.0f} MiB: nothing to bound"
+    assert bounded < unbounded / 3, f"RSS grew {bounded:.0f} MiB bounded, {unbounded:.0f} not"
+
+
+def test_bound_kernel_caches_leaves_a_users_setting(monkeypatch):
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    bound_kernel_caches(32)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "32"
 
 
 def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, tmp_path):

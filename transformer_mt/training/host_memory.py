@@ -18,6 +18,13 @@ The price is fragmentation: validation decodes batches of ever-changing shapes, 
 pages they leave between live blocks stay resident. ``release_freed_memory`` (glibc's
 ``malloc_trim``) hands those pages back; the trainer calls it after each validation, so the next
 training step pays its page faults once per validation instead of once per step.
+
+The other grower is oneDNN, which runs bf16 matrix products on a CPU. It caches a compiled
+kernel for every new shape, twice: in its primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+1,024 entries) and in the ideep layer PyTorch puts over it (``LRU_CACHE_CAPACITY``, 1,024).
+Length-bucketed batches bring a new token count nearly every step, so both caches fill up over
+an hour, at a few MiB per shape. ``bound_kernel_caches`` lowers both limits, which suffices for
+the handful of shapes one step repeats across its layers.
 """
 
 import ctypes
@@ -72,3 +79,10 @@ def resident_mib() -> float | None:
     except OSError:
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def bound_kernel_caches(capacity: int = 64) -> None:
+    """Cap oneDNN's two per-shape kernel caches at ``capacity`` entries each, unless the user set
+    the variables. They are read when the first oneDNN kernel is built, so call this first."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(capacity))

@@ -34,6 +34,7 @@ from transformer_mt.training import distributed as D
 from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.checkpoint import average_checkpoints, load_checkpoint, save_atomic
 from transformer_mt.training.host_memory import (
+    bound_kernel_caches,
     keep_freed_memory,
     release_freed_memory,
     resident_mib,
@@ -137,6 +138,8 @@ class Trainer:
         self.say = say if self.info.is_main else (lambda *a, **k: None)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
+        if self.device.type == "cpu":
+            bound_kernel_caches()  # before the first bf16 product builds a oneDNN kernel
         self.kept_freed_memory = t.keep_freed_memory and self.device.type == "cpu"
         if self.kept_freed_memory:
             self.kept_freed_memory = keep_freed_memory()

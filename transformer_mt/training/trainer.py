@@ -536,6 +536,7 @@ class Trainer:
                     )
                     window = _new_window()
                 if s.step % t.valid_every == 0 or s.step == t.max_steps or step.time_up:
+                    valid_started = time.perf_counter()
                     result = self.validate()
                     best, early = self._after_validation(result)
                     s.train_seconds = spent_before + time.perf_counter() - started
@@ -549,7 +550,9 @@ class Trainer:
                     self._save(best)
                     if self.kept_freed_memory:
                         release_freed_memory()  # the pages validation's odd shapes left behind
-                    window["time"] = time.perf_counter()  # validation time is not training time
+                    # Validation time is not training time: the current log window (which may
+                    # hold steps from before the validation) starts that much later.
+                    window["time"] += time.perf_counter() - valid_started
                     if early:
                         self.say(f"early stopping: no improvement in {t.patience} validations")
                         break

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -140,6 +141,33 @@ def test_run_directory_contents(tiny_config, tmp_path):
     assert train_lines[-1]["loss"] < train_lines[0]["loss"]
     loaded = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert loaded["step"] == 20 and isinstance(loaded["src_spm"], bytes)
+
+
+def test_logged_throughput_leaves_out_validation_time(tiny_config, tmp_path, monkeypatch):
+    # A fake clock: each training step takes 1 s, each validation 100 s. A validation in the
+    # middle of the log window 5-8 must not change that window's seconds (4).
+    clock = [0.0]
+    monkeypatch.setattr(trainer_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_step, real_validate = Trainer._train_step, Trainer.validate
+
+    def step(self, *args, **kwargs):
+        clock[0] += 1.0
+        return real_step(self, *args, **kwargs)
+
+    def validate(self):
+        clock[0] += 100.0
+        return real_validate(self)
+
+    monkeypatch.setattr(Trainer, "_train_step", step)
+    monkeypatch.setattr(Trainer, "validate", validate)
+    cfg = load_config(tiny_config, ["train.max_steps=12", "train.log_every=4",
+                                    "train.valid_every=6", "train.valid_bleu=false",
+                                    "train.best_metric=loss"])  # fmt: skip
+    Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    logged = {r["step"]: r for r in _metrics(tmp_path / "run") if "tokens_per_s" in r}
+    assert sorted(logged) == [4, 8, 12]
+    mid, last = logged[8]["tokens_per_s"], logged[12]["tokens_per_s"]
+    assert 0.7 < mid / last < 1.4, f"window with a validation {mid:.0f} tok/s, without {last:.0f}"
 
 
 def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeypatch):

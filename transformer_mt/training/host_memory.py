@@ -30,6 +30,7 @@ step, which its layers repeat.
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 
@@ -40,8 +41,9 @@ _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit systems
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The C library, where it is glibc on Linux; None elsewhere."""
+    """The C library, where it is glibc on Linux; None elsewhere. Looked up once per process."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     name = ctypes.util.find_library("c")

@@ -138,11 +138,11 @@ class Trainer:
         self.say = say if self.info.is_main else (lambda *a, **k: None)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
-        if self.device.type == "cpu":
+        on_cpu = self.device.type == "cpu"
+        if on_cpu:
             bound_kernel_caches()  # before the first bf16 product builds a oneDNN kernel
-        self.kept_freed_memory = t.keep_freed_memory and self.device.type == "cpu"
-        if self.kept_freed_memory:
-            self.kept_freed_memory = keep_freed_memory()
+        # True where glibc keeps freed memory: then validations hand their leftovers back.
+        self.kept_freed_memory = on_cpu and t.keep_freed_memory and keep_freed_memory()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         _check_autocast(self.device, self.autocast_dtype, t.precision)
         if data is None:

@@ -1,7 +1,7 @@
-"""What `mt train` adds to a bare training step: Trainer._train_step (collate, token counts, the
-fused loss, gradient-norm measurement, the lr schedule, AdamW) against the bare step that
-bench_train.py times (forward, loss, backward, Adam), on the same model and the same batches, in
-the same process, alternating run by run.
+"""What `mt train` adds to a bare training step: Trainer._train_step (token counts, the fused loss, gradient-norm measurement, the lr
+schedule, AdamW) against the bare step that bench_train.py times (forward, loss, backward, Adam),
+on the same model and the same batches, in the same process, alternating run by run. Both collate
+their batch inside the timed step.
 
     python scripts/bench_trainer_step.py                      # configs/multi30k_de_en.yaml
     python scripts/bench_trainer_step.py --runs 6 --steps 20 --set data.base_url=http://127.0.0.1:8765/
@@ -20,8 +20,9 @@ import torch
 from bench_train import Contender, make_step  # this directory: the step bench_train.py times
 
 from transformer_mt.config import load_config
+from transformer_mt.data.batching import make_batches
 from transformer_mt.data.tokenizer import PAD_ID
-from transformer_mt.training.batches import BatchStream, collate
+from transformer_mt.training.batches import collate
 from transformer_mt.training.trainer import Trainer
 
 
@@ -37,8 +38,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(cfg, run_dir, resume=False, progress=False)
     data = trainer.data.train
-    stream = iter(BatchStream(data, cfg, trainer.info, trainer.state))
-    batches = [next(stream) for _ in range(2 * args.runs * (args.steps + 1))]
+    batches = make_batches(
+        data.src_lengths, data.trg_lengths + 1, cfg.train.batch_tokens, seed=0, epoch=0
+    )[: 2 * args.runs * (args.steps + 1)]
     model = trainer.model
     bare_opt = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
     bare = Contender("bare", model, bare_opt, [])
@@ -48,7 +50,7 @@ def main() -> None:
         step_of_bench_train(bare, collate(data, index))
 
     def trainer_step(index: np.ndarray) -> None:
-        trainer._train_step([index], stop_requested=False, seconds=0.0)
+        trainer._train_step([collate(data, index)], stop_requested=False, seconds=0.0)
 
     variants = {"mt train step": trainer_step, "bare step": bare_step}
     rates: dict[str, list[float]] = {name: [] for name in variants}

@@ -202,11 +202,15 @@ def _train_cmd(config: Path, run_dir: Path) -> list[str]:
             "--run-dir", str(run_dir), "--no-progress"]  # fmt: skip
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("sampled", [False, True], ids=["best-segmentation", "sampled-subwords"])
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, sampled):
     config = tmp_path / "c.yaml"
     from conftest import TINY_CONFIG
 
-    config.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=30))
+    text = TINY_CONFIG.format(cache=tmp_path / "cache", steps=30)
+    if sampled:  # each epoch a new segmentation: the resumed run must draw the same one
+        text = text.replace("  vocab_size: 300\n", "  vocab_size: 300\n  sample_alpha: 0.1\n")
+    config.write_text(text)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(_train_cmd(config, tmp_path / "whole"), check=True, env=env, capture_output=True)
 

@@ -47,6 +47,10 @@ class TokenizerConfig:
     model_type: str = "unigram"  # sentencepiece algorithm: unigram | bpe
     joint: bool = True  # one vocabulary for both languages (allows model.share_embeddings)
     character_coverage: float = 1.0  # share of characters covered; 0.9995 for large alphabets
+    sample_alpha: float = 0.0  # subword regularization of the training split, a new sampled
+    # segmentation each epoch: unigram smoothing (lower = more varied) or BPE-dropout rate; 0 = off
+    sample_nbest: int = -1  # unigram: sample among the n best segmentations; -1 = all of them
+    sample_draws: int = 16  # sampled segmentations cached per pair; each epoch picks one
 
 
 @dataclass
@@ -225,6 +229,14 @@ def validate(cfg: Config) -> None:
         raise MTError(f"data.corpus={cfg.data.corpus!r}: expected toy, local or multi30k")
     if tok.model_type not in ("unigram", "bpe"):
         raise MTError(f"tokenizer.model_type={tok.model_type!r}: expected unigram or bpe")
+    if tok.sample_alpha < 0 or (tok.model_type == "bpe" and tok.sample_alpha >= 1):
+        raise MTError(
+            f"tokenizer.sample_alpha={tok.sample_alpha}: expected 0 (off) or more; below 1 for bpe"
+        )
+    if tok.sample_nbest == 0 or tok.sample_nbest < -1:
+        raise MTError(f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all) or at least 1")
+    if tok.sample_draws < 1:
+        raise MTError(f"tokenizer.sample_draws={tok.sample_draws} must be at least 1")
     if t.best_metric not in ("bleu", "loss"):
         raise MTError(f"train.best_metric={t.best_metric!r}: expected bleu or loss")
     if t.best_metric == "bleu" and not t.valid_bleu:

@@ -26,6 +26,7 @@ from pathlib import Path
 from transformer_mt.config import Config
 from transformer_mt.data.binarized import BinarizedPair, build_binarized, cache_key, load_binarized
 from transformer_mt.data.corpus import CleanConfig, CleanReport, clean_parallel, iter_clean_pairs
+from transformer_mt.data.sampling import SampledEpochs, SamplingSettings, sampled_pairs
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, TokenizerSettings
 from transformer_mt.data.toy import TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
@@ -51,6 +52,7 @@ class PreparedData:
     valid_src: list[str]  # cleaned validation text, decoded for BLEU during training
     valid_trg: list[str]
     files: dict[str, tuple[Path, Path]]  # split -> (source file, target file)
+    sampler: SampledEpochs | None = None  # tokenizer.sample_alpha > 0: each epoch's sampled ids
 
 
 # --- where the text comes from ------------------------------------------------------------------
@@ -254,16 +256,20 @@ def binarize_split(
     trg_tok: Tokenizer,
     name: str,
     say: Say,
+    sampling: SamplingSettings | None = None,
 ) -> BinarizedPair:
     """The cached token ids of one split, built (streaming, atomically) when missing or stale.
 
     ``files_key`` is :func:`cache_key` of the two files (computed once by the caller: hashing a
     large corpus takes a while). The split's cleaning report is printed when it is built, and
-    kept beside the ids to be printed again when the cache is reused.
+    kept beside the ids to be printed again when the cache is reused. With ``sampling``, the
+    cache holds ``sampling.draws`` sampled segmentations of each pair instead of its best one.
     """
     clean = _clean_cfg(cfg)
     max_tokens = cfg.data.max_tokens_per_side
     settings = {"clean": asdict(clean), "max_tokens": max_tokens}
+    if sampling is not None:
+        settings["sampling"] = asdict(sampling)
     key = cache_key(files_key, src_tok.model_proto, trg_tok.model_proto, settings)
     out = Path(cfg.data.cache_dir) / f"{cfg.name}-{name}"
     cached = load_binarized(out, key)
@@ -279,9 +285,13 @@ def binarize_split(
     count = _EncodeCount()
 
     def pairs() -> Iterator[tuple[list[int], list[int]]]:
-        yield from _encoded_pairs(
-            iter_clean_pairs(files[0], files[1], clean, report), src_tok, trg_tok, max_tokens, count
-        )
+        texts = iter_clean_pairs(files[0], files[1], clean, report)
+        if sampling is None:
+            yield from _encoded_pairs(texts, src_tok, trg_tok, max_tokens, count)
+        else:
+            for pair in sampled_pairs(texts, src_tok, trg_tok, max_tokens, sampling):
+                count.kept += 1
+                yield pair
         # Raised inside the stream, so build_binarized discards the build: no empty cache.
         if count.kept == 0:
             raise _no_pairs_error(name, files, f"cleaning and the {max_tokens}-token limit")
@@ -291,7 +301,8 @@ def binarize_split(
     if count.too_long:
         lines.append(f"dropped {count.too_long:,} pairs over {max_tokens} subword tokens a side")
     n_src, n_trg = data.n_tokens
-    lines.append(f"-> {len(data):,} pairs, {n_src:,} / {n_trg:,} tokens, in {out}")
+    draws = f" ({sampling.draws} sampled segmentations of each)" if sampling else ""
+    lines.append(f"-> {len(data):,} pairs{draws}, {n_src:,} / {n_trg:,} tokens, in {out}")
     text = "\n".join(lines) + "\n"
     write_text_atomic(out / REPORT_FILE, text)
     say(f"{name}: " + text.rstrip("\n").replace("\n", "\n  "))
@@ -320,4 +331,12 @@ def prepare(cfg: Config, say: Say = print, progress: bool = True) -> PreparedDat
     src_tok, trg_tok = train_tokenizers(cfg, files["train"], keys["train"], cache, say)
     train = binarize_split(cfg, files["train"], keys["train"], src_tok, trg_tok, "train", say)
     valid = binarize_split(cfg, files["valid"], keys["valid"], src_tok, trg_tok, "valid", say)
-    return PreparedData(src_tok, trg_tok, train, valid, valid_src, valid_trg, files)
+    t = cfg.tokenizer
+    sampler = None
+    if t.sample_alpha > 0:
+        sampling = SamplingSettings(t.sample_alpha, t.sample_nbest, t.sample_draws)
+        draws = binarize_split(
+            cfg, files["train"], keys["train"], src_tok, trg_tok, "train-sampled", say, sampling
+        )
+        sampler = SampledEpochs(draws, sampling.draws, cfg.train.seed)
+    return PreparedData(src_tok, trg_tok, train, valid, valid_src, valid_trg, files, sampler)

@@ -57,6 +57,14 @@ class Tokenizer:
         """Many sentences at once (sentencepiece encodes them on several threads)."""
         return self.sp.encode(texts, out_type=int)
 
+    def sample_batch(self, texts: list[str], alpha: float, nbest: int = -1) -> list[list[int]]:
+        """A sampled segmentation of each sentence (subword regularization): unigram models sample
+        among the ``nbest`` best (-1 = all) with smoothing ``alpha``; BPE drops merges with
+        probability ``alpha``. Not reproducible across processes: callers cache the result."""
+        return self.sp.encode(
+            texts, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest
+        )
+
     def pieces(self, text: str) -> list[str]:
         """One sentence to its pieces as strings (for display and debugging)."""
         return self.sp.encode(text, out_type=str)

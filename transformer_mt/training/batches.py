@@ -1,4 +1,4 @@
-"""What the training loop reads: padded tensors, and this rank's batches from a resumable position."""
+"""What the training loop reads: this rank's padded batches, from a resumable position."""
 
 from collections.abc import Iterator
 
@@ -8,12 +8,13 @@ import torch
 from transformer_mt.config import Config
 from transformer_mt.data.batching import make_batches, shard_batches
 from transformer_mt.data.binarized import BinarizedPair
+from transformer_mt.data.sampling import EpochPairs, SampledEpochs
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.training.distributed import DistInfo
 from transformer_mt.training.state import TrainState
 
 
-def collate(data: BinarizedPair, index: np.ndarray) -> tuple[torch.Tensor, ...]:
+def collate(data: BinarizedPair | EpochPairs, index: np.ndarray) -> tuple[torch.Tensor, ...]:
     """Padded (src, trg_in, trg_out) LongTensors for the examples ``index``.
 
     Sources already end with EOS; the decoder reads BOS + target and predicts target + EOS.
@@ -35,30 +36,45 @@ def collate(data: BinarizedPair, index: np.ndarray) -> tuple[torch.Tensor, ...]:
 
 
 class BatchStream:
-    """This rank's batches, epoch after epoch, from a resumable position (epoch, batch index)."""
+    """This rank's padded batches, epoch after epoch, from a resumable position (epoch, batch index).
 
-    def __init__(self, data: BinarizedPair, cfg: Config, info: DistInfo, state: TrainState):
+    With a ``sampler`` (subword regularization) each epoch reads its own draw of the sampled ids,
+    chosen from the epoch number alone, so a resumed run sees the segmentation it would have seen.
+    """
+
+    def __init__(
+        self,
+        data: BinarizedPair,
+        cfg: Config,
+        info: DistInfo,
+        state: TrainState,
+        sampler: SampledEpochs | None = None,
+    ):
         self.data, self.cfg, self.info, self.state = data, cfg, info, state
-        self.src_lens = data.src_lengths
-        self.trg_lens = data.trg_lengths + 1  # + BOS (input) / EOS (output)
-        self._epoch_batches: list[np.ndarray] | None = None
+        self.sampler = sampler
+        self._epoch: int | None = None  # the epoch whose pairs and batches are in hand
+        self._pairs: BinarizedPair | EpochPairs = data
+        self._batches: list[np.ndarray] = []
 
-    def _batches(self) -> list[np.ndarray]:
-        if self._epoch_batches is None:
-            t = self.cfg.train
-            all_batches = make_batches(
-                self.src_lens, self.trg_lens, t.batch_tokens, seed=t.seed, epoch=self.state.epoch
-            )
-            self._epoch_batches = shard_batches(all_batches, self.info.rank, self.info.world_size)
-        return self._epoch_batches
+    def _load_epoch(self) -> None:
+        epoch = self.state.epoch
+        if self.sampler is not None:
+            self._pairs = self.sampler.epoch(epoch)
+        t = self.cfg.train
+        trg_lens = self._pairs.trg_lengths + 1  # + BOS (input) / EOS (output)
+        batches = make_batches(
+            self._pairs.src_lengths, trg_lens, t.batch_tokens, seed=t.seed, epoch=epoch
+        )
+        self._batches = shard_batches(batches, self.info.rank, self.info.world_size)
+        self._epoch = epoch
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         while True:
-            batches = self._batches()
-            if self.state.batch_in_epoch >= len(batches):
+            if self._epoch != self.state.epoch:
+                self._load_epoch()
+            if self.state.batch_in_epoch >= len(self._batches):
                 self.state.epoch += 1
                 self.state.batch_in_epoch = 0
-                self._epoch_batches = None
                 continue
             self.state.batch_in_epoch += 1
-            yield batches[self.state.batch_in_epoch - 1]
+            yield collate(self._pairs, self._batches[self.state.batch_in_epoch - 1])

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
@@ -384,13 +383,12 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- loop
     def _train_step(
-        self, micro_batches: list[np.ndarray], stop_requested: bool, seconds: float
+        self, tensors: list[tuple[torch.Tensor, ...]], stop_requested: bool, seconds: float
     ) -> StepResult:
-        """One optimizer step on this rank's ``micro_batches``, ``seconds`` of training time spent
-        before it; the result is the same on every rank (sums over all ranks), and so is every
-        decision taken from it."""
+        """One optimizer step on this rank's micro-batches ``tensors`` (src, trg_in, trg_out),
+        ``seconds`` of training time spent before it; the result is the same on every rank (sums
+        over all ranks), and so is every decision taken from it."""
         t = self.cfg.train
-        tensors = [collate(self.data.train, b) for b in micro_batches]
         local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in tensors))
         (global_tokens,) = D.all_reduce_sum([local_tokens], self.info, self.device)
         loss_sum = nll_sum = 0.0
@@ -469,7 +467,7 @@ class Trainer:
             f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
             f"{len(self.data.train):,} pairs, steps {s.step} -> {t.max_steps}"
         )
-        stream = iter(BatchStream(self.data.train, self.cfg, self.info, s))
+        stream = iter(BatchStream(self.data.train, self.cfg, self.info, s, self.data.sampler))
         self.model.train()
         bar = tqdm(
             total=t.max_steps,

@@ -1,0 +1,117 @@
+"""Subword regularization: sampled epochs are reproducible, lossless, and keep the binarized pairs."""
+
+import numpy as np
+import pytest
+
+from transformer_mt.config import load_config
+from transformer_mt.data.batching import make_batches
+from transformer_mt.data.prepare import prepare
+from transformer_mt.data.tokenizer import EOS_ID
+from transformer_mt.errors import MTError
+from transformer_mt.training.batches import BatchStream, collate
+from transformer_mt.training.distributed import DistInfo
+from transformer_mt.training.state import TrainState
+
+
+def _prepared(tiny_config, *sets: str):
+    cfg = load_config(tiny_config, ["tokenizer.sample_alpha=0.1", *sets])
+    return cfg, prepare(cfg, say=lambda *a: None, progress=False)
+
+
+def _ids(pairs) -> list[tuple[list[int], list[int]]]:
+    return [(s.tolist(), t.tolist()) for s, t in (pairs[i] for i in range(len(pairs)))]
+
+
+def test_an_epoch_is_the_same_draw_every_time_and_epochs_differ(tiny_config):
+    _, data = _prepared(tiny_config)
+    first = _ids(data.sampler.epoch(3))
+    data.sampler.epoch(4)  # sentencepiece's global generator moves on meanwhile
+    again = _ids(data.sampler.epoch(3))
+    other = _ids(data.sampler.epoch(4))
+    assert first == again
+    changed = sum(a != b for a, b in zip(first, other, strict=True))
+    assert changed > len(first) // 4, f"only {changed} of {len(first)} pairs segmented anew"
+
+
+def test_sampled_ids_spell_the_same_text_as_the_binarized_ones(tiny_config):
+    _, data = _prepared(tiny_config)
+    sampled = data.sampler.epoch(0)
+    assert len(sampled) == len(data.train)
+    differs = 0
+    for i in range(len(sampled)):
+        (s, t), (bs, bt) = sampled[i], data.train[i]
+        assert s[-1] == EOS_ID and bs[-1] == EOS_ID and t.size and EOS_ID not in t
+        assert data.src_tok.decode(s) == data.src_tok.decode(bs)
+        assert data.trg_tok.decode(t) == data.trg_tok.decode(bt)
+        differs += not np.array_equal(t, bt)
+    assert differs > len(sampled) // 4, "sampling must change segmentations, not only copy them"
+    assert np.array_equal(sampled.trg_lengths, [len(sampled[i][1]) for i in range(len(sampled))])
+
+
+def test_the_token_limit_drops_the_same_pairs_and_caps_the_sampled_ones(tiny_config):
+    # A limit that the best segmentation of some pairs exceeds: those are dropped as in the
+    # binarized split; a sampled segmentation over it falls back to the best one.
+    _, full = _prepared(tiny_config)
+    best_lens = full.train.src_lengths
+    limit = int(np.percentile(best_lens, 70))
+    _, data = _prepared(tiny_config, f"data.max_tokens_per_side={limit}", "train.batch_tokens=400")
+    assert 0 < len(data.train) < len(full.train), "the limit must drop some pairs"
+    for epoch in (0, 1):
+        sampled = data.sampler.epoch(epoch)
+        assert len(sampled) == len(data.train)
+        assert sampled.src_lengths.max() <= limit and sampled.trg_lengths.max() + 1 <= limit
+        for i in range(0, len(sampled), 7):
+            assert data.trg_tok.decode(sampled[i][1]) == data.trg_tok.decode(data.train[i][1])
+
+
+def test_a_stream_resumed_mid_epoch_yields_what_the_uninterrupted_one_did(tiny_config):
+    cfg, data = _prepared(tiny_config)
+    info, state = DistInfo(), TrainState()
+    whole = iter(BatchStream(data.train, cfg, info, state, data.sampler))
+    batches = [next(whole) for _ in range(37)]
+    # A new process would rebuild its stream from the checkpointed position only.
+    at = TrainState(epoch=state.epoch, batch_in_epoch=state.batch_in_epoch)
+    batches += [next(whole) for _ in range(40)]
+    assert at.epoch >= 1 and state.epoch > at.epoch, (
+        "the test must resume mid-epoch, then cross one"
+    )
+    resumed = iter(BatchStream(data.train, cfg, info, at, data.sampler))
+    for want in batches[37:]:
+        got = next(resumed)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_the_stream_reads_each_epochs_own_draw(tiny_config):
+    cfg, data = _prepared(tiny_config)
+    got = next(iter(BatchStream(data.train, cfg, DistInfo(), TrainState(epoch=2), data.sampler)))
+    pairs = data.sampler.epoch(2)
+    t = cfg.train
+    first = make_batches(pairs.src_lengths, pairs.trg_lengths + 1, t.batch_tokens, seed=t.seed,
+                         epoch=2)[0]  # fmt: skip
+    assert all(np.array_equal(a, b) for a, b in zip(got, collate(pairs, first), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [
+        (["tokenizer.sample_alpha=-0.1"], "tokenizer.sample_alpha"),
+        (["tokenizer.model_type=bpe", "tokenizer.sample_alpha=1.0"], "tokenizer.sample_alpha"),
+        (["tokenizer.sample_nbest=0"], "tokenizer.sample_nbest"),
+    ],
+)
+def test_bad_sampling_settings_are_config_errors(tiny_config, sets, key):
+    with pytest.raises(MTError, match=key):
+        load_config(tiny_config, sets)
+
+
+def test_the_draws_are_cached_once_and_reused(tiny_config):
+    _, data = _prepared(tiny_config, "tokenizer.sample_draws=3")
+    draws = data.sampler.draws
+    assert len(draws) == 3 * len(data.train)
+    first = _ids(data.sampler.epoch(5))
+    # A second prepare (a resumed run, another rank) must read these draws, not sample anew:
+    # sentencepiece would draw differently in another process.
+    _, again = _prepared(tiny_config, "tokenizer.sample_draws=3")
+    assert again.sampler.draws.key == draws.key and _ids(again.sampler.epoch(5)) == first
+    _, more = _prepared(tiny_config, "tokenizer.sample_draws=4")
+    assert len(more.sampler.draws) == 4 * len(data.train), "a changed setting rebuilds the draws"

@@ -1,7 +1,7 @@
-"""What `mt train` adds to a bare training step: Trainer._train_step (token counts, the fused loss, gradient-norm measurement, the lr
-schedule, AdamW) against the bare step that bench_train.py times (forward, loss, backward, Adam),
-on the same model and the same batches, in the same process, alternating run by run. Both collate
-their batch inside the timed step.
+"""What `mt train` adds to a bare training step: Trainer._train_step (token counts, the fused
+loss, gradient-norm measurement, the lr schedule, AdamW) against the bare step that bench_train.py
+times (forward, loss, backward, Adam), on the same model and the same batches, in the same process,
+alternating run by run. Both collate their batch inside the timed step.
 
     python scripts/bench_trainer_step.py                      # configs/multi30k_de_en.yaml
     python scripts/bench_trainer_step.py --runs 6 --steps 20 --set data.base_url=http://127.0.0.1:8765/

@@ -25,7 +25,8 @@ def _ids(pairs) -> list[tuple[list[int], list[int]]]:
 def test_an_epoch_is_the_same_draw_every_time_and_epochs_differ(tiny_config):
     _, data = _prepared(tiny_config)
     first = _ids(data.sampler.epoch(3))
-    data.sampler.epoch(4)  # sentencepiece's global generator moves on meanwhile
+    data.sampler.epoch(4)  # numpy's global generator moves on meanwhile: no epoch may use it
+    np.random.random(5)
     again = _ids(data.sampler.epoch(3))
     other = _ids(data.sampler.epoch(4))
     assert first == again
@@ -52,16 +53,21 @@ def test_the_token_limit_drops_the_same_pairs_and_caps_the_sampled_ones(tiny_con
     # A limit that the best segmentation of some pairs exceeds: those are dropped as in the
     # binarized split; a sampled segmentation over it falls back to the best one.
     _, full = _prepared(tiny_config)
-    best_lens = full.train.src_lengths
-    limit = int(np.percentile(best_lens, 70))
+    limit = int(np.percentile(full.train.src_lengths, 70))
+    # Source lengths count EOS; targets need one more for BOS (input) or EOS (output).
+    kept = (full.train.src_lengths <= limit) & (full.train.trg_lengths + 1 <= limit)
+    over = full.sampler.draws.src_lengths.reshape(len(full.train), -1)[kept].max(axis=1) > limit
+    assert over.any(), "some kept pairs must have sampled segmentations over the limit"
     _, data = _prepared(tiny_config, f"data.max_tokens_per_side={limit}", "train.batch_tokens=400")
-    assert 0 < len(data.train) < len(full.train), "the limit must drop some pairs"
+    assert len(data.train) == kept.sum() < len(full.train), "the limit must drop some pairs"
     for epoch in (0, 1):
         sampled = data.sampler.epoch(epoch)
         assert len(sampled) == len(data.train)
         assert sampled.src_lengths.max() <= limit and sampled.trg_lengths.max() + 1 <= limit
-        for i in range(0, len(sampled), 7):
-            assert data.trg_tok.decode(sampled[i][1]) == data.trg_tok.decode(data.train[i][1])
+        for i in range(len(sampled)):
+            for side in (0, 1):
+                got, want = sampled[i][side], data.train[i][side]
+                assert data.trg_tok.decode(got) == data.trg_tok.decode(want)
 
 
 def test_a_stream_resumed_mid_epoch_yields_what_the_uninterrupted_one_did(tiny_config):
@@ -96,7 +102,9 @@ def test_the_stream_reads_each_epochs_own_draw(tiny_config):
     [
         (["tokenizer.sample_alpha=-0.1"], "tokenizer.sample_alpha"),
         (["tokenizer.model_type=bpe", "tokenizer.sample_alpha=1.0"], "tokenizer.sample_alpha"),
-        (["tokenizer.sample_nbest=0"], "tokenizer.sample_nbest"),
+        (["tokenizer.sample_nbest=1"], "tokenizer.sample_nbest"),
+        (["tokenizer.sample_nbest=-2"], "tokenizer.sample_nbest"),
+        (["tokenizer.sample_draws=0"], "tokenizer.sample_draws"),
     ],
 )
 def test_bad_sampling_settings_are_config_errors(tiny_config, sets, key):
@@ -112,6 +120,15 @@ def test_the_draws_are_cached_once_and_reused(tiny_config):
     # A second prepare (a resumed run, another rank) must read these draws, not sample anew:
     # sentencepiece would draw differently in another process.
     _, again = _prepared(tiny_config, "tokenizer.sample_draws=3")
-    assert again.sampler.draws.key == draws.key and _ids(again.sampler.epoch(5)) == first
+    assert _ids(again.sampler.epoch(5)) == first
     _, more = _prepared(tiny_config, "tokenizer.sample_draws=4")
     assert len(more.sampler.draws) == 4 * len(data.train), "a changed setting rebuilds the draws"
+
+
+def test_every_draw_is_read_once_per_cycle_of_epochs(tiny_config):
+    _, data = _prepared(tiny_config, "tokenizer.sample_draws=4")
+    cycle = np.stack([data.sampler.epoch(e).chosen for e in range(4, 8)])  # the second cycle
+    n = len(data.train)
+    assert np.array_equal(np.sort(cycle, axis=0), np.arange(n)[None, :] * 4 + np.arange(4)[:, None])
+    first_cycle = np.stack([data.sampler.epoch(e).chosen for e in range(4)])
+    assert not np.array_equal(first_cycle, cycle), "each cycle has an order of its own"

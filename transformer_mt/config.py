@@ -47,10 +47,13 @@ class TokenizerConfig:
     model_type: str = "unigram"  # sentencepiece algorithm: unigram | bpe
     joint: bool = True  # one vocabulary for both languages (allows model.share_embeddings)
     character_coverage: float = 1.0  # share of characters covered; 0.9995 for large alphabets
-    sample_alpha: float = 0.0  # subword regularization of the training split, a new sampled
-    # segmentation each epoch: unigram smoothing (lower = more varied) or BPE-dropout rate; 0 = off
-    sample_nbest: int = -1  # unigram: sample among the n best segmentations; -1 = all of them
-    sample_draws: int = 16  # sampled segmentations cached per pair; each epoch picks one
+    sample_alpha: float = 0.0  # subword regularization: train on sampled segmentations, one of
+    # sample_draws per pair each epoch; unigram smoothing (lower = more varied) or BPE-dropout rate;
+    # 0 = off (the best segmentation only)
+    sample_nbest: int = -1  # unigram: sample among the n best segmentations (>= 2); -1 = all of
+    # them; BPE-dropout ignores it
+    sample_draws: int = 16  # sampled segmentations per pair, drawn once into the data cache (which
+    # grows this many times the training split); each run of this many epochs reads each draw once
 
 
 @dataclass
@@ -233,8 +236,8 @@ def validate(cfg: Config) -> None:
         raise MTError(
             f"tokenizer.sample_alpha={tok.sample_alpha}: expected 0 (off) or more; below 1 for bpe"
         )
-    if tok.sample_nbest == 0 or tok.sample_nbest < -1:
-        raise MTError(f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all) or at least 1")
+    if tok.sample_nbest != -1 and tok.sample_nbest < 2:  # 0 and 1 would not sample at all
+        raise MTError(f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all) or at least 2")
     if tok.sample_draws < 1:
         raise MTError(f"tokenizer.sample_draws={tok.sample_draws} must be at least 1")
     if t.best_metric not in ("bleu", "loss"):

@@ -301,8 +301,14 @@ def binarize_split(
     if count.too_long:
         lines.append(f"dropped {count.too_long:,} pairs over {max_tokens} subword tokens a side")
     n_src, n_trg = data.n_tokens
-    draws = f" ({sampling.draws} sampled segmentations of each)" if sampling else ""
-    lines.append(f"-> {len(data):,} pairs{draws}, {n_src:,} / {n_trg:,} tokens, in {out}")
+    if sampling is None:
+        lines.append(f"-> {len(data):,} pairs, {n_src:,} / {n_trg:,} tokens, in {out}")
+    else:
+        k = sampling.draws
+        lines.append(
+            f"-> {len(data) // k:,} pairs x {k} sampled segmentations, {n_src // k:,} / "
+            f"{n_trg // k:,} tokens per draw, in {out}"
+        )
     text = "\n".join(lines) + "\n"
     write_text_atomic(out / REPORT_FILE, text)
     say(f"{name}: " + text.rstrip("\n").replace("\n", "\n  "))
@@ -339,4 +345,9 @@ def prepare(cfg: Config, say: Say = print, progress: bool = True) -> PreparedDat
             cfg, files["train"], keys["train"], src_tok, trg_tok, "train-sampled", say, sampling
         )
         sampler = SampledEpochs(draws, sampling.draws, cfg.train.seed)
+        if sampler.n_pairs != len(train):  # the same cleaning and limit keep the same pairs
+            raise MTError(
+                f"{draws.path} holds {sampler.n_pairs:,} pairs, {train.path} {len(train):,}; "
+                "delete both and run again"
+            )
     return PreparedData(src_tok, trg_tok, train, valid, valid_src, valid_trg, files, sampler)

@@ -8,13 +8,18 @@ rate. Validation, test and translation always use the deterministic best segment
 
 The draws are made once, when the data is prepared: ``draws`` sampled segmentations of every
 training pair, stored as one binarized cache (pair ``i``'s draw ``j`` at index ``i * draws + j``).
-Each epoch then picks one draw per pair with a generator seeded by ``(seed, epoch)``. So:
+Each epoch then picks one draw per pair, from the seed and the epoch number alone; every run of
+``draws`` epochs uses each draw of a pair once, in a seeded order. So:
 
 - epoch ``e`` reads the same ids in every process and after a resume. (sentencepiece cannot give
-  this itself: its samples differ from process to process even with
-  ``set_random_generator_seed``, as sentencepiece 0.2.3 showed here);
+  this itself: with sentencepiece 0.2.3, the same ``set_random_generator_seed`` and
+  ``num_threads=1`` gave other samples in another process, though the same in one process);
 - an epoch costs no encoding, and the ids are memory-mapped like the binarized split's;
-- the cache is ``draws`` times the size of the binarized training split.
+- the cache is ``draws`` times the size of the binarized training split;
+- deleting the cache in the middle of a run makes a resumed run draw anew: it then continues
+  with other segmentations than the uninterrupted run would have seen. Likewise, ranks must share
+  one ``data.cache_dir`` (rank 0 builds it): nodes with caches of their own would each draw their
+  own, and their length-bucketed batches would no longer split one epoch between them.
 
 The pairs are those of the binarized training split: the same cleaning, and a pair is dropped
 exactly when its best segmentation is over the token limit. A sampled segmentation over the limit
@@ -32,7 +37,7 @@ import numpy as np
 from transformer_mt.data.binarized import BinarizedPair
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 
-CHUNK = 10_000  # sentences per sentencepiece call
+CHUNK = 10_000  # sampled sentences per sentencepiece call (draws x pairs), bounding the memory
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class SamplingSettings:
     """How segmentations are sampled (mirrors the ``tokenizer.sample_*`` keys)."""
 
     alpha: float  # unigram: smoothing (lower = more varied); bpe: dropout probability
-    nbest: int = -1  # unigram: sample among the n best segmentations; -1 = the whole lattice
+    nbest: int = -1  # unigram: sample among the n best segmentations (>= 2); -1 = the whole lattice
     draws: int = 16  # segmentations sampled per pair, once, into the cache
 
 
@@ -54,11 +59,12 @@ def sampled_pairs(
     """``settings.draws`` sampled (source + EOS, target) id pairs per text pair, pair after pair.
 
     Pairs whose best segmentation exceeds ``max_tokens`` (with EOS, or BOS/EOS on the target) are
-    skipped, as :func:`transformer_mt.data.prepare.binarize_split` skips them.
+    skipped, as :func:`transformer_mt.data.prepare.binarize_split` skips them; a sampled side over
+    the limit is replaced by that side's best segmentation.
     """
     limit = max_tokens - 1
     toks = (src_tok, trg_tok)
-    while chunk := list(itertools.islice(pairs, CHUNK)):
+    while chunk := list(itertools.islice(pairs, max(1, CHUNK // settings.draws))):
         texts = [[pair[side] for pair in chunk] for side in (0, 1)]
         best = [toks[side].encode_batch(texts[side]) for side in (0, 1)]
         draws = [
@@ -72,9 +78,8 @@ def sampled_pairs(
             if len(best_s) > limit or len(best_t) > limit:
                 continue
             for src, trg in draws:
-                s, t = src[i], trg[i]
-                if len(s) > limit or len(t) > limit:
-                    s, t = best_s, best_t
+                s = src[i] if len(src[i]) <= limit else best_s
+                t = trg[i] if len(trg[i]) <= limit else best_t
                 yield [*s, EOS_ID], t
 
 
@@ -88,12 +93,12 @@ class SampledEpochs:
         self.n_pairs = len(draws) // n_draws
 
     def epoch(self, epoch: int) -> EpochPairs:
-        """Epoch ``epoch``'s pairs: pair ``i`` in a draw chosen by a generator seeded by the seed
-        and ``epoch`` alone."""
-        rng = np.random.default_rng([self.seed, epoch, 0x5AB])  # not make_batches' generator
-        chosen = np.arange(self.n_pairs) * self.n_draws + rng.integers(
-            self.n_draws, size=self.n_pairs
-        )
+        """Epoch ``epoch``'s pairs. Each pair goes through its draws in an order of its own, drawn
+        from the seed and ``epoch // n_draws``, and reads the ``epoch % n_draws``-th of them."""
+        cycle, position = divmod(epoch, self.n_draws)
+        rng = np.random.default_rng([self.seed, cycle, 0x5AB])  # not make_batches' generator
+        orders = rng.permuted(np.tile(np.arange(self.n_draws), (self.n_pairs, 1)), axis=1)
+        chosen = np.arange(self.n_pairs) * self.n_draws + orders[:, position]
         return EpochPairs(self.draws, chosen)
 
 

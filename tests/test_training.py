@@ -210,6 +210,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, sampled
     text = TINY_CONFIG.format(cache=tmp_path / "cache", steps=30)
     if sampled:  # each epoch a new segmentation: the resumed run must draw the same one
         text = text.replace("  vocab_size: 300\n", "  vocab_size: 300\n  sample_alpha: 0.1\n")
+        assert "sample_alpha" in text, "TINY_CONFIG changed: put sample_alpha under tokenizer"
     config.write_text(text)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(_train_cmd(config, tmp_path / "whole"), check=True, env=env, capture_output=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from transformer_mt.config import Config
 from transformer_mt.data.binarized import BinarizedPair, build_binarized, cache_key, load_binarized
 from transformer_mt.data.corpus import CleanConfig, CleanReport, clean_parallel, iter_clean_pairs
-from transformer_mt.data.sampling import SampledEpochs, SamplingSettings, sampled_pairs
+from transformer_mt.data.sampling import SampledEpochs, SamplingSettings
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, TokenizerSettings
 from transformer_mt.data.toy import TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
@@ -37,7 +37,8 @@ Say = Callable[[str], None]
 
 SPLITS = ("train", "valid", "test")
 _MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-_ENCODE_CHUNK = 10_000  # sentences encoded per sentencepiece call (it runs them in parallel)
+_ENCODE_CHUNK = 10_000  # sentences encoded per sentencepiece call (it runs them in parallel);
+# with subword sampling, draws x pairs: it bounds the memory of one chunk's ids
 REPORT_FILE = "clean_report.txt"  # beside a binarized split: its cleaning report, shown on reuse
 
 
@@ -234,18 +235,36 @@ def _encoded_pairs(
     trg_tok: Tokenizer,
     max_tokens: int,
     count: _EncodeCount,
+    sampling: SamplingSettings | None = None,
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Source ids end with EOS; target ids are stored bare (the trainer adds BOS and EOS). Pairs
-    whose source + EOS or target + BOS/EOS exceed ``max_tokens`` are dropped and counted."""
-    while chunk := list(itertools.islice(pairs, _ENCODE_CHUNK)):
-        srcs = src_tok.encode_batch([s for s, _ in chunk])
-        trgs = trg_tok.encode_batch([t for _, t in chunk])
-        for s, t in zip(srcs, trgs, strict=True):
+    whose source + EOS or target + BOS/EOS exceed ``max_tokens`` are dropped and counted.
+
+    With ``sampling``, each kept pair is yielded ``sampling.draws`` times, in sampled
+    segmentations; a sampled side over the limit is replaced by that side's best segmentation.
+    """
+    draws = sampling.draws if sampling else 1
+    while chunk := list(itertools.islice(pairs, max(1, _ENCODE_CHUNK // draws))):
+        src_texts, trg_texts = [s for s, _ in chunk], [t for _, t in chunk]
+        srcs, trgs = src_tok.encode_batch(src_texts), trg_tok.encode_batch(trg_texts)
+        samples = []  # per draw: every pair's sampled (source ids, target ids)
+        if sampling is not None:
+            a, n = sampling.alpha, sampling.nbest
+            samples = [
+                (src_tok.sample_batch(src_texts, a, n), trg_tok.sample_batch(trg_texts, a, n))
+                for _ in range(draws)
+            ]
+        for i, (s, t) in enumerate(zip(srcs, trgs, strict=True)):
             if len(s) + 1 > max_tokens or len(t) + 1 > max_tokens:
                 count.too_long += 1
                 continue
             count.kept += 1
-            yield [*s, EOS_ID], t
+            if sampling is None:
+                yield [*s, EOS_ID], t
+            for src_draw, trg_draw in samples:
+                s_i = src_draw[i] if len(src_draw[i]) + 1 <= max_tokens else s
+                t_i = trg_draw[i] if len(trg_draw[i]) + 1 <= max_tokens else t
+                yield [*s_i, EOS_ID], t_i
 
 
 def binarize_split(
@@ -286,12 +305,7 @@ def binarize_split(
 
     def pairs() -> Iterator[tuple[list[int], list[int]]]:
         texts = iter_clean_pairs(files[0], files[1], clean, report)
-        if sampling is None:
-            yield from _encoded_pairs(texts, src_tok, trg_tok, max_tokens, count)
-        else:
-            for pair in sampled_pairs(texts, src_tok, trg_tok, max_tokens, sampling):
-                count.kept += 1
-                yield pair
+        yield from _encoded_pairs(texts, src_tok, trg_tok, max_tokens, count, sampling)
         # Raised inside the stream, so build_binarized discards the build: no empty cache.
         if count.kept == 0:
             raise _no_pairs_error(name, files, f"cleaning and the {max_tokens}-token limit")

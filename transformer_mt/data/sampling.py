@@ -21,23 +21,19 @@ Each epoch then picks one draw per pair, from the seed and the epoch number alon
   one ``data.cache_dir`` (rank 0 builds it): nodes with caches of their own would each draw their
   own, and their length-bucketed batches would no longer split one epoch between them.
 
-The pairs are those of the binarized training split: the same cleaning, and a pair is dropped
-exactly when its best segmentation is over the token limit. A sampled segmentation over the limit
-(sampling makes them longer) is replaced by the best one.
+The cache is built by :func:`transformer_mt.data.prepare.binarize_split`, which encodes the
+binarized training split too. Its pairs are that split's: the same cleaning, and a pair is dropped
+exactly when its best segmentation is over the token limit. A sampled side over the limit
+(sampling makes them longer) is replaced by its best segmentation.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from transformer_mt.data.binarized import BinarizedPair
-from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
-
-CHUNK = 10_000  # sampled sentences per sentencepiece call (draws x pairs), bounding the memory
 
 
 @dataclass(frozen=True)
@@ -47,40 +43,6 @@ class SamplingSettings:
     alpha: float  # unigram: smoothing (lower = more varied); bpe: dropout probability
     nbest: int = -1  # unigram: sample among the n best segmentations (>= 2); -1 = the whole lattice
     draws: int = 16  # segmentations sampled per pair, once, into the cache
-
-
-def sampled_pairs(
-    pairs: Iterator[tuple[str, str]],
-    src_tok: Tokenizer,
-    trg_tok: Tokenizer,
-    max_tokens: int,
-    settings: SamplingSettings,
-) -> Iterator[tuple[list[int], list[int]]]:
-    """``settings.draws`` sampled (source + EOS, target) id pairs per text pair, pair after pair.
-
-    Pairs whose best segmentation exceeds ``max_tokens`` (with EOS, or BOS/EOS on the target) are
-    skipped, as :func:`transformer_mt.data.prepare.binarize_split` skips them; a sampled side over
-    the limit is replaced by that side's best segmentation.
-    """
-    limit = max_tokens - 1
-    toks = (src_tok, trg_tok)
-    while chunk := list(itertools.islice(pairs, max(1, CHUNK // settings.draws))):
-        texts = [[pair[side] for pair in chunk] for side in (0, 1)]
-        best = [toks[side].encode_batch(texts[side]) for side in (0, 1)]
-        draws = [
-            [
-                toks[side].sample_batch(texts[side], settings.alpha, settings.nbest)
-                for side in (0, 1)
-            ]
-            for _ in range(settings.draws)
-        ]
-        for i, (best_s, best_t) in enumerate(zip(*best, strict=True)):
-            if len(best_s) > limit or len(best_t) > limit:
-                continue
-            for src, trg in draws:
-                s = src[i] if len(src[i]) <= limit else best_s
-                t = trg[i] if len(trg[i]) <= limit else best_t
-                yield [*s, EOS_ID], t
 
 
 class SampledEpochs:

@@ -12,6 +12,7 @@ for sentences of 30 or more tokens.
 """
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -19,33 +20,32 @@ from pathlib import Path
 
 import torch
 
+from transformer_mt.config import DecodeConfig, ModelConfig
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import DecodeResult, beam_search, greedy_search
-from transformer_mt.model import Transformer
+from transformer_mt.model import Transformer, model_args
 
 
 def load_checkpoint_model(path: Path) -> Transformer:
     """A trained model from a checkpoint written by `mt train` (eval mode, CPU)."""
-    from transformer_mt.training.checkpoint import load_for_inference
+    from transformer_mt.inference import load_for_inference
 
     return load_for_inference(path).model
 
 
 def random_model(args: argparse.Namespace) -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(
-        PAD_ID,
-        PAD_ID,
-        BOS_ID,
-        args.vocab,
-        args.vocab,
+    shape = ModelConfig(
         d_model=args.d_model,
         n_head=args.heads,
-        max_len=256,
         ffn_hidden=args.ffn,
         n_layers=args.layers,
         drop_prob=0.0,
+        max_len=256,
+        tie_embeddings=True,
+        share_embeddings=False,
     )
+    torch.manual_seed(0)
+    return Transformer(**model_args(shape, args.vocab, args.vocab, pad_idx=PAD_ID, bos_idx=BOS_ID))
 
 
 def random_sources(vocab: int, batch: int, src_len: int, seed: int = 0) -> torch.Tensor:
@@ -95,7 +95,8 @@ def main() -> None:
     model = model.eval().cpu()
     vocab = model.src_emb.num_embeddings
     src = random_sources(vocab, args.batch, args.src_len)
-    limits = dict(max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    greedy = DecodeConfig(beam_size=1, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    beam = dataclasses.replace(greedy, beam_size=args.beam)
     print(
         f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; batch {args.batch}, "
         f"source {args.src_len}+EOS pieces, target limit {args.max_len_a:g} + "
@@ -106,11 +107,9 @@ def main() -> None:
     for name in ("greedy", f"beam {args.beam}"):
         for use_cache in (True, False):
             if name == "greedy":
-                run = lambda c=use_cache: greedy_search(model, src, use_cache=c, **limits)  # noqa: E731
+                run = lambda c=use_cache: greedy_search(model, src, greedy, use_cache=c)  # noqa: E731
             else:
-                run = lambda c=use_cache: beam_search(  # noqa: E731
-                    model, src, beam=args.beam, use_cache=c, **limits
-                )
+                run = lambda c=use_cache: beam_search(model, src, beam, use_cache=c)  # noqa: E731
             seconds, tokens = bench(run, args.runs)
             speed[name, use_cache] = tokens / seconds
             cache = "yes" if use_cache else "no"

@@ -23,6 +23,7 @@ import argparse
 import functools
 import http.server
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -72,9 +73,11 @@ def child(url: str, work: Path, vocab_size: int) -> None:
     from transformer_mt.data.prepare import prepare
 
     cfg = load_config(CONFIG, overrides(url, work, vocab_size))
+    # The preparation messages, on stderr (shown with --log).
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     baseline = peak_rss_mib()
     start = time.perf_counter()
-    data = prepare(cfg, say=lambda m: print(m, file=sys.stderr), progress=False)
+    data = prepare(cfg, progress=False)
     seconds = time.perf_counter() - start
     result = {"seconds": seconds, "peak_mib": peak_rss_mib(), "imports_mib": baseline}
     result["train_pairs"] = len(data.train)
@@ -157,7 +160,7 @@ def padding_report(url: str, work: Path, vocab_size: int, batch_tokens: int, see
     from transformer_mt.data.prepare import prepare
 
     cfg = load_config(CONFIG, overrides(url, work, vocab_size))
-    train = prepare(cfg, say=lambda _: None, progress=False).train
+    train = prepare(cfg, progress=False).train  # quiet: no log handler in this process
     # The trainer's lengths: source ids already end with EOS; targets gain BOS (input) or EOS
     # (output), one token either way.
     src, trg = train.src_lengths, train.trg_lengths + 1

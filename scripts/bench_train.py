@@ -54,10 +54,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from transformer_mt.config import ModelConfig
 from transformer_mt.data.batching import make_batches, padding_fraction
 from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
-from transformer_mt.model import Transformer
+from transformer_mt.model import Transformer, model_args
 from transformer_mt.training.host_memory import keep_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
@@ -190,12 +191,12 @@ class TorchTransformerMT(nn.Module):
 
 
 def ours(args: argparse.Namespace, vocab: int) -> nn.Module:
-    return Transformer(
-        PAD_ID, PAD_ID, BOS_ID, vocab, vocab,
-        d_model=args.d_model, n_head=args.heads, max_len=512, ffn_hidden=args.ffn,
-        n_layers=args.layers, drop_prob=args.dropout, tie_embeddings=True, share_embeddings=True,
-        attn_drop_prob=args.attn_dropout, ffn_drop_prob=args.ffn_dropout,
+    shape = ModelConfig(
+        d_model=args.d_model, n_head=args.heads, ffn_hidden=args.ffn, n_layers=args.layers,
+        drop_prob=args.dropout, attn_drop_prob=args.attn_dropout, ffn_drop_prob=args.ffn_dropout,
+        max_len=512, pre_norm=False, tie_embeddings=True, share_embeddings=True,
     )  # fmt: skip
+    return Transformer(**model_args(shape, vocab, vocab, pad_idx=PAD_ID, bos_idx=BOS_ID))
 
 
 def baseline(args: argparse.Namespace, vocab: int) -> nn.Module:

@@ -1,4 +1,4 @@
-"""What `mt train` adds to a bare training step: Trainer._train_step (token counts, the fused
+"""What `mt train` adds to a bare training step: Trainer.train_step (token counts, the fused
 loss, gradient-norm measurement, the lr schedule, AdamW) against the bare step that bench_train.py
 times (forward, loss, backward, Adam), on the same model and the same batches, in the same process,
 alternating run by run. Both collate their batch inside the timed step.
@@ -50,7 +50,7 @@ def main() -> None:
         step_of_bench_train(bare, collate(data, index))
 
     def trainer_step(index: np.ndarray) -> None:
-        trainer._train_step([collate(data, index)], stop_requested=False, seconds=0.0)
+        trainer.train_step([collate(data, index)], stop_requested=False, seconds=0.0)
 
     variants = {"mt train step": trainer_step, "bare step": bare_step}
     rates: dict[str, list[float]] = {name: [] for name in variants}

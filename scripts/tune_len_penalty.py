@@ -10,14 +10,15 @@ alpha on the test set would overstate the score.
 """
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from tqdm import tqdm
 
+from transformer_mt.config import validate_decode
 from transformer_mt.evaluation import check_same_length, score_all
 from transformer_mt.fileio import read_lines
-from transformer_mt.training.checkpoint import load_for_inference
-from transformer_mt.translation import translate_lines
+from transformer_mt.inference import load_for_inference, translate_lines
 
 
 def main() -> None:
@@ -31,17 +32,17 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_for_inference(args.checkpoint, args.device)
-    d = loaded.config.decode
     sources, refs = read_lines(args.src), read_lines(args.ref)
     check_same_length(sources, str(args.src), [refs], [str(args.ref)])
     ref_words = sum(len(r.split()) for r in refs)
     rows = []
     for alpha in tqdm(args.alphas, desc="alphas", unit="alpha"):
-        results = translate_lines(
-            loaded.model, loaded.src_tok, loaded.trg_tok, sources,
-            beam=args.beam, len_penalty=alpha, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
-            batch_tokens=d.batch_tokens, device=args.device,
-        )  # fmt: skip
+        # As `mt evaluate --beam B --len-penalty ALPHA` translates.
+        decode = dataclasses.replace(
+            loaded.config.decode, beam_size=args.beam, nbest=1, len_penalty=alpha
+        )
+        validate_decode(decode)
+        results = translate_lines(loaded.model, loaded.src_tok, loaded.trg_tok, sources, decode)
         hyps = [r[0][0] for r in results]
         scores = score_all(hyps, [refs])
         ratio = sum(len(h.split()) for h in hyps) / ref_words

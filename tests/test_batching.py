@@ -2,8 +2,15 @@
 
 import numpy as np
 import pytest
+import torch
 
-from transformer_mt.data.batching import make_batches, padding_fraction, shard_batches
+from transformer_mt.data.batching import (
+    longest_first_batches,
+    make_batches,
+    pad_batch,
+    padding_fraction,
+    shard_batches,
+)
 
 
 @pytest.fixture
@@ -50,3 +57,23 @@ def test_bucketing_keeps_padding_low(lengths):
 def test_an_example_over_the_budget_is_an_error():
     with pytest.raises(ValueError, match="does not fit"):
         make_batches(np.array([10, 600]), np.array([10, 10]), 500, seed=0, epoch=0)
+
+
+def test_decoding_batches_go_longest_first_within_the_budget():
+    lengths = [3, 9, 1, 4, 4, 7, 2, 12]
+    batches = longest_first_batches(lengths, max_tokens=10)
+    assert sorted(int(i) for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 10
+    order = [int(i) for b in batches for i in b]
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    assert order.index(3) < order.index(4), "equal lengths keep their input order"
+    assert [12] in [[lengths[i] for i in b] for b in batches], "over the budget: a batch alone"
+
+
+def test_pad_batch_adds_bos_eos_and_pads_on_the_right():
+    seqs = [[5, 6, 7], [8], []]
+    assert pad_batch(seqs, 0).tolist() == [[5, 6, 7], [8, 0, 0], [0, 0, 0]]
+    assert pad_batch(seqs, 0, bos=2).tolist() == [[2, 5, 6, 7], [2, 8, 0, 0], [2, 0, 0, 0]]
+    assert pad_batch(seqs, 0, eos=3).tolist() == [[5, 6, 7, 3], [8, 3, 0, 0], [3, 0, 0, 0]]
+    assert pad_batch([np.array([4, 5], dtype=np.uint16)], 0).dtype == torch.long

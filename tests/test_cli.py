@@ -71,15 +71,15 @@ def test_evaluate_translates_and_scores(trained):
 def test_evaluate_passes_len_penalty_to_the_search(trained, monkeypatch):
     # A 20-step model translates every line to "" whatever the penalty, so a spy (that calls the
     # real search) shows which alpha reached it; the search's own tests check what alpha does.
-    import transformer_mt.translation as translation
+    import transformer_mt.inference as inference
 
-    seen, real = [], translation.translate_lines
+    seen, real = [], inference.translate_lines
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["len_penalty"])
-        return real(*args, **kwargs)
+    def spy(model, src_tok, trg_tok, lines, decode, **kwargs):
+        seen.append(decode.len_penalty)
+        return real(model, src_tok, trg_tok, lines, decode, **kwargs)
 
-    monkeypatch.setattr(translation, "translate_lines", spy)
+    monkeypatch.setattr(inference, "translate_lines", spy)
     run, data = trained
     args = ["evaluate", "-c", str(run / "best.pt"), "--src", str(data / "test.src")]
     args += ["--ref", str(data / "test.trg"), "--beam", "2"]

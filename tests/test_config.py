@@ -1,15 +1,27 @@
 """Config: YAML onto typed dataclasses, dotted overrides, errors that name the key."""
 
 import dataclasses
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import Config, config_from_dict, load_config
+from transformer_mt.config import (
+    Config,
+    config_from_dict,
+    load_config,
+    recipe_names,
+    recipe_path,
+)
 from transformer_mt.errors import MTError
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
 
 def test_overrides_are_typed():
@@ -45,6 +57,8 @@ def test_yaml_unknown_key_names_file_and_key(tmp_path):
 def test_missing_config_file_is_an_error(tmp_path):
     with pytest.raises(MTError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(MTError, match=r"config file not found: nope; .* recipe \(multi30k_de_en, "):
+        load_config("nope")
 
 
 def test_cross_field_validation():
@@ -81,3 +95,59 @@ def test_every_dataclass_field_has_a_comment():
         for f in dataclasses.fields(cls):
             line = next(ln for ln in source.splitlines() if re.match(rf"\s+{f.name}: ", ln))
             assert "#" in line, f"config field {f.name} has no comment"
+
+
+# --- the shipped recipes --------------------------------------------------------------------------
+
+
+def test_configs_at_the_repository_root_are_the_packaged_recipes():
+    assert (REPO / "configs").resolve() == (REPO / "transformer_mt" / "configs").resolve()
+    assert recipe_names() == sorted(p.stem for p in CONFIGS)
+    assert "toy" in recipe_names()
+
+
+def test_a_recipe_name_loads_the_shipped_recipe_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("multi30k_de_en", ["train.seed=3"])
+    assert cfg == load_config(REPO / "configs" / "multi30k_de_en.yaml", ["train.seed=3"])
+    (tmp_path / "toy").write_text("train:\n  seed: 5\n")  # a file of that name wins
+    assert load_config("toy").train.seed == 5 and load_config("toy").name == "toy"
+    assert load_config(recipe_path()).train.warmup_steps == 200
+
+
+_SHOW_DEFAULT = """
+import json, sys, transformer_mt
+from transformer_mt.cli import _load_config
+from transformer_mt.config import load_config, recipe_path
+print(json.dumps({"where": transformer_mt.__file__, "cli": _load_config(None, None).to_dict(),
+                  "recipe": load_config(recipe_path()).to_dict()}))
+"""
+
+
+def test_an_installed_package_defaults_to_the_toy_recipe(tmp_path):
+    """`pip install .` then `mt train` elsewhere: the toy recipe, not the dataclass defaults."""
+    source = tmp_path / "source"  # a copy: building in the checkout would write build/ there
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(REPO / "transformer_mt", source / "transformer_mt", ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    pip += ["--no-index", "--target", str(site), str(source)]
+    subprocess.run(pip, check=True, capture_output=True, cwd=tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    shown = subprocess.run(
+        [sys.executable, "-c", _SHOW_DEFAULT],
+        check=True, capture_output=True, text=True, cwd=elsewhere, env=env,
+    )  # fmt: skip
+    got = json.loads(shown.stdout)
+    assert Path(got["where"]).is_relative_to(site)  # the installed copy, not this checkout
+    toy = load_config(REPO / "configs" / "toy.yaml").to_dict()
+    assert got["cli"] == got["recipe"] == toy
+    assert (toy["name"], toy["train"]["warmup_steps"], toy["train"]["max_steps"]) == (
+        "toy",
+        200,
+        600,
+    )

@@ -71,7 +71,7 @@ def test_empty_pairs_dropped_and_counted(tmp_path: Path) -> None:
 def test_too_long_pairs_dropped_and_counted(tmp_path: Path) -> None:
     long4 = "w w w w"
     src, trg = _pair(tmp_path, f"a b c\n{long4}\nx\n", f"A B C\nW\n{long4}\n")
-    cfg = CleanConfig(max_len=3, max_ratio=None)
+    cfg = CleanConfig(max_words=3, max_ratio=None)
     srcs, _, report = clean_parallel(src, trg, cfg)
     assert srcs == ["a b c"]
     assert report.dropped_too_long == 2
@@ -82,7 +82,7 @@ def test_ratio_drops_counted_and_short_pairs_spared(tmp_path: Path) -> None:
     six, seven = " ".join("w" * 6), " ".join("w" * 7)
     src = f"a\nb c\nb c\n{seven}\n"
     trg = f"A B C\n{six}\n{seven}\nx y\n"
-    cfg = CleanConfig(max_len=250, max_ratio=3.0, ratio_min_words=5)
+    cfg = CleanConfig(max_words=250, max_ratio=3.0, ratio_min_words=5)
     srcs, trgs, report = clean_parallel(*_pair(tmp_path, src, trg), cfg)
     # 1 vs 3 words: under the guard, kept. 2 vs 6: ratio exactly 3, kept.
     # 2 vs 7 and 7 vs 2: dropped.
@@ -174,8 +174,8 @@ def test_missing_file_and_directory_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_bad_config_values_name_the_key() -> None:
-    with pytest.raises(MTError, match=r"data\.max_len"):
-        CleanConfig(max_len=0)
+    with pytest.raises(MTError, match=r"data\.max_words"):
+        CleanConfig(max_words=0)
     with pytest.raises(MTError, match=r"data\.max_ratio"):
         CleanConfig(max_ratio=0.5)
 

@@ -1,24 +1,31 @@
 """Search invariants: beam 1 equals greedy, the KV cache changes nothing, a batch equals its sentences
 one at a time, n-best lists are sorted and distinct, top-k 1 sampling equals greedy, and the length
-limit holds. Checked on a random-weight model and on a tiny model trained to reverse sequences (so
-that beam search really ends hypotheses with EOS)."""
+limit holds; ``search`` runs what the DecodeConfig asks for, and ``decode_sources`` batches within
+its budget and answers in input order. Checked on a random-weight model and on a tiny model trained
+to reverse sequences (so that beam search really ends hypotheses with EOS)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
+from transformer_mt.config import DecodeConfig, validate_decode
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import (
     DecodeResult,
     beam_search,
+    decode_sources,
     filter_logits,
     greedy_search,
     length_penalty,
     max_target_lengths,
     sample,
+    search,
 )
+from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
 VOCAB = 16  # 4 specials + 12 symbols
@@ -63,7 +70,9 @@ def reverse_model() -> Transformer:
     for _ in range(steps):
         src, trg = _reverse_batch(gen, 64)
         logits = model(src, trg[:, :-1])  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), trg[:, 1:].reshape(-1), ignore_index=0)
+        loss = functional.cross_entropy(
+            logits.reshape(-1, VOCAB), trg[:, 1:].reshape(-1), ignore_index=0
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -91,14 +100,22 @@ def _toks(results: list[DecodeResult]) -> list[list[list[int]]]:
     return [[h.tokens for h in r.nbest] for r in results]
 
 
-LEN = dict(max_len_a=2.0, max_len_b=1.0)
+LEN = DecodeConfig(max_len_a=2.0, max_len_b=1.0)  # greedy ignores the beam settings
+
+
+def _beam(size: int, nbest: int = 1, **kw) -> DecodeConfig:
+    return dataclasses.replace(LEN, beam_size=size, nbest=nbest, **kw)
+
+
+def _sampling(**kw) -> DecodeConfig:
+    return dataclasses.replace(LEN, beam_size=1, sampling=True, **kw)
 
 
 @pytest.mark.parametrize("which", ["random", "reverse"])
 def test_beam_one_equals_greedy(which, random_model, reverse_model, random_src, reverse_src):
     model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
-    greedy = greedy_search(model, src, **LEN)
-    beam = beam_search(model, src, beam=1, **LEN)
+    greedy = greedy_search(model, src, LEN)
+    beam = beam_search(model, src, _beam(1))
     assert _toks(beam) == _toks(greedy)
     assert [r.score for r in beam] == pytest.approx([r.score for r in greedy], abs=1e-5)
 
@@ -108,11 +125,11 @@ def test_beam_one_equals_greedy(which, random_model, reverse_model, random_src, 
 def test_cache_equals_no_cache(search, which, random_model, reverse_model, random_src, reverse_src):
     model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
     if search == "greedy":
-        cached = greedy_search(model, src, **LEN)
-        full = greedy_search(model, src, use_cache=False, **LEN)
+        cached = greedy_search(model, src, LEN)
+        full = greedy_search(model, src, LEN, use_cache=False)
     else:
-        cached = beam_search(model, src, beam=4, nbest=4, **LEN)
-        full = beam_search(model, src, beam=4, nbest=4, use_cache=False, **LEN)
+        cached = beam_search(model, src, _beam(4, 4))
+        full = beam_search(model, src, _beam(4, 4), use_cache=False)
     assert _toks(cached) == _toks(full)
     assert [h.score for r in cached for h in r.nbest] == pytest.approx(
         [h.score for r in full for h in r.nbest], abs=1e-4
@@ -123,8 +140,8 @@ def test_cache_equals_no_cache(search, which, random_model, reverse_model, rando
 def test_batch_equals_one_at_a_time(search, random_model, random_src):
     def run(src: torch.Tensor) -> list[DecodeResult]:
         if search == "greedy":
-            return greedy_search(random_model, src, **LEN)
-        return beam_search(random_model, src, beam=3, nbest=3, **LEN)
+            return greedy_search(random_model, src, LEN)
+        return beam_search(random_model, src, _beam(3, 3))
 
     batched = run(random_src)
     for i, row in enumerate(random_src):
@@ -137,7 +154,7 @@ def test_nbest_sorted_distinct_and_complete(
     which, random_model, reverse_model, random_src, reverse_src
 ):
     model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
-    for res in beam_search(model, src, beam=5, nbest=5, **LEN):
+    for res in beam_search(model, src, _beam(5, 5)):
         scores = [h.score for h in res.nbest]
         assert len(res.nbest) == 5
         assert scores == sorted(scores, reverse=True)
@@ -146,7 +163,7 @@ def test_nbest_sorted_distinct_and_complete(
 
 def test_trained_model_beam_reverses_and_ends_with_eos(reverse_model):
     src, trg = _reverse_batch(torch.Generator().manual_seed(7), 32)
-    results = beam_search(reverse_model, src, beam=4, nbest=4, **LEN)
+    results = beam_search(reverse_model, src, _beam(4, 4))
     want = [[t for t in row.tolist()[1:] if t not in (PAD_ID, EOS_ID)] for row in trg]
     assert all(r.nbest[0].finished for r in results)
     assert sum(r.tokens == w for r, w in zip(results, want, strict=True)) >= 30
@@ -161,9 +178,9 @@ def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
         lambda m, a, out: rows.append(a[0].size(0))
     )
     try:
-        greedy_search(reverse_model, reverse_src, **LEN)
+        greedy_search(reverse_model, reverse_src, LEN)
         greedy_rows, rows[:] = list(rows), []
-        beam_search(reverse_model, reverse_src, beam=3, **LEN)
+        beam_search(reverse_model, reverse_src, _beam(3))
     finally:
         hook.remove()
     assert greedy_rows[0] == 24 and greedy_rows[-1] < 24
@@ -174,32 +191,33 @@ def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
 def test_max_length_respected(random_model, random_src):
     limits = [int(2 + 0.5 * n) for n in (random_src != PAD_ID).sum(dim=1).tolist()]
     assert max_target_lengths(random_model, random_src, 2, 0.5).tolist() == limits
+    short = DecodeConfig(max_len_a=2, max_len_b=0.5)
     for results in (
-        greedy_search(random_model, random_src, max_len_a=2, max_len_b=0.5),
-        beam_search(random_model, random_src, beam=3, nbest=3, max_len_a=2, max_len_b=0.5),
-        sample(random_model, random_src, max_len_a=2, max_len_b=0.5),
+        greedy_search(random_model, random_src, short),
+        beam_search(random_model, random_src, dataclasses.replace(short, beam_size=3, nbest=3)),
+        sample(random_model, random_src, dataclasses.replace(short, beam_size=1, sampling=True)),
     ):
         for res, limit in zip(results, limits, strict=True):
             for hyp in res.nbest:
                 assert len(hyp.tokens) <= limit
                 assert hyp.finished or len(hyp.tokens) == limit
     # The model's position table caps the budget.
-    capped = greedy_search(random_model, random_src[:1], max_len_a=1000, max_len_b=0)
+    capped = greedy_search(random_model, random_src[:1], DecodeConfig(max_len_a=1000, max_len_b=0))
     assert len(capped[0].tokens) <= random_model.positions.max_len
 
 
 def test_sampling_top_k_one_equals_greedy(random_model, random_src):
-    greedy = greedy_search(random_model, random_src, **LEN)
-    sampled = sample(random_model, random_src, top_k=1, temperature=0.7, **LEN)
+    greedy = greedy_search(random_model, random_src, LEN)
+    sampled = sample(random_model, random_src, _sampling(top_k=1, temperature=0.7))
     assert _toks(sampled) == _toks(greedy)
-    nucleus = sample(random_model, random_src, top_p=1e-6, **LEN)  # keeps only the best token
+    nucleus = sample(random_model, random_src, _sampling(top_p=1e-6))  # keeps only the best token
     assert _toks(nucleus) == _toks(greedy)
 
 
 def test_sampling_reproducible_with_generator(random_model, random_src):
     def draw() -> list[list[list[int]]]:
         gen = torch.Generator().manual_seed(5)
-        return _toks(sample(random_model, random_src, top_k=8, top_p=0.9, generator=gen, **LEN))
+        return _toks(sample(random_model, random_src, _sampling(top_k=8, top_p=0.9), generator=gen))
 
     assert draw() == draw()
 
@@ -221,6 +239,59 @@ def test_length_penalty_formula():
 def test_training_mode_is_refused(random_src):
     model = _model(0)  # train mode: dropout on
     with pytest.raises(ValueError, match=r"model\.eval\(\)"):
-        greedy_search(model, random_src)
-    with pytest.raises(ValueError, match="nbest"):
-        beam_search(model.eval(), random_src, beam=2, nbest=3)
+        greedy_search(model, random_src, LEN)
+
+
+def test_nbest_beyond_the_beam_is_refused_by_config_validation():
+    # Checked once, where the config is validated; search trusts a validated DecodeConfig.
+    with pytest.raises(MTError, match="nbest"):
+        validate_decode(DecodeConfig(beam_size=2, nbest=3))
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam", "sampling"])
+def test_search_runs_what_the_config_asks_for(kind, random_model, random_src):
+    decode = {"greedy": _beam(1), "beam": _beam(3, 2), "sampling": _sampling(top_k=4)}[kind]
+    generator = torch.Generator().manual_seed(1)
+    got = search(random_model, random_src, decode, generator=generator)
+    if kind == "greedy":
+        want = greedy_search(random_model, random_src, decode)
+    elif kind == "beam":
+        want = beam_search(random_model, random_src, decode)
+    else:
+        want = sample(random_model, random_src, decode, generator=torch.Generator().manual_seed(1))
+    assert _toks(got) == _toks(want)
+    assert [h.score for r in got for h in r.nbest] == [h.score for r in want for h in r.nbest]
+
+
+def _sources(src: torch.Tensor) -> list[list[int]]:
+    return [row[row != PAD_ID].tolist() for row in src]
+
+
+@pytest.mark.parametrize("decode", [_beam(1, batch_tokens=30), _beam(3, 2, batch_tokens=30)])
+def test_decode_sources_in_input_order_within_budget(decode, random_model, random_src):
+    sources = _sources(random_src)
+    batches: list[tuple[list[int], torch.Tensor]] = []
+    results = decode_sources(
+        random_model, sources, decode, on_batch=lambda pos, src, res: batches.append((pos, src))
+    )
+    # Every source in exactly one batch, longest first, each batch within the token budget.
+    assert sorted(i for positions, _ in batches for i in positions) == list(range(len(sources)))
+    lengths = [len(sources[i]) for positions, _ in batches for i in positions]
+    assert lengths == sorted(lengths, reverse=True) and len(batches) > 1
+    for positions, src in batches:
+        assert src.shape == (len(positions), max(len(sources[i]) for i in positions))
+        assert len(positions) == 1 or src.numel() <= decode.batch_tokens
+    # The results come back in input order, each equal to searching its sentence alone.
+    for ids, result in zip(sources, results, strict=True):
+        alone = search(random_model, torch.tensor([ids]), decode)
+        assert _toks([result]) == _toks(alone)
+        assert [h.score for h in result.nbest] == pytest.approx([h.score for h in alone[0].nbest])
+
+
+def test_decode_sources_sampling_is_seeded_by_the_config(random_model, random_src):
+    sources = _sources(random_src)
+    decode = _sampling(top_k=8, sample_seed=4, batch_tokens=30)
+    first = _toks(decode_sources(random_model, sources, decode))
+    assert _toks(decode_sources(random_model, sources, decode)) == first
+    generator = torch.Generator().manual_seed(4)
+    assert _toks(decode_sources(random_model, sources, decode, generator=generator)) == first

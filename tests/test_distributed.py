@@ -51,7 +51,7 @@ def _even_batch_tokens(config: Path) -> int:
     """A token budget whose epoch has an even number of batches, so that ranks 0 and 1 take
     batches b0 and b1 of each pair unchanged (with an odd count, sharding splits a batch)."""
     cfg = load_config(config)
-    data = prepare(cfg, lambda *a, **k: None, False)  # also fills the cache both runs will use
+    data = prepare(cfg, progress=False)  # also fills the cache both runs will use
     for budget in range(cfg.train.batch_tokens, cfg.train.batch_tokens + 200, 8):
         n = len(make_batches(data.train.src_lengths, data.train.trg_lengths + 1, budget, seed=1,
                              epoch=0))  # fmt: skip

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import logging
 import os
 import re
 import tarfile
@@ -266,16 +267,17 @@ def test_edited_file_is_checked_again_and_fetched_anew(server: Loopback, tmp_pat
     assert (dest / "f.txt").read_bytes() == data
 
 
-def test_unverified_file_warns_and_prints_its_hash(
-    server: Loopback, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_unverified_file_warns_and_logs_its_hash(
+    server: Loopback, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = gzip.compress(b"a\nb\n")
     _serve(server, "u.gz", data)
     out = fetch_corpus(_corpus("u.gz", None, "gunzip"), tmp_path / "d", server.url)
     assert out == [(tmp_path / "d" / "u").resolve()]
-    err = capsys.readouterr().err
-    assert "UNVERIFIED" in err
-    assert hashlib.sha256(data).hexdigest() in err
+    (warning,) = [r for r in caplog.records if r.name == "transformer_mt.data.download"]
+    assert warning.levelno == logging.WARNING
+    assert "UNVERIFIED" in warning.getMessage()
+    assert hashlib.sha256(data).hexdigest() in warning.getMessage()
 
 
 def test_server_ignoring_range_restarts_from_zero(server: Loopback, tmp_path: Path) -> None:
@@ -394,8 +396,33 @@ def test_registry_lists_multi30k_files_and_checksums() -> None:
     assert sorted(f.local_name for f in m30k.files if f.verified) == sorted(VERIFIED)
     if SHARED is not None:
         assert {f.local_name: f.sha256 for f in m30k.files if f.verified} == _sums()
-    assert {c.name for c in list_corpora()} >= {"multi30k", "iwslt2017-de-en"}
-    assert all(not f.verified for f in get_corpus("iwslt2017-de-en").files)
+
+
+def test_multi30k_split_map_lives_with_its_registry_entry() -> None:
+    m30k = get_corpus("multi30k")
+    assert dict(m30k.splits) == {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+    assert m30k.languages() == ["cs", "de", "en", "fr"]  # the ones with all three splits
+    valid_de = m30k.split_file("valid", "de")
+    assert (valid_de.local_name, valid_de.unpacked_name) == ("val.de.gz", "val.de")
+    # Every listed corpus can be trained: `mt download` fetches nothing `mt train` refuses.
+    assert all(c.trainable for c in list_corpora())
+
+
+def test_a_corpus_split_map_is_checked_when_the_registry_is_built() -> None:
+    files = (CorpusFile("a.zip", None, "zip", "a.zip"), CorpusFile("b.de", None, "none", "b.de"))
+    with pytest.raises(ValueError, match="splits must name"):
+        Corpus("x", "x", "http://x/", files, splits={"train": "a"})
+    with pytest.raises(ValueError, match="the train split cannot be an archive"):
+        Corpus(
+            "x",
+            "x",
+            "http://x/",
+            files,
+            {"train": "a", "valid": "a", "test": "a"},
+            "{split}.{lang}",
+        )
+    untrainable = Corpus("x", "x", "http://x/", files)
+    assert not untrainable.trainable and untrainable.languages() == []
 
 
 def test_unknown_corpus_and_bad_filter_are_clear_errors(tmp_path: Path) -> None:
@@ -427,6 +454,6 @@ def test_mt_download_command_fetches_and_verifies(m30k_server: Loopback, tmp_pat
     assert all(_sha(dest / name) == digest for name, digest in _sums().items())
 
     listed = runner.invoke(app, ["download", "--list"])
-    assert listed.exit_code == 0 and "multi30k" in listed.stdout and "iwslt" in listed.stdout
+    assert listed.exit_code == 0 and "multi30k" in listed.stdout
     bad = runner.invoke(app, ["download", "nope"])
     assert bad.exit_code == 1 and "unknown corpus" in bad.stderr

@@ -1,9 +1,21 @@
-"""Model invariants: masks, causality, padding, shapes, options, cache = no cache."""
+"""Model invariants: masks, causality, padding, shapes, options, cache = no cache; attention
+weights; the parameter order and the loading of checkpoints written under older module names."""
+
+import re
 
 import pytest
 import torch
 
-from transformer_mt.model import Transformer, make_no_peek_mask, make_pad_mask, make_trg_mask
+from transformer_mt.config import ModelConfig
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model import (
+    Transformer,
+    make_no_peek_mask,
+    make_pad_mask,
+    make_trg_mask,
+    model_args,
+    upgrade_state_dict,
+)
 
 
 def test_pad_mask_marks_only_real_tokens():
@@ -112,7 +124,7 @@ def test_bf16_attention_on_cpu_runs_in_fp32_under_autocast():
     # Under CPU autocast, bf16 queries/keys/values are attended in fp32 (the bf16 kernel's backward
     # is slow): the result equals fp32 attention on the same rounded inputs, up to the final
     # rounding to bf16, and gradients come back in bf16.
-    import torch.nn.functional as F
+    from torch.nn import functional
 
     from transformer_mt.model.layers import _sdpa
 
@@ -121,8 +133,175 @@ def test_bf16_attention_on_cpu_runs_in_fp32_under_autocast():
     mask = torch.tensor([True, True, True, False, False])[None, None, None, :].expand(2, 1, 1, 5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = _sdpa(q, k, v, mask, 0.0)
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    ref = functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y, ref.bfloat16(), rtol=0, atol=0)
     y.float().sum().backward()
     assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+
+
+def test_cross_attention_weights(tiny_model_args):
+    model = _model(tiny_model_args)
+    src = torch.tensor([[9, 12, 7, EOS_ID], [15, EOS_ID, PAD_ID, PAD_ID]])
+    trg = torch.tensor([[BOS_ID, 20, 21, 22, 23], [BOS_ID, 30, 31, PAD_ID, PAD_ID]])
+    with torch.inference_mode():
+        memory, src_mask = model.encode(src)
+        fused = model.decode(trg, memory, src_mask)
+        weights = model.cross_attention(src, trg)  # (L, B, H, T, S)
+        assert weights.shape == (2, 2, 4, 5, 4)
+        assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 4, 5))
+        assert (weights[:, 1, :, :, 2:] == 0).all()  # padded source positions get nothing
+        # The explicit path that returns the weights computes what the fused one does.
+        explicit, again = model.decode_with_attention(trg, memory, src_mask)
+        assert torch.equal(again, weights)
+        # Asking for weights leaves no state behind: decoding stays on the fused SDPA path.
+        assert torch.equal(model.decode(trg, memory, src_mask), fused)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+
+
+def test_attention_explicit_path_equals_fused_path(tiny_model_args):
+    """Self- and cross-attention: ``need_weights=True`` returns weights whose rows sum to 1 and
+    the output of the fused kernel."""
+    model = _model(tiny_model_args)
+    x = torch.randn(2, 5, 32)
+    memory = torch.randn(2, 4, 32)
+    trg_mask = make_trg_mask(torch.tensor([[2, 5, 6, 7, 8], [2, 5, 6, 0, 0]]), pad_idx=0)
+    src_mask = make_pad_mask(torch.tensor([[5, 6, 7, 3], [5, 3, 0, 0]]), pad_idx=0)
+    layer = model.decoder[0]
+    with torch.inference_mode():
+        for attn, mask, mem in (
+            (layer.self_attn, trg_mask, None),
+            (layer.cross_attn, src_mask, memory),
+        ):
+            fused, no_weights = attn(x, mask, mem)
+            explicit, weights = attn(x, mask, mem, need_weights=True)
+            assert no_weights is None
+            assert weights.shape == (2, 4, 5, mask.size(-1))
+            assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 5))
+            assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+            torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=0)
+
+
+def test_decoder_cache_select_and_reorder_beams(tiny_model_args):
+    model = _model(tiny_model_args)
+    memory, src_mask = model.encode(torch.randint(4, 40, (3, 6)))
+    cache = model.new_cache()
+    for token in (2, 9, 11):
+        model.decode(torch.full((3, 1), token), memory, src_mask, cache)
+    assert cache.length == 3
+    self_keys = [c.keys for c in cache.self_attn]
+    cross_keys = [c.keys for c in cache.cross_attn]
+    assert self_keys[0].shape == (3, 4, 3, 8) and cross_keys[0].shape == (3, 4, 6, 8)
+    order, keep = torch.tensor([2, 0, 1]), torch.tensor([1])
+    cache.reorder_beams(order)  # self-attention only: cross-attention is shared by the beams
+    for layer in range(2):
+        assert torch.equal(cache.self_attn[layer].keys, self_keys[layer][order])
+        assert cache.cross_attn[layer].keys is cross_keys[layer]
+    cache.select(keep)  # both parts
+    for layer in range(2):
+        assert torch.equal(cache.self_attn[layer].keys, self_keys[layer][order][keep])
+        assert torch.equal(cache.cross_attn[layer].keys, cross_keys[layer][keep])
+    assert all(c.values.size(0) == 1 for c in (*cache.self_attn, *cache.cross_attn))
+
+
+# The parameters of one layer in the order ``model.parameters()`` yields them: old checkpoints
+# index their Adam moments by this position, so it must never change (d_model 32, ffn 64).
+ENCODER_LAYER = [
+    ("self_attn.qkv_proj.weight", (96, 32)), ("self_attn.qkv_proj.bias", (96,)),
+    ("self_attn.out_proj.weight", (32, 32)), ("self_attn.out_proj.bias", (32,)),
+    ("ffn.fc1.weight", (64, 32)), ("ffn.fc1.bias", (64,)),
+    ("ffn.fc2.weight", (32, 64)), ("ffn.fc2.bias", (32,)),
+    ("self_attn_residual.norm.weight", (32,)), ("self_attn_residual.norm.bias", (32,)),
+    ("ffn_residual.norm.weight", (32,)), ("ffn_residual.norm.bias", (32,)),
+]  # fmt: skip
+DECODER_LAYER = [
+    ("self_attn.qkv_proj.weight", (96, 32)), ("self_attn.qkv_proj.bias", (96,)),
+    ("self_attn.out_proj.weight", (32, 32)), ("self_attn.out_proj.bias", (32,)),
+    ("cross_attn.q_proj.weight", (32, 32)), ("cross_attn.q_proj.bias", (32,)),
+    ("cross_attn.kv_proj.weight", (64, 32)), ("cross_attn.kv_proj.bias", (64,)),
+    ("cross_attn.out_proj.weight", (32, 32)), ("cross_attn.out_proj.bias", (32,)),
+    ("ffn.fc1.weight", (64, 32)), ("ffn.fc1.bias", (64,)),
+    ("ffn.fc2.weight", (32, 64)), ("ffn.fc2.bias", (32,)),
+    ("self_attn_residual.norm.weight", (32,)), ("self_attn_residual.norm.bias", (32,)),
+    ("cross_attn_residual.norm.weight", (32,)), ("cross_attn_residual.norm.bias", (32,)),
+    ("ffn_residual.norm.weight", (32,)), ("ffn_residual.norm.bias", (32,)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_parameter_order_is_pinned(tiny_model_args, pre_norm):
+    model = _model(tiny_model_args, pre_norm=pre_norm, tie_embeddings=False)
+    want = [("src_emb.weight", (40, 32)), ("trg_emb.weight", (40, 32))]
+    for stack, layer in (("encoder", ENCODER_LAYER), ("decoder", DECODER_LAYER)):
+        want += [(f"{stack}.{i}.{name}", shape) for i in range(2) for name, shape in layer]
+    if pre_norm:
+        want += [
+            (f"{norm}.{p}", (32,)) for norm in ("enc_norm", "dec_norm") for p in ("weight", "bias")
+        ]
+    want.append(("out.weight", (40, 32)))
+    assert [(name, tuple(p.shape)) for name, p in model.named_parameters()] == want
+
+
+# The module names of checkpoints written before the residual blocks were named by what they wrap.
+OLD_NAMES = [
+    (r"^encoder\.(\d+)\.self_attn\.", r"encoder.\1.attn."),
+    (r"^encoder\.(\d+)\.self_attn_residual\.", r"encoder.\1.sub1."),
+    (r"^encoder\.(\d+)\.ffn_residual\.", r"encoder.\1.sub2."),
+    (r"^decoder\.(\d+)\.self_attn_residual\.", r"decoder.\1.sub1."),
+    (r"^decoder\.(\d+)\.cross_attn_residual\.", r"decoder.\1.sub2."),
+    (r"^decoder\.(\d+)\.ffn_residual\.", r"decoder.\1.sub3."),
+]
+
+
+def _old_key(key: str) -> str:
+    for new, old in OLD_NAMES:
+        key = re.sub(new, old, key)
+    return key
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_state_dict_with_old_names_loads_strictly(tiny_model_args, pre_norm):
+    model = _model(tiny_model_args, pre_norm=pre_norm)
+    old = {_old_key(k): v for k, v in model.state_dict().items()}
+    assert "encoder.1.attn.qkv_proj.weight" in old and "decoder.0.sub3.norm.bias" in old
+    assert not any("residual" in k or "self_attn" in k for k in old if k.startswith("encoder."))
+    upgraded, current = upgrade_state_dict(old), model.state_dict()
+    assert list(upgraded) == list(current)  # same names, same order
+    assert all(upgraded[k] is old[_old_key(k)] for k in current)  # same tensors
+    keys = list(old)
+    upgrade_state_dict(old)  # pure: the input stays as it was
+    assert list(old) == keys
+
+    torch.manual_seed(1)
+    fresh = Transformer(**{**tiny_model_args, "pre_norm": pre_norm}).eval()
+    fresh.load_state_dict(old)  # strict: every key matched
+    src, trg = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
+    assert torch.equal(fresh(src, trg), model(src, trg))
+    # Under a wrapper (DDP's ``module.``), the prefix is respected.
+    wrapped = torch.nn.ModuleDict(
+        {"module": Transformer(**{**tiny_model_args, "pre_norm": pre_norm})}
+    )
+    wrapped.load_state_dict({f"module.{k}": v for k, v in old.items()})
+    assert torch.equal(wrapped["module"].eval()(src, trg), model(src, trg))
+
+
+def test_model_args_maps_the_model_config():
+    cfg = ModelConfig(d_model=32, n_head=4, ffn_hidden=64, n_layers=2, n_dec_layers=1)
+    args = model_args(cfg, 300, 200, pad_idx=PAD_ID, bos_idx=BOS_ID)
+    assert args == dict(
+        src_pad_idx=PAD_ID, trg_pad_idx=PAD_ID, trg_sos_idx=BOS_ID, enc_voc_size=300,
+        dec_voc_size=300, d_model=32, n_head=4, max_len=cfg.max_len, ffn_hidden=64, n_layers=2,
+        drop_prob=cfg.drop_prob, n_dec_layers=1, pre_norm=cfg.pre_norm,
+        attn_drop_prob=cfg.attn_drop_prob, ffn_drop_prob=cfg.ffn_drop_prob,
+        tie_embeddings=cfg.tie_embeddings, share_embeddings=True,
+    )  # fmt: skip
+    assert cfg.share_embeddings  # the default: a joint vocabulary, the larger size on both sides
+    cfg.share_embeddings = False
+    separate = model_args(cfg, 300, 200, pad_idx=PAD_ID, bos_idx=BOS_ID)
+    assert (separate["enc_voc_size"], separate["dec_voc_size"]) == (300, 200)
+    model = Transformer(**separate)
+    assert (model.src_emb.num_embeddings, model.out.out_features, model.n_dec_layers) == (
+        300,
+        200,
+        1,
+    )

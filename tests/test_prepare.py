@@ -9,8 +9,12 @@ Multi30k served from a loopback HTTP server (skipped where ../shared/data is abs
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import http.server
+import itertools
+import logging
 import random
 import re
 import threading
@@ -24,6 +28,8 @@ from typer.testing import CliRunner
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.data import prepare as prep
+from transformer_mt.data import registry, sources
+from transformer_mt.data.registry import Corpus, CorpusFile
 from transformer_mt.data.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer_mt.errors import MTError
 
@@ -114,17 +120,18 @@ def _mtimes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
 
 
-def _quiet(_: str) -> None:
-    pass
+def _messages(caplog: pytest.LogCaptureFixture) -> str:
+    """What the package logged since the last ``caplog.clear()``, one message a line."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("transformer_mt"))
 
 
 # --- the cache ------------------------------------------------------------------------------------
 
 
-def test_prepare_builds_then_reuses_everything(tmp_path, corpus, calls):
+def test_prepare_builds_then_reuses_everything(tmp_path, corpus, calls, caplog):
+    caplog.set_level(logging.INFO, logger="transformer_mt")
     cfg = _config(tmp_path, corpus)
-    said: list[str] = []
-    first = prep.prepare(cfg, said.append, progress=False)
+    first = prep.prepare(cfg, progress=False)
     assert calls.tokenizers == 1 and calls.builds == ["train", "valid"]
     assert len(first.train) == 400 and len(first.valid) == 40
     assert first.src_tok is first.trg_tok  # joint: one model for both sides
@@ -133,46 +140,46 @@ def test_prepare_builds_then_reuses_everything(tmp_path, corpus, calls):
     src0, trg0 = first.train[0]
     assert src0[-1] == EOS_ID and EOS_ID not in trg0
     assert first.trg_tok.decode(trg0.astype(np.int64)) == _pairs(400, 1)[0][1]
-    # The cleaning report of each split was printed.
-    text = "\n".join(said)
+    # The cleaning report of each split was logged.
+    text = _messages(caplog)
     assert re.search(r"^train: .*\n  kept 400 of 400 pairs", text, re.M)
     assert re.search(r"^valid: .*\n  kept 40 of 40 pairs", text, re.M)
 
     cache = tmp_path / "cache"
     before = _mtimes(cache)
     calls.reset()
-    said.clear()
-    second = prep.prepare(cfg, said.append, progress=False)
+    caplog.clear()
+    second = prep.prepare(cfg, progress=False)
     assert calls.tokenizers == 0 and calls.builds == []
     assert _mtimes(cache) == before  # not a file touched
     assert second.src_tok.model_proto == first.src_tok.model_proto
     assert np.array_equal(second.train.src_lengths, first.train.src_lengths)
     # Reuse says so, and repeats the report stored when the split was built.
-    text = "\n".join(said)
+    text = _messages(caplog)
     assert "train: reusing" in text and "valid: reusing" in text
     assert text.count("kept 400 of 400 pairs") == 1
 
 
 def test_changed_training_file_rebuilds_tokenizer_and_both_splits(tmp_path, corpus, calls):
     cfg = _config(tmp_path, corpus)
-    prep.prepare(cfg, _quiet, progress=False)
+    prep.prepare(cfg, progress=False)
     lines = corpus["train_trg"].read_text(encoding="utf-8").splitlines()
     lines[7] = "zzz yyy xxx"  # same line count, same size class: only the contents differ
     _write(corpus["train_trg"], lines)
     calls.reset()
-    data = prep.prepare(cfg, _quiet, progress=False)
+    data = prep.prepare(cfg, progress=False)
     assert calls.tokenizers == 1 and calls.builds == ["train", "valid"]
     assert data.trg_tok.decode(data.train[7][1].astype(np.int64)) == "zzz yyy xxx"
 
 
 def test_changed_validation_file_rebuilds_only_validation(tmp_path, corpus, calls):
     cfg = _config(tmp_path, corpus)
-    prep.prepare(cfg, _quiet, progress=False)
+    prep.prepare(cfg, progress=False)
     pairs = _pairs(30, 3)
     _write(corpus["valid_src"], [s for s, _ in pairs])
     _write(corpus["valid_trg"], [t for _, t in pairs])
     calls.reset()
-    data = prep.prepare(cfg, _quiet, progress=False)
+    data = prep.prepare(cfg, progress=False)
     assert calls.tokenizers == 0 and calls.builds == ["valid"]
     assert len(data.valid) == 30 and data.valid_src[0] == pairs[0][0]
 
@@ -188,9 +195,9 @@ def test_changed_validation_file_rebuilds_only_validation(tmp_path, corpus, call
 def test_changed_setting_rebuilds_what_depends_on_it(
     tmp_path, corpus, calls, override, tokenizers, builds
 ):
-    prep.prepare(_config(tmp_path, corpus), _quiet, progress=False)
+    prep.prepare(_config(tmp_path, corpus), progress=False)
     calls.reset()
-    data = prep.prepare(_config(tmp_path, corpus, override), _quiet, progress=False)
+    data = prep.prepare(_config(tmp_path, corpus, override), progress=False)
     assert calls.tokenizers == tokenizers and calls.builds == builds
     if override.startswith("data.max_tokens_per_side"):
         # Every kept pair fits the new limit (source EOS and target BOS/EOS included).
@@ -200,7 +207,7 @@ def test_changed_setting_rebuilds_what_depends_on_it(
 
 def test_separate_vocabularies_give_two_tokenizers(tmp_path, corpus):
     cfg = _config(tmp_path, corpus, "tokenizer.joint=false", "model.share_embeddings=false")
-    data = prep.prepare(cfg, _quiet, progress=False)
+    data = prep.prepare(cfg, progress=False)
     models = sorted(p.name.rsplit("-", 1)[-1] for p in (tmp_path / "cache").glob("spm-*.model"))
     assert models == ["src.model", "trg.model"]
     assert data.src_tok.model_proto != data.trg_tok.model_proto
@@ -210,7 +217,7 @@ def test_separate_vocabularies_give_two_tokenizers(tmp_path, corpus):
     assert UNK_ID not in data.trg_tok.encode(trg) and UNK_ID in data.trg_tok.encode(src)
     assert data.trg_tok.decode(data.train[0][1].astype(np.int64)) == _pairs(400, 1)[0][1]
     # A joint run on the same files is a different cache entry with a single model.
-    joint = prep.prepare(_config(tmp_path, corpus), _quiet, progress=False)
+    joint = prep.prepare(_config(tmp_path, corpus), progress=False)
     assert joint.src_tok is joint.trg_tok
     assert len(list((tmp_path / "cache").glob("spm-*-joint.model"))) == 1
 
@@ -250,7 +257,7 @@ def test_bad_input_names_file_and_line_and_leaves_no_cache(
     damage(corpus[f"{split}_{side}"], lineno)
     cfg = _config(tmp_path, corpus)
     with pytest.raises(MTError, match=message) as err:
-        prep.prepare(cfg, _quiet, progress=False)
+        prep.prepare(cfg, progress=False)
     n_lines = 400 if split == "train" else 40
     # A dropped line is noticed where the longer file has a line without a partner.
     where = f"{split}.src:{n_lines}" if damage is _drop_line else f"{split}.{side}:{lineno}"
@@ -260,28 +267,26 @@ def test_bad_input_names_file_and_line_and_leaves_no_cache(
 
 def test_bad_input_keeps_the_previous_good_cache(tmp_path, corpus):
     cfg = _config(tmp_path, corpus)
-    prep.prepare(cfg, _quiet, progress=False)
+    prep.prepare(cfg, progress=False)
     before = _mtimes(tmp_path / "cache")
     _break_utf8(corpus["valid_src"], 5)
     with pytest.raises(MTError, match=r"valid\.src:5: invalid UTF-8"):
-        prep.prepare(cfg, _quiet, progress=False)
+        prep.prepare(cfg, progress=False)
     assert _mtimes(tmp_path / "cache") == before
 
 
-def test_skip_bad_lines_counts_them_in_the_report(tmp_path, corpus):
+def test_skip_bad_lines_counts_them_in_the_report(tmp_path, corpus, caplog):
+    caplog.set_level(logging.INFO, logger="transformer_mt")
     _break_utf8(corpus["train_src"], 17)
-    said: list[str] = []
-    data = prep.prepare(
-        _config(tmp_path, corpus, "data.skip_bad_lines=true"), said.append, progress=False
-    )
+    data = prep.prepare(_config(tmp_path, corpus, "data.skip_bad_lines=true"), progress=False)
     assert len(data.train) == 399
-    assert "skipped 1 pairs with invalid UTF-8" in "\n".join(said)
+    assert "skipped 1 pairs with invalid UTF-8" in _messages(caplog)
 
 
 def test_split_empty_after_limits_is_an_error_and_leaves_no_split_cache(tmp_path, corpus):
     cfg = _config(tmp_path, corpus, "data.max_tokens_per_side=2")
     with pytest.raises(MTError, match=r"train split .* no pairs left .*max_tokens_per_side"):
-        prep.prepare(cfg, _quiet, progress=False)
+        prep.prepare(cfg, progress=False)
     # The tokenizer is a valid cache of good data; no split directory, no temporary directory.
     assert [p for p in _leftovers(tmp_path / "cache") if not p.startswith("spm-")] == []
 
@@ -290,18 +295,38 @@ def test_missing_local_file_is_named_before_any_work(tmp_path, corpus):
     cfg = _config(tmp_path, corpus, f"data.test_src={tmp_path / 'nope.src'}")
     cfg.data.test_trg = str(corpus["valid_trg"])
     with pytest.raises(MTError, match=r"data\.test_src: .*nope\.src is not a file"):
-        prep.prepare(cfg, _quiet, progress=False)
+        prep.prepare(cfg, progress=False)
     assert _leftovers(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("name", ["iwslt2017-de-en", "wmt99", ""])
+def test_unknown_corpus_is_one_line_naming_the_accepted_values_before_any_work(tmp_path, name):
+    # The config loads (config.py knows no data sources); the data package refuses it first.
+    cfg = load_config(None, [f"data.corpus={name}", f"data.cache_dir={tmp_path}"])
+    expected = rf"^data\.corpus='{name}': expected toy, local or multi30k$"
+    with pytest.raises(MTError, match=expected):
+        sources.check_source(cfg)
+    with pytest.raises(MTError, match=expected):
+        prep.prepare(cfg, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_local_corpus_without_its_files_is_a_config_error():
+    cfg = load_config(None, ["data.corpus=local", "data.train_src=a", "data.train_trg=b"])
+    with pytest.raises(
+        MTError, match=r"data\.corpus=local needs data\.valid_src and data\.valid_trg"
+    ):
+        sources.check_source(cfg)
 
 
 def test_unknown_multi30k_language_is_a_config_error(tmp_path):
     cfg = load_config(M30K_CONFIG, ["data.src_lang=xx", f"data.download_dir={tmp_path}"])
     with pytest.raises(MTError, match=r"data\.src_lang='xx'.*de, en"):
-        prep.prepare(cfg, _quiet, progress=False)
+        prep.prepare(cfg, progress=False)
     assert list(tmp_path.iterdir()) == []  # nothing was downloaded
 
 
-# --- Multi30k through the real command ------------------------------------------------------------
+# --- corpora downloaded from a loopback server ---------------------------------------------------
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -315,6 +340,25 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         super().do_GET()
 
 
+@contextlib.contextmanager
+def _serve(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[str]]]:
+    """Serve the files under ``root`` on 127.0.0.1: (URL, paths requested)."""
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)  # 127.0.0.1 must not go through a proxy
+    requests: list[str] = []
+    handler = type("Handler", (_Handler,), {"requests": requests})
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(root))
+    )
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/", requests
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 @pytest.fixture
 def m30k_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[str]]]:
     """A loopback server with the original Multi30k files under data/task1/raw/: (URL, paths
@@ -322,22 +366,48 @@ def m30k_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
     shared = shared_multi30k()
     if shared is None:
         pytest.skip("original Multi30k files absent (../shared/data/multi30k; set MT_SHARED_DATA)")
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)  # 127.0.0.1 must not go through a proxy
     raw = tmp_path / "www" / "data" / "task1" / "raw"
     raw.mkdir(parents=True)
     for gz in shared.glob("*.gz"):
         (raw / gz.name).symlink_to(gz)
-    requests: list[str] = []
-    handler = type("Handler", (_Handler,), {"requests": requests})
-    httpd = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(handler, directory=str(tmp_path / "www"))
+    with _serve(tmp_path / "www", monkeypatch) as served:
+        yield served
+
+
+def test_any_trainable_registry_corpus_is_a_data_source(tmp_path, corpus, monkeypatch):
+    """Nothing in the data sources is Multi30k's own: a corpus with other split names, file
+    names and unpacking is downloaded and prepared through its registry entry alone."""
+    www = tmp_path / "www"
+    www.mkdir()
+    ours = {"tr": "train", "dev": "valid", "tst": "valid"}  # the test split reuses valid's text
+    for split, (lang, side) in itertools.product(ours, (("aa", "src"), ("bb", "trg"))):
+        (www / f"{split}.{lang}").write_bytes(corpus[f"{ours[split]}_{side}"].read_bytes())
+    (www / "tr.cc").write_text("only a training file\n")
+    files = tuple(
+        CorpusFile(f"{p.name}", hashlib.sha256(p.read_bytes()).hexdigest(), "none", p.name)
+        for p in sorted(www.iterdir())
     )
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/", requests
-    httpd.shutdown()
-    httpd.server_close()
+    splits = {"train": "tr", "valid": "dev", "test": "tst"}
+    tiny = Corpus("tiny", "a test corpus", "http://0.0.0.0/", files, splits, "{split}.{lang}")
+    monkeypatch.setitem(registry._REGISTRY, "tiny", tiny)
+    assert "tiny" in sources.source_names() and tiny.languages() == ["aa", "bb"]
+
+    dest = tmp_path / "downloads"
+    sets = ["data.corpus=tiny", "data.src_lang=aa", "data.trg_lang=bb", f"data.download_dir={dest}"]
+    with _serve(www, monkeypatch) as (url, requests):
+        data = prep.prepare(_config(tmp_path, {}, *sets, f"data.base_url={url}"), progress=False)
+    assert sorted(requests) == sorted(f"/{s}.{lang}" for s in ours for lang in ("aa", "bb"))
+    got = {split: (src.name, trg.name) for split, (src, trg) in data.files.items()}
+    assert got == {
+        "train": ("tr.aa", "tr.bb"),
+        "valid": ("dev.aa", "dev.bb"),
+        "test": ("tst.aa", "tst.bb"),
+    }
+    assert all(src.parent == (dest / "tiny").resolve() for src, _ in data.files.values())
+    assert len(data.train) == 400 and len(data.valid) == 40
+
+    with pytest.raises(MTError, match=r"^data\.trg_lang='cc': tiny has tr/dev/tst only in aa, bb"):
+        sources.check_source(_config(tmp_path, {}, *sets, "data.trg_lang=cc"))
 
 
 def test_mt_prepare_multi30k_from_loopback(tmp_path, m30k_url):

@@ -10,12 +10,11 @@ from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.errors import MTError
 from transformer_mt.training.batches import BatchStream, collate
 from transformer_mt.training.distributed import DistInfo
-from transformer_mt.training.state import TrainState
 
 
 def _prepared(tiny_config, *sets: str):
     cfg = load_config(tiny_config, ["tokenizer.sample_alpha=0.1", *sets])
-    return cfg, prepare(cfg, say=lambda *a: None, progress=False)
+    return cfg, prepare(cfg, progress=False)
 
 
 def _ids(pairs) -> list[tuple[list[int], list[int]]]:
@@ -72,16 +71,18 @@ def test_the_token_limit_drops_the_same_pairs_and_caps_the_sampled_ones(tiny_con
 
 def test_a_stream_resumed_mid_epoch_yields_what_the_uninterrupted_one_did(tiny_config):
     cfg, data = _prepared(tiny_config)
-    info, state = DistInfo(), TrainState()
-    whole = iter(BatchStream(data.train, cfg, info, state, data.sampler))
+    info = DistInfo()
+    whole = BatchStream(data.train, cfg, info, data.sampler)
     batches = [next(whole) for _ in range(37)]
     # A new process would rebuild its stream from the checkpointed position only.
-    at = TrainState(epoch=state.epoch, batch_in_epoch=state.batch_in_epoch)
+    at_epoch, at_batch = whole.position
     batches += [next(whole) for _ in range(40)]
-    assert at.epoch >= 1 and state.epoch > at.epoch, (
+    assert at_epoch >= 1 and whole.position[0] > at_epoch, (
         "the test must resume mid-epoch, then cross one"
     )
-    resumed = iter(BatchStream(data.train, cfg, info, at, data.sampler))
+    resumed = BatchStream(
+        data.train, cfg, info, data.sampler, epoch=at_epoch, batch_in_epoch=at_batch
+    )
     for want in batches[37:]:
         got = next(resumed)
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
@@ -89,11 +90,11 @@ def test_a_stream_resumed_mid_epoch_yields_what_the_uninterrupted_one_did(tiny_c
 
 def test_the_stream_reads_each_epochs_own_draw(tiny_config):
     cfg, data = _prepared(tiny_config)
-    got = next(iter(BatchStream(data.train, cfg, DistInfo(), TrainState(epoch=2), data.sampler)))
+    got = next(BatchStream(data.train, cfg, DistInfo(), data.sampler, epoch=2))
     pairs = data.sampler.epoch(2)
-    t = cfg.train
-    first = make_batches(pairs.src_lengths, pairs.trg_lengths + 1, t.batch_tokens, seed=t.seed,
-                         epoch=2)[0]  # fmt: skip
+    train_cfg = cfg.train
+    first = make_batches(pairs.src_lengths, pairs.trg_lengths + 1, train_cfg.batch_tokens,
+                         seed=train_cfg.seed, epoch=2)[0]  # fmt: skip
     assert all(np.array_equal(a, b) for a, b in zip(got, collate(pairs, first), strict=True))
 
 

@@ -6,10 +6,10 @@ import math
 import os
 import platform
 import signal
+import stat
 import subprocess
 import sys
 import time
-import types
 import warnings
 from pathlib import Path
 
@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer_mt import checkpoint as ckpt_mod
 from transformer_mt.config import load_config
 from transformer_mt.errors import MTError
-from transformer_mt.training import checkpoint as ckpt_mod
 from transformer_mt.training import loss as loss_mod
 from transformer_mt.training import trainer as trainer_mod
 from transformer_mt.training.host_memory import (
@@ -29,6 +29,7 @@ from transformer_mt.training.host_memory import (
     resident_mib,
 )
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
+from transformer_mt.training.metrics import MetricsWindow
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.trainer import Trainer
 
@@ -68,7 +69,7 @@ def test_linear_decay_warms_up_as_noam_then_falls_to_zero():
 
 def test_linear_schedule_in_training_decays_in_a_straight_line(tiny_config, tmp_path):
     cfg = load_config(tiny_config, ["train.lr_schedule=linear", "train.max_steps=30"])
-    Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    Trainer(cfg, tmp_path / "run", progress=False).run()
     lrs = [r["lr"] for r in _metrics(tmp_path / "run") if "lr" in r]
     peak = noam_lr(10, 32, 10)
     assert lrs[:10] == pytest.approx([noam_lr(s, 32, 10) for s in range(1, 11)])
@@ -79,7 +80,7 @@ def test_linear_schedule_in_training_decays_in_a_straight_line(tiny_config, tmp_
 def test_linear_schedule_with_a_time_budget_reaches_zero_when_time_is_up(tiny_config, tmp_path):
     sets = ["train.lr_schedule=linear", "train.max_steps=100000", "train.warmup_steps=2"]
     cfg = load_config(tiny_config, [*sets, "train.max_minutes=0.01", "train.valid_every=100000"])
-    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    state = Trainer(cfg, tmp_path / "run", progress=False).run()
     lrs = [r["lr"] for r in _metrics(tmp_path / "run") if "lr" in r]
     assert len(lrs) == state.step > 3, "the time budget, not max_steps, ended the run"
     assert state.warmup_seconds is not None and 0 < state.warmup_seconds < 0.6
@@ -109,7 +110,7 @@ def test_label_smoothing_matches_a_worked_example():
 
 def test_checkpoint_cut_off_mid_write_keeps_the_last_good_one(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    ckpt_mod.save_atomic({"step": 1, "w": torch.ones(3)}, path)
+    ckpt_mod.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
 
     def broken_save(obj, f):
         f.write(b"half a checkpoint")
@@ -117,7 +118,7 @@ def test_checkpoint_cut_off_mid_write_keeps_the_last_good_one(tmp_path, monkeypa
 
     monkeypatch.setattr(ckpt_mod.torch, "save", broken_save)
     with pytest.raises(OSError):
-        ckpt_mod.save_atomic({"step": 2, "w": torch.zeros(3)}, path)
+        ckpt_mod.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"], "no temporary file left behind"
 
@@ -128,7 +129,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_run_directory_contents(tiny_config, tmp_path):
     cfg = load_config(tiny_config)
-    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    state = Trainer(cfg, tmp_path / "run", progress=False).run()
     assert state.step == 20
     names = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"last.pt", "best.pt", "config.yaml", "metrics.jsonl", "step_20.pt"} <= names
@@ -143,31 +144,82 @@ def test_run_directory_contents(tiny_config, tmp_path):
     assert loaded["step"] == 20 and isinstance(loaded["src_spm"], bytes)
 
 
-def test_logged_throughput_leaves_out_validation_time(tiny_config, tmp_path, monkeypatch):
-    # A fake clock: each training step takes 1 s, each validation 100 s. A validation in the
-    # middle of the log window 5-8 must not change that window's seconds (4).
-    clock = [0.0]
-    monkeypatch.setattr(trainer_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    real_step, real_validate = Trainer._train_step, Trainer.validate
+def test_metrics_window_averages_per_token_and_leaves_out_paused_time():
+    # Three steps of 100, 300 and 200 tokens over 6 s of clock, 2 s of which validated.
+    window = MetricsWindow(started=10.0)
+    window.add(loss=250.0, nll=200.0, tokens=100.0, grad_norm=1.0)
+    window.add(loss=690.0, nll=600.0, tokens=300.0, grad_norm=3.0)
+    window.pause(2.0)
+    window.add(loss=460.0, nll=400.0, tokens=200.0, grad_norm=float("inf"))  # fp16 overflow
+    summary = window.summary(now=16.0)
+    assert summary["loss"] == pytest.approx(1400 / 600) and summary["nll"] == pytest.approx(2.0)
+    assert summary["grad_norm"] == 2.0, "the mean over the steps that had a finite norm"
+    assert summary["tokens_per_s"] == pytest.approx(600 / 4), "validation time is not training"
+    # Without the pause, the same window would claim 100 tokens/s.
+    unpaused = MetricsWindow(started=10.0)
+    unpaused.add(loss=1.0, nll=1.0, tokens=600.0, grad_norm=0.0)
+    assert unpaused.summary(now=16.0)["tokens_per_s"] == pytest.approx(100.0)
 
-    def step(self, *args, **kwargs):
-        clock[0] += 1.0
-        return real_step(self, *args, **kwargs)
 
-    def validate(self):
-        clock[0] += 100.0
-        return real_validate(self)
+def test_a_validation_inside_a_log_window_is_paused_in_training(tiny_config, tmp_path, monkeypatch):
+    # The trainer's side of the contract: whatever a validation costs, the window pauses it.
+    pauses: list[float] = []
+    real_pause = MetricsWindow.pause
 
-    monkeypatch.setattr(Trainer, "_train_step", step)
-    monkeypatch.setattr(Trainer, "validate", validate)
+    def spy(self, seconds):
+        pauses.append(seconds)
+        real_pause(self, seconds)
+
+    monkeypatch.setattr(MetricsWindow, "pause", spy)
     cfg = load_config(tiny_config, ["train.max_steps=12", "train.log_every=4",
                                     "train.valid_every=6", "train.valid_bleu=false",
                                     "train.best_metric=loss"])  # fmt: skip
-    Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
-    logged = {r["step"]: r for r in _metrics(tmp_path / "run") if "tokens_per_s" in r}
-    assert sorted(logged) == [4, 8, 12]
-    mid, last = logged[8]["tokens_per_s"], logged[12]["tokens_per_s"]
-    assert 0.7 < mid / last < 1.4, f"window with a validation {mid:.0f} tok/s, without {last:.0f}"
+    Trainer(cfg, tmp_path / "run", progress=False).run()
+    logged = [r["step"] for r in _metrics(tmp_path / "run") if "tokens_per_s" in r]
+    assert logged == [4, 8, 12] and len(pauses) == 2 and all(p > 0 for p in pauses)
+
+
+@pytest.mark.parametrize("ending", ["max_steps", "time_up", "early_stop", "signal"])
+def test_every_ending_leaves_the_loop_through_one_exit(tiny_config, tmp_path, monkeypatch, caplog,
+                                                       ending):  # fmt: skip
+    sets = ["train.max_steps=6", "train.valid_every=4", "train.average_last=1",
+            "train.valid_bleu=false", "train.best_metric=loss"]  # fmt: skip
+    if ending == "time_up":
+        sets += ["train.max_steps=100000", "train.max_minutes=0.002"]
+    if ending == "early_stop":
+        sets += ["train.patience=1", "train.max_steps=100"]
+        losses = iter([1.0, 2.0, 3.0])
+        monkeypatch.setattr(
+            Trainer, "validate", lambda self: {"val_loss": next(losses), "val_ppl": 1.0}
+        )
+    if ending == "signal":
+        real_step = Trainer.train_step
+
+        def signalled(self, *args, **kwargs):
+            if self.state.step == 1:  # SIGTERM during step 2: step 3 sees it, then the run stops
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real_step(self, *args, **kwargs)
+
+        monkeypatch.setattr(Trainer, "train_step", signalled)
+    cfg = load_config(tiny_config, sets)
+    run = tmp_path / "run"
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        state = Trainer(cfg, run, progress=False).run()
+    saved = torch.load(run / "last.pt", weights_only=True)["step"]
+    assert saved == state.step, "every ending leaves a checkpoint of its last step"
+    messages = caplog.text
+    expected = {
+        "max_steps": (6, None),
+        "time_up": (None, "train.max_minutes=0.002 spent at step"),
+        "early_stop": (8, "early stopping: no improvement in 1 validations"),
+        "signal": (3, "stopped by signal at step 3; resume with the same command"),
+    }[ending]
+    if expected[0] is not None:
+        assert state.step == expected[0]
+    if expected[1] is not None:
+        assert expected[1] in messages
+    # A run stopped by a signal is to be resumed: no average; every other ending writes one.
+    assert (run / "average.pt").is_file() == (ending != "signal")
 
 
 def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeypatch):
@@ -183,7 +235,7 @@ def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeyp
     cfg = load_config(tiny_config, ["train.max_steps=4", "train.valid_bleu=false",
                                     "train.best_metric=loss"])  # fmt: skip
     with pytest.warns(UserWarning, match="non-finite loss"):
-        state = Trainer(cfg, tmp_path / "a", progress=False, say=lambda *a: None).run()
+        state = Trainer(cfg, tmp_path / "a", progress=False).run()
     # 5 batches consumed for 4 steps: the NaN batch was skipped, not retried or counted.
     assert state.step == 4 and state.batch_in_epoch == 5
 
@@ -194,7 +246,7 @@ def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeyp
     )
     cfg = load_config(tiny_config, ["train.max_nonfinite=3"])
     with pytest.warns(UserWarning), pytest.raises(MTError, match=r"3 steps in a row.*lr_factor"):
-        Trainer(cfg, tmp_path / "b", progress=False, say=lambda *a: None).run()
+        Trainer(cfg, tmp_path / "b", progress=False).run()
 
 
 def _train_cmd(config: Path, run_dir: Path) -> list[str]:
@@ -286,7 +338,7 @@ def test_sigterm_saves_a_checkpoint_exits_0_and_the_rerun_continues(tmp_path):
 def test_mixed_precision_trains_on_cpu_with_finite_losses(tiny_config, tmp_path, precision):
     cfg = load_config(tiny_config, [f"train.precision={precision}", "train.max_steps=3",
                                     "train.valid_bleu=false", "train.best_metric=loss"])  # fmt: skip
-    trainer = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
     assert trainer.state.step == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a skipped (non-finite) step warns: make it fail here
@@ -306,7 +358,7 @@ def test_an_unsupported_autocast_precision_fails_before_training(
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: False)
     cfg = load_config(tiny_config, ["train.precision=fp16"])
     with pytest.raises(MTError, match=r"train\.precision=fp16 is not supported.*bf16 or fp32"):
-        Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None)
+        Trainer(cfg, tmp_path / "run", progress=False)
 
 
 def test_early_stopping_keeps_the_best_and_stops_after_patience(tiny_config, tmp_path, monkeypatch):
@@ -318,7 +370,7 @@ def test_early_stopping_keeps_the_best_and_stops_after_patience(tiny_config, tmp
         lambda self: {"val_loss": 1.0, "val_ppl": 2.7, "val_bleu": next(scores)},
     )
     cfg = load_config(tiny_config, ["train.max_steps=60", "train.patience=2"])
-    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    state = Trainer(cfg, tmp_path / "run", progress=False).run()
     assert state.step == 30, "two validations without improvement after step 10"
     assert state.best == 30.0 and state.bad_validations == 2
     assert torch.load(tmp_path / "run" / "best.pt", weights_only=True)["step"] == 10
@@ -338,12 +390,12 @@ def test_tensorboard_without_the_package_is_a_clear_error(tiny_config, tmp_path,
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     cfg = load_config(tiny_config, ["train.tensorboard=true"])
     with pytest.raises(MTError, match="pip install tensorboard"):
-        Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+        Trainer(cfg, tmp_path / "run", progress=False).run()
 
 
 def test_time_budget_validates_saves_and_stops(tiny_config, tmp_path):
     cfg = load_config(tiny_config, ["train.max_steps=1000", "train.max_minutes=0.002"])
-    state = Trainer(cfg, tmp_path / "run", progress=False, say=lambda *a: None).run()
+    state = Trainer(cfg, tmp_path / "run", progress=False).run()
     assert 1 <= state.step < 1000
     assert state.train_seconds >= 0.12
     lines = _metrics(tmp_path / "run")
@@ -458,7 +510,7 @@ def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, 
                                     "train.average_last=2", "train.valid_bleu=false",
                                     "train.best_metric=loss"])  # fmt: skip
     run = tmp_path / "run"
-    Trainer(cfg, run, progress=False, say=lambda *a: None).run()
+    Trainer(cfg, run, progress=False).run()
     avg = torch.load(run / "average.pt", weights_only=True)
     a, b = (torch.load(run / f"step_{n}.pt", weights_only=True)["model"] for n in (20, 30))
     assert avg["averaged_from"] == [str(run / "step_20.pt"), str(run / "step_30.pt")]
@@ -517,3 +569,19 @@ def test_chunked_loss_in_bf16_reaches_a_tied_embedding(tiny_model_args):
     assert g.dtype == torch.float32
     cos = F.cosine_similarity(g.flatten(), g_ref.flatten(), dim=0)
     assert cos > 0.99, f"bf16 gradient direction differs from fp32: cosine {cos:.4f}"
+
+
+def test_atomic_write_keeps_an_old_files_mode_and_gives_new_ones_the_umask(tmp_path):
+    from transformer_mt.fileio import write_text_atomic
+
+    old = tmp_path / "old.txt"
+    old.write_text("x")
+    old.chmod(0o640)
+    write_text_atomic(old, "y")
+    assert old.read_text() == "y" and stat.S_IMODE(old.stat().st_mode) == 0o640
+    umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "new.txt", "z")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o644

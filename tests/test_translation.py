@@ -4,24 +4,26 @@ format; cross-attention weights and their pictures."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
 import torch
 
+from transformer_mt.config import DecodeConfig, validate_decode
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.decoding import Hypothesis
+from transformer_mt.errors import MTError
+from transformer_mt.inference import format_best, format_nbest, translate_lines
+from transformer_mt.inference.attention import attention_matrices
 from transformer_mt.model import Transformer
-from transformer_mt.translation import (
-    _token_batches,
-    attention_matrices,
-    format_best,
-    format_nbest,
-    translate_lines,
-)
 
 WORDS = "the a cat dog sat ran on under big small red house garden quickly away far".split()
-FAST = dict(max_len_a=4.0, max_len_b=1.0)
+FAST = DecodeConfig(beam_size=1, max_len_a=4.0, max_len_b=1.0)
+
+
+def _decode(**changes) -> DecodeConfig:
+    return dataclasses.replace(FAST, **changes)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,13 @@ LINES = [
 
 
 def test_one_result_per_line_in_input_order(model, tok):
-    results = translate_lines(model, tok, tok, LINES, **FAST)
+    results = translate_lines(model, tok, tok, LINES, FAST)
     assert len(results) == len(LINES)
     assert results[1] == [("", 0.0)] and results[2] == [("", 0.0)]
     assert results[0] == results[4]
     for line, res in zip(LINES, results, strict=True):
         if line.strip():
-            alone = translate_lines(model, tok, tok, [line], **FAST)[0]
+            alone = translate_lines(model, tok, tok, [line], FAST)[0]
             assert [t for t, _ in alone] == [t for t, _ in res]
             assert [s for _, s in alone] == pytest.approx([s for _, s in res], abs=1e-4)
 
@@ -72,39 +74,42 @@ def test_empty_lines_do_not_run_the_model(model, tok):
     calls = []
     hook = model.encoder[0].register_forward_hook(lambda *_: calls.append(1))
     try:
-        results = translate_lines(model, tok, tok, ["", " ", "\n", "\t\n"], beam=2, nbest=2, **FAST)
+        results = translate_lines(
+            model, tok, tok, ["", " ", "\n", "\t\n"], _decode(beam_size=2, nbest=2)
+        )
     finally:
         hook.remove()
     assert results == [[("", 0.0)] * 2] * 4
     assert calls == []
-    assert translate_lines(model, tok, tok, [], **FAST) == []
+    assert translate_lines(model, tok, tok, [], FAST) == []
 
 
 def test_batching_does_not_change_outputs(model, tok):
     lines = [" ".join(WORDS[i : i + n]) for i, n in enumerate([3, 7, 1, 5, 9, 2, 6, 4])]
-    kw = dict(beam=3, nbest=2, **FAST)
-    small = translate_lines(model, tok, tok, lines, batch_tokens=8, **kw)
-    large = translate_lines(model, tok, tok, lines, batch_tokens=100_000, **kw)
+    small = translate_lines(model, tok, tok, lines, _decode(beam_size=3, nbest=2, batch_tokens=8))
+    large = translate_lines(
+        model, tok, tok, lines, _decode(beam_size=3, nbest=2, batch_tokens=100_000)
+    )
     assert [[t for t, _ in r] for r in small] == [[t for t, _ in r] for r in large]
 
 
 def test_over_long_line_truncated_with_warning_not_dropped(model, tok):
     lines = ["the cat", "", " ".join(WORDS), "dog"]
     with pytest.warns(UserWarning, match=r"line 3: \d+ source pieces .* max_src_len=6") as record:
-        results = translate_lines(model, tok, tok, lines, max_src_len=6, **FAST)
+        results = translate_lines(model, tok, tok, lines, FAST, max_src_len=6)
     assert len(record) == 1
     assert len(results) == 4 and results[1] == [("", 0.0)]
     # Without max_src_len the model's position table (48) is the cap: no crash, a warning.
     huge = " ".join(WORDS * 4)
     with pytest.warns(UserWarning, match="line 2"):
-        assert len(translate_lines(model, tok, tok, ["dog", huge], **FAST)) == 2
+        assert len(translate_lines(model, tok, tok, ["dog", huge], FAST)) == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # short lines warn about nothing
-        translate_lines(model, tok, tok, ["the cat", "dog"], max_src_len=6, **FAST)
+        translate_lines(model, tok, tok, ["the cat", "dog"], FAST, max_src_len=6)
 
 
 def test_nbest_lists_and_format(model, tok):
-    results = translate_lines(model, tok, tok, LINES, beam=4, nbest=3, **FAST)
+    results = translate_lines(model, tok, tok, LINES, _decode(beam_size=4, nbest=3))
     assert all(len(r) == 3 for r in results)
     for r in results:
         scores = [s for _, s in r]
@@ -117,48 +122,13 @@ def test_nbest_lists_and_format(model, tok):
     best = list(format_best(results))
     assert best == [r[0][0] for r in results] and best[1] == ""
     assert list(format_best([[("two\nlines\tand tab", 0.0)]])) == ["two lines and tab"]
-    with pytest.raises(ValueError, match="nbest"):
-        translate_lines(model, tok, tok, ["dog"], beam=2, nbest=3)
+    with pytest.raises(MTError, match="nbest"):  # checked with the config, before any work
+        validate_decode(_decode(beam_size=2, nbest=3))
 
 
 def test_progress_bar_on_stderr(model, tok, capsys):
-    translate_lines(model, tok, tok, ["the cat", "dog"], progress=True, **FAST)
+    translate_lines(model, tok, tok, ["the cat", "dog"], FAST, progress=True)
     assert "2/2" in capsys.readouterr().err
-
-
-def test_token_batches_respect_budget():
-    sources = {i: [5] * n for i, n in enumerate([3, 9, 1, 4, 4, 7, 2])}
-    batches = list(_token_batches(sources, batch_tokens=10))
-    assert sorted(i for b in batches for i in b) == list(range(7))
-    for b in batches:
-        width = max(len(sources[i]) for i in b)
-        assert len(b) == 1 or len(b) * width <= 10
-    lengths = [len(sources[i]) for b in batches for i in b]
-    assert lengths == sorted(lengths, reverse=True)
-
-
-def test_cross_attention_weights(model):
-    src = torch.tensor([[9, 12, 7, EOS_ID], [15, EOS_ID, PAD_ID, PAD_ID]])
-    trg = torch.tensor([[BOS_ID, 20, 21, 22, 23], [BOS_ID, 30, 31, PAD_ID, PAD_ID]])
-    attns = [m for layer in model.decoder for m in (layer.self_attn, layer.cross_attn)]
-    with torch.inference_mode():
-        weights = model.cross_attention(src, trg)  # (L, B, H, T, S)
-        # The capture is switched off again: decoding stays on the fused SDPA path.
-        assert all(not m.need_weights and m.attn_weights is None for m in attns)
-        assert weights.shape == (2, 2, 4, 5, 4)
-        assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 4, 5))
-        assert (weights[:, 1, :, :, 2:] == 0).all()  # padded source positions get nothing
-        # The explicit path computes what the fused one does (self- and cross-attention).
-        memory, src_mask = model.encode(src)
-        fused = model.decode(trg, memory, src_mask)
-        for m in attns:
-            m.need_weights = True
-        try:
-            explicit = model.decode(trg, memory, src_mask)
-        finally:
-            for m in attns:
-                m.need_weights, m.attn_weights = False, None
-    assert torch.allclose(fused, explicit, atol=1e-5)
 
 
 def test_attention_matrices_rows_follow_hypotheses(model):
@@ -173,7 +143,7 @@ def test_attention_matrices_rows_follow_hypotheses(model):
 
 def test_attention_pictures_one_png_per_sentence(model, tok, tmp_path):
     out = tmp_path / "attn"
-    translate_lines(model, tok, tok, ["the cat sat", "", "dog ran away"], attention_dir=out, **FAST)
+    translate_lines(model, tok, tok, ["the cat sat", "", "dog ran away"], FAST, attention_dir=out)
     pngs = sorted(p.name for p in out.iterdir())
     assert pngs == ["000001.png", "000003.png"]
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)

@@ -1,17 +1,21 @@
 """The `mt` command line: each command parses options, loads a config, calls one library function.
 
 A user's mistake (:class:`MTError`) prints one line to stderr and exits with code 1; anything else
-is a bug and keeps its traceback.
+is a bug and keeps its traceback. The library reports progress through :mod:`logging` (logger
+``transformer_mt``); the CLI prints those messages as bare lines on stderr.
 """
 
+import dataclasses
 import functools
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from tqdm import tqdm
 
 from transformer_mt.errors import MTError
 
@@ -35,7 +39,14 @@ SetOpt = Annotated[
         "--set", help="Override a config key, e.g. --set train.max_steps=100 (repeatable)."
     ),
 ]
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "toy.yaml"
+BeamOpt = Annotated[
+    int | None, typer.Option(help="Beam size; 1 = greedy; default: the run's decode.beam_size.")
+]
+LenPenaltyOpt = Annotated[
+    float | None, typer.Option(help="GNMT length penalty alpha; default: the run's.")
+]
+DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config
 
 
 def user_errors(fn):
@@ -53,15 +64,49 @@ def user_errors(fn):
 
 
 def _load_config(config: Path | None, overrides: list[str] | None):
-    from transformer_mt.config import load_config
+    from transformer_mt.config import load_config, recipe_path
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
-    return load_config(config, overrides)
+    # Read through the package, not a path beside it: an installed `mt` trains the same recipe.
+    return load_config(config if config is not None else recipe_path(DEFAULT_CONFIG), overrides)
 
 
-def _say(message: str) -> None:
+class _StderrLines(logging.Handler):
+    """Log records as bare lines on stderr, written above any live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+@app.callback()
+def _setup_logging() -> None:
+    """Show the library's messages (once per process, however many commands run in it). Under
+    torchrun only rank 0 reports progress; the other ranks still print warnings."""
+    logger = logging.getLogger("transformer_mt")
+    for handler in [h for h in logger.handlers if isinstance(h, _StderrLines)]:
+        logger.removeHandler(handler)
+    handler = _StderrLines()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    logger.setLevel(logging.INFO if main_rank else logging.WARNING)
+
+
+def _note(message: str) -> None:
     typer.echo(message, err=True)
+
+
+def _decode_settings(loaded, **options):
+    """The checkpoint's decode settings with the options given on the command line (None keeps
+    the checkpoint's value), validated as the config is."""
+    from transformer_mt.config import validate_decode
+
+    changes = {key: value for key, value in options.items() if value is not None}
+    decode = dataclasses.replace(loaded.config.decode, **changes)
+    validate_decode(decode)
+    return decode
 
 
 @app.command()
@@ -86,11 +131,11 @@ def train(
 
     cfg = _load_config(config, set_)
     run_dir = run_dir or Path("runs") / cfg.name
-    state = run_training(cfg, run_dir, resume=resume, progress=progress, say=_say)
+    state = run_training(cfg, run_dir, resume=resume, progress=progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
         return
     best = f", best val {cfg.train.best_metric} {state.best:.2f}" if state.best is not None else ""
-    _say(f"done: step {state.step}{best}; checkpoints in {run_dir}/ (best.pt, last.pt)")
+    _note(f"done: step {state.step}{best}; checkpoints in {run_dir}/ (best.pt, last.pt)")
 
 
 @app.command()
@@ -99,8 +144,8 @@ def prepare(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Download, clean, tokenize and binarize the corpus of a config, without training."""
     from transformer_mt.data.prepare import prepare as run_prepare
 
-    data = run_prepare(_load_config(config, set_), _say)
-    _say(f"ready: {len(data.train):,} training and {len(data.valid):,} validation pairs")
+    data = run_prepare(_load_config(config, set_))
+    _note(f"ready: {len(data.train):,} training and {len(data.valid):,} validation pairs")
 
 
 def _read_input(path: Path | None) -> list[str]:
@@ -117,11 +162,13 @@ def translate(
     checkpoint: CheckpointOpt,
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Default: stdin.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: stdout.")] = None,
-    beam: Annotated[int | None, typer.Option(help="Beam size; 1 = greedy.")] = None,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per line, as 'text<TAB>score' lines.")] = 1,
-    len_penalty: Annotated[float | None, typer.Option(help="Length penalty alpha.")] = None,
+    beam: BeamOpt = None,
+    nbest: Annotated[
+        int | None, typer.Option(help="Hypotheses per line, as 'text<TAB>score' lines.")
+    ] = None,
+    len_penalty: LenPenaltyOpt = None,
     batch_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch.")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    device: DeviceOpt = "cpu",
     attention_dir: Annotated[
         Path | None, typer.Option(help="Write a cross-attention heatmap PNG per sentence here.")
     ] = None,
@@ -131,48 +178,50 @@ def translate(
     sample: Annotated[
         bool, typer.Option("--sample", help="Draw tokens instead of searching (back-translation).")
     ] = False,
-    temperature: Annotated[float, typer.Option(help="With --sample: softmax temperature.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="With --sample: keep the k best tokens; 0 = all.")] = 0,
-    top_p: Annotated[float, typer.Option(help="With --sample: nucleus mass; 1 = all.")] = 1.0,
-    seed: Annotated[int, typer.Option(help="With --sample: seed of the draws.")] = 0,
+    temperature: Annotated[
+        float | None, typer.Option(help="With --sample: softmax temperature.")
+    ] = None,
+    top_k: Annotated[
+        int | None, typer.Option(help="With --sample: keep the k best tokens; 0 = all.")
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="With --sample: nucleus mass; 1 = all.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="With --sample: seed of the draws.")] = None,
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
-    from transformer_mt.decoding import SamplingOptions
-    from transformer_mt.training.checkpoint import load_for_inference
-    from transformer_mt.translation import format_best, format_nbest, translate_lines
+    from transformer_mt.inference import (
+        format_best,
+        format_nbest,
+        load_for_inference,
+        translate_lines,
+    )
 
-    sampling = None
-    if sample:
-        if beam not in (None, 1) or nbest != 1:
-            raise MTError("--sample draws one translation per line: drop --beam / --nbest")
-        if temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise MTError("--sample needs --temperature > 0, 0 < --top-p <= 1 and --top-k >= 0")
-        sampling = SamplingOptions(temperature, top_k, top_p, seed)
-        beam = 1
     loaded = load_for_inference(checkpoint, device)
-    d = loaded.config.decode
-    beam = beam or d.beam_size
-    if nbest < 1 or nbest > max(beam, 1):
-        raise MTError(f"--nbest {nbest} must be between 1 and the beam size ({beam})")
-    lines = _read_input(input)
+    sampling = {}
+    if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
+        sampling = dict(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
+        sampling.update(sample_seed=seed)
+        beam = beam or 1
+    decode = _decode_settings(
+        loaded,
+        beam_size=beam,
+        nbest=nbest,
+        len_penalty=len_penalty,
+        batch_tokens=batch_tokens,
+        **sampling,
+    )
     results = translate_lines(
         loaded.model,
         loaded.src_tok,
         loaded.trg_tok,
-        lines,
-        beam=beam,
-        nbest=nbest,
-        len_penalty=d.len_penalty if len_penalty is None else len_penalty,
-        max_len_a=d.max_len_a,
-        max_len_b=d.max_len_b,
-        batch_tokens=batch_tokens or d.batch_tokens,
-        device=device,
+        _read_input(input),
+        decode,
         progress=input is not None,
         attention_dir=attention_dir,
         attention_layer=attention_layer,
-        sampling=sampling,
     )
-    out_lines = format_nbest(results) if nbest > 1 else format_best(results)
+    out_lines = format_nbest(results) if decode.nbest > 1 else format_best(results)
     text = "".join(line + "\n" for line in out_lines)
     if output is None:
         sys.stdout.write(text)
@@ -193,11 +242,9 @@ def evaluate(
     checkpoint: Annotated[
         Path | None, typer.Option("--checkpoint", "-c", help="Model to translate --src with.")
     ] = None,
-    beam: Annotated[int | None, typer.Option(help="Beam size for --src; 1 = greedy.")] = None,
-    len_penalty: Annotated[
-        float | None, typer.Option(help="Length penalty alpha for --src; default: the run's.")
-    ] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    beam: BeamOpt = None,
+    len_penalty: LenPenaltyOpt = None,
+    device: DeviceOpt = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """BLEU, chrF and TER (sacrebleu, detokenized text) with their signatures.
@@ -215,20 +262,15 @@ def evaluate(
     else:
         if checkpoint is None:
             raise MTError("--src needs --checkpoint")
-        from transformer_mt.training.checkpoint import load_for_inference
-        from transformer_mt.translation import translate_lines
+        from transformer_mt.inference import load_for_inference, translate_lines
 
         loaded = load_for_inference(checkpoint, device)
-        d = loaded.config.decode
+        decode = _decode_settings(loaded, beam_size=beam, nbest=1, len_penalty=len_penalty)
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
         results = translate_lines(
-            loaded.model, loaded.src_tok, loaded.trg_tok, sources,
-            beam=beam or d.beam_size,
-            len_penalty=d.len_penalty if len_penalty is None else len_penalty,
-            max_len_a=d.max_len_a,
-            max_len_b=d.max_len_b, batch_tokens=d.batch_tokens, device=device, progress=True,
-        )  # fmt: skip
+            loaded.model, loaded.src_tok, loaded.trg_tok, sources, decode, progress=True
+        )
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
     scores = score_all(hyps, refs)
@@ -270,10 +312,10 @@ def average(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the average.")],
 ) -> None:
     """Average the weights of several checkpoints (e.g. the last few of a run)."""
-    from transformer_mt.training.checkpoint import average_checkpoints
+    from transformer_mt.checkpoint import average_checkpoints
 
     average_checkpoints(checkpoints, output)
-    _say(f"wrote {output} (average of {len(checkpoints)} checkpoints)")
+    _note(f"wrote {output} (average of {len(checkpoints)} checkpoints)")
 
 
 @app.command()
@@ -291,7 +333,7 @@ def plot(
     from transformer_mt.training.plot import plot_metrics
 
     out = plot_metrics(run_dirs, output)
-    _say(f"wrote {out}")
+    _note(f"wrote {out}")
 
 
 def main() -> None:

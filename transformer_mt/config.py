@@ -6,6 +6,7 @@ overrides one field. Mistakes raise :class:`MTError` naming the key, before any 
 """
 
 import dataclasses
+import importlib.resources
 import types
 import typing
 from dataclasses import dataclass, field
@@ -107,11 +108,19 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
+    """How a trained model translates: the one parameter object of translation and search."""
+
     beam_size: int = 4  # beam width used by `mt translate` / `mt evaluate` by default; 1 = greedy
+    nbest: int = 1  # hypotheses returned per line, best first (at most beam_size)
     len_penalty: float = 1.0  # GNMT length-penalty alpha
     max_len_a: float = 10.0  # longest output = a + b * source length (in subword tokens)
     max_len_b: float = 1.5  # see max_len_a
     batch_tokens: int = 4096  # source tokens per decoding batch
+    sampling: bool = False  # draw each token instead of searching (back-translation); beam 1 only
+    temperature: float = 1.0  # sampling: softmax temperature (> 0; lower is closer to greedy)
+    top_k: int = 0  # sampling: keep the k most likely tokens; 0 = all
+    top_p: float = 1.0  # sampling: keep the smallest set holding this probability mass; 1 = all
+    sample_seed: int = 0  # sampling: seed of the draws (same input and seed, same output)
 
 
 @dataclass
@@ -176,13 +185,50 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
     setattr(obj, key, _check_type(value, hints[key], f"{section}.{key}"))
 
 
+DEFAULT_RECIPE = "toy"  # the recipe `mt train` trains when no --config is given
+
+
+def _recipes_dir() -> Path:
+    # Package data (transformer_mt/configs/, linked from configs/ in a checkout). An installed
+    # package is plain files (pip never installs zipped), so the resource is a real path.
+    return Path(str(importlib.resources.files("transformer_mt") / "configs"))
+
+
+def recipe_names() -> list[str]:
+    """The names of the recipes shipped with the package ("toy", "multi30k_de_en", ...)."""
+    return sorted(p.stem for p in _recipes_dir().glob("*.yaml"))
+
+
+def recipe_path(name: str = DEFAULT_RECIPE) -> Path:
+    """The YAML file of the shipped recipe ``name``, wherever the package is installed."""
+    if name not in recipe_names():
+        raise MTError(f"no shipped recipe {name!r}; known: {', '.join(recipe_names())}")
+    return _recipes_dir() / f"{name}.yaml"
+
+
+def find_config(path: Path | str) -> Path:
+    """``path`` when it is a file; else, for a bare name such as ``multi30k_de_en``, the shipped
+    recipe of that name (so ``--config multi30k_de_en`` works from any directory)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if str(path) == path.name and not path.suffix and path.name in recipe_names():
+        return recipe_path(path.name)
+    raise MTError(
+        f"config file not found: {path}; pass an existing YAML file to --config, "
+        f"or the name of a shipped recipe ({', '.join(recipe_names())})"
+    )
+
+
 def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Config:
-    """Build a Config from defaults, then the YAML file (if any), then ``key=value`` overrides."""
+    """Build a Config from defaults, then the YAML file (if any), then ``key=value`` overrides.
+
+    ``path`` is a YAML file or a shipped recipe's name (:func:`find_config`); None keeps the
+    dataclass defaults (the command line's default is the toy recipe: :func:`recipe_path`).
+    """
     cfg = Config()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise MTError(f"config file not found: {path}; pass an existing YAML file to --config")
+        path = find_config(path)
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
@@ -221,15 +267,48 @@ def apply_override(cfg: Config, item: str) -> None:
     _apply(cfg, section, key, value, "--set: ")
 
 
+MAX_BEAM = 128  # wider beams cost memory in proportion and no longer improve translations
+
+
+def validate_decode(d: DecodeConfig) -> None:
+    """The checks of the decode settings, run by :func:`validate` and again after command-line
+    options replaced some of them; messages name the key and the `mt translate` option."""
+    if not 1 <= d.beam_size <= MAX_BEAM:
+        raise MTError(f"decode.beam_size (--beam) is {d.beam_size}; it must be 1 to {MAX_BEAM}")
+    if not 1 <= d.nbest <= d.beam_size:
+        raise MTError(
+            f"decode.nbest (--nbest) is {d.nbest}; it must be between 1 and the beam size "
+            f"({d.beam_size})"
+        )
+    if d.batch_tokens < 1:
+        raise MTError(f"decode.batch_tokens (--batch-tokens) is {d.batch_tokens}; it must be >= 1")
+    if d.max_len_a < 0 or d.max_len_b < 0 or d.max_len_a + d.max_len_b <= 0:
+        raise MTError(
+            f"decode.max_len_a={d.max_len_a:g} and decode.max_len_b={d.max_len_b:g} must be >= 0 "
+            "and not both 0 (longest output = a + b * source length)"
+        )
+    if not d.sampling:
+        return
+    if d.beam_size != 1 or d.nbest != 1:
+        raise MTError(
+            "decode.sampling (--sample) draws one translation per line: it needs beam size 1 and "
+            "n-best 1; drop --beam / --nbest"
+        )
+    if d.temperature <= 0 or not 0 < d.top_p <= 1 or d.top_k < 0:
+        raise MTError(
+            "decode.sampling (--sample) needs temperature > 0, 0 < top_p <= 1 and top_k >= 0 "
+            f"(got {d.temperature:g}, {d.top_p:g}, {d.top_k})"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that would otherwise fail deep inside training."""
     m, t, tok = cfg.model, cfg.train, cfg.tokenizer
+    validate_decode(cfg.decode)
     if m.d_model % m.n_head != 0:
         raise MTError(f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
     if m.share_embeddings and not tok.joint:
         raise MTError("model.share_embeddings needs tokenizer.joint: true (one vocabulary)")
-    if cfg.data.corpus not in ("toy", "local", "multi30k"):
-        raise MTError(f"data.corpus={cfg.data.corpus!r}: expected toy, local or multi30k")
     if tok.model_type not in ("unigram", "bpe"):
         raise MTError(f"tokenizer.model_type={tok.model_type!r}: expected unigram or bpe")
     if tok.sample_alpha < 0 or (tok.model_type == "bpe" and tok.sample_alpha >= 1):

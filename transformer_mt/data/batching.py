@@ -1,11 +1,36 @@
-"""Token-budget batches, bucketed by length, shuffled per epoch and sharded by rank.
+"""Token-budget batches and padding: the one batcher and the one padder of the package.
 
 A batch's cost is its padded size: ``n_sentences * longest``, counted on the source and the target
-side separately; neither may exceed ``max_tokens``. Sorting by length before cutting batches keeps
-the padding small; shuffling the *order of batches* (from seed and epoch) keeps training stochastic.
+side separately; neither may exceed the budget. Sorting by length before cutting batches keeps
+the padding small. Training (:func:`make_batches`) shuffles the *order of batches* from seed and
+epoch, which keeps training stochastic; translation (:func:`longest_first_batches`) decodes the
+longest sentences first. Both cut with :func:`_cut`, and both pad with :func:`pad_batch`.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
+import torch
+
+
+def _cut(
+    order: np.ndarray, src_lens: np.ndarray, trg_lens: np.ndarray | None, max_tokens: int
+) -> list[np.ndarray]:
+    """Cut the examples in ``order`` greedily into batches whose padded size (on each side) fits
+    ``max_tokens``; an example longer than the budget gets a batch of its own."""
+    batches: list[np.ndarray] = []
+    start, widest = 0, 0
+    for pos, i in enumerate(order):
+        width = max(int(src_lens[i]), 0 if trg_lens is None else int(trg_lens[i]))
+        n = pos - start + 1
+        if n > 1 and n * max(widest, width) > max_tokens:
+            batches.append(order[start:pos])
+            start, widest = pos, width
+        else:
+            widest = max(widest, width)
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
 
 
 def make_batches(
@@ -17,7 +42,7 @@ def make_batches(
     epoch: int,
     shuffle: bool = True,
 ) -> list[np.ndarray]:
-    """All batches of one epoch: arrays of example indices, each within the token budget.
+    """All training batches of one epoch: arrays of example indices, each within the budget.
 
     Examples are sorted by (target length, source length) with ties broken randomly, cut greedily
     into batches whose padded size fits ``max_tokens``, then the batch order is shuffled.
@@ -31,21 +56,18 @@ def make_batches(
     rng = np.random.default_rng([seed, epoch])
     tiebreak = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
     order = np.lexsort((tiebreak, src_lens, trg_lens))  # last key sorts first
-    batches: list[np.ndarray] = []
-    start, max_s, max_t = 0, 0, 0
-    for pos, i in enumerate(order):
-        s, t = int(src_lens[i]), int(trg_lens[i])
-        n = pos - start + 1
-        if n > 1 and n * max(max_s, s, max_t, t) > max_tokens:
-            batches.append(order[start:pos])
-            start, max_s, max_t = pos, s, t
-        else:
-            max_s, max_t = max(max_s, s), max(max_t, t)
-    if start < len(order):
-        batches.append(order[start:])
+    batches = _cut(order, src_lens, trg_lens, max_tokens)
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
     return batches
+
+
+def longest_first_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Batches of positions into ``lengths`` for decoding: longest first (ties in input order),
+    each within ``max_tokens`` padded tokens; a sentence over the budget gets a batch alone."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.lexsort((np.arange(len(lengths)), -lengths))
+    return _cut(order, lengths, None, max_tokens)
 
 
 def shard_batches(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
@@ -70,3 +92,27 @@ def padding_fraction(batches: list[np.ndarray], lens: np.ndarray) -> float:
     real = sum(int(lens[b].sum()) for b in batches)
     padded = sum(len(b) * int(lens[b].max()) for b in batches)
     return 1.0 - real / padded if padded else 0.0
+
+
+def pad_batch(
+    seqs: Sequence[Sequence[int] | np.ndarray],
+    pad_id: int,
+    *,
+    bos: int | None = None,
+    eos: int | None = None,
+) -> torch.Tensor:
+    """A LongTensor (B, L) of ``seqs``, each optionally after ``bos`` and before ``eos``, padded
+    with ``pad_id`` on the right to the longest; L = longest + the tokens added."""
+    if not seqs:
+        raise ValueError("pad_batch needs at least one sequence")
+    start = int(bos is not None)
+    width = max(len(s) for s in seqs) + start + int(eos is not None)
+    out = np.full((len(seqs), width), pad_id, dtype=np.int64)  # (B, L)
+    for row, seq in enumerate(seqs):
+        n = len(seq)
+        out[row, start : start + n] = seq
+        if bos is not None:
+            out[row, 0] = bos
+        if eos is not None:
+            out[row, start + n] = eos
+    return torch.from_numpy(out)

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import atomic_write
 
 # Bump when the layout changes: it is part of every key, so old caches are rebuilt, not misread.
 FORMAT_VERSION = 1
@@ -45,25 +46,25 @@ HASH_CHUNK_BYTES = 1 << 20
 
 def _hash_part(part: Any) -> bytes:
     """SHA-256 of one cache-key part, tagged with its kind so that ``"x"`` and ``b"x"`` differ."""
-    h = hashlib.sha256()
+    sha = hashlib.sha256()
     if isinstance(part, Path):
         if not part.is_file():
             raise MTError(f"{part}: file not found; check the path in the config")
-        h.update(b"file\0")
+        sha.update(b"file\0")
         # Contents, not size and mtime: a copied or re-downloaded file keeps its cache, and an
         # edited file with a preserved mtime does not fool it. Streamed: files may exceed RAM.
         with part.open("rb") as f:
             while chunk := f.read(HASH_CHUNK_BYTES):
-                h.update(chunk)
+                sha.update(chunk)
     elif isinstance(part, bytes):
-        h.update(b"bytes\0" + part)
+        sha.update(b"bytes\0" + part)
     elif isinstance(part, str):
-        h.update(b"str\0" + part.encode("utf-8"))
+        sha.update(b"str\0" + part.encode("utf-8"))
     else:
         # Settings: JSON with sorted keys, so dict order does not matter. Paths inside settings
         # hash by name; pass a file as its own Path part to hash its contents.
-        h.update(b"json\0" + json.dumps(part, sort_keys=True, default=str).encode("utf-8"))
-    return h.digest()
+        sha.update(b"json\0" + json.dumps(part, sort_keys=True, default=str).encode("utf-8"))
+    return sha.digest()
 
 
 def cache_key(*parts: str | bytes | Path | dict[str, Any]) -> str:
@@ -79,10 +80,10 @@ def cache_key(*parts: str | bytes | Path | dict[str, Any]) -> str:
     Raises:
         MTError: a ``Path`` part is not an existing file.
     """
-    h = hashlib.sha256(f"transformer_mt.binarized/{FORMAT_VERSION}\0".encode())
+    sha = hashlib.sha256(f"transformer_mt.binarized/{FORMAT_VERSION}\0".encode())
     for part in parts:
-        h.update(_hash_part(part))
-    return h.hexdigest()
+        sha.update(_hash_part(part))
+    return sha.hexdigest()
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -158,12 +159,10 @@ class _SideWriter:
 
 
 def _write_meta(path: Path, meta: dict[str, Any]) -> None:
-    """Write ``meta.json`` and sync it: it is the mark of a complete cache."""
-    with path.open("w", encoding="utf-8") as f:
+    """Write ``meta.json`` durably (synced to disk): it is the mark of a complete cache."""
+    with atomic_write(path, "w", durable=True) as f:
         json.dump(meta, f, indent=2, sort_keys=True)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _publish(tmp_dir: Path, out_dir: Path) -> None:
@@ -322,14 +321,14 @@ class BinarizedPair:
         return len(self._src_offsets) - 1
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        i, n = operator.index(i), len(self)
+        i, n_pairs = operator.index(i), len(self)
         if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"pair index {i} out of range for {n} pairs")
-        s0, s1 = self._src_offsets[i], self._src_offsets[i + 1]
-        t0, t1 = self._trg_offsets[i], self._trg_offsets[i + 1]
-        return self._src_tokens[s0:s1], self._trg_tokens[t0:t1]
+            i += n_pairs
+        if not 0 <= i < n_pairs:
+            raise IndexError(f"pair index {i} out of range for {n_pairs} pairs")
+        src_start, src_end = self._src_offsets[i], self._src_offsets[i + 1]
+        trg_start, trg_end = self._trg_offsets[i], self._trg_offsets[i + 1]
+        return self._src_tokens[src_start:src_end], self._trg_tokens[trg_start:trg_end]
 
     @property
     def src_lengths(self) -> np.ndarray:

@@ -14,7 +14,7 @@ Rules, in the order they are applied to each pair (a pair counts in exactly one 
    counted. A UTF-8 byte-order mark at the start of a file is removed.
 3. Surrounding whitespace is stripped; nothing inside the line is collapsed or rewritten.
 4. A pair with either side empty is dropped.
-5. A pair with either side longer than ``max_len`` whitespace-separated words is dropped.
+5. A pair with either side longer than ``max_words`` whitespace-separated words is dropped.
 6. A pair whose longer side has more than ``ratio_min_words`` words and is more than ``max_ratio``
    times longer than the other side is dropped (misaligned pairs look like this).
 
@@ -95,7 +95,7 @@ class CleanConfig:
     """Thresholds for :func:`iter_clean_pairs`; the defaults suit sentence-level corpora."""
 
     # Longest sentence kept, in whitespace-separated words, on either side; None keeps all lengths.
-    max_len: int | None = 250
+    max_words: int | None = 250
     # Longest allowed ratio between the two sides' word counts; None turns the check off.
     # 3.0 drops only the clearly misaligned pairs of Multi30k ("@@" against a full sentence).
     max_ratio: float | None = 3.0
@@ -106,8 +106,8 @@ class CleanConfig:
     skip_bad_lines: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_len is not None and self.max_len < 1:
-            raise MTError(f"data.max_len must be at least 1 or null (got {self.max_len})")
+        if self.max_words is not None and self.max_words < 1:
+            raise MTError(f"data.max_words must be at least 1 or null (got {self.max_words})")
         if self.max_ratio is not None and self.max_ratio < 1.0:
             raise MTError(f"data.max_ratio must be at least 1.0 or null (got {self.max_ratio})")
         if self.ratio_min_words < 0:
@@ -148,7 +148,7 @@ class CleanReport:
         """A few human-readable lines, for printing after preparation."""
         cfg = self.config
         pct = 100.0 * self.kept / self.total if self.total else 0.0
-        too_long = f"over {cfg.max_len:,} words" if cfg.max_len is not None else "too long"
+        too_long = f"over {cfg.max_words:,} words" if cfg.max_words is not None else "too long"
         ratio = (
             f"with length ratio > {cfg.max_ratio:g} (longer side > {cfg.ratio_min_words} words)"
             if cfg.max_ratio is not None
@@ -268,7 +268,7 @@ def _clean(
             continue
         n_src, n_trg = len(src.split()), len(trg.split())
         longer, shorter = max(n_src, n_trg), min(n_src, n_trg)
-        if cfg.max_len is not None and longer > cfg.max_len:
+        if cfg.max_words is not None and longer > cfg.max_words:
             report.dropped_too_long += 1
             continue
         if (

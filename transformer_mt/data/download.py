@@ -3,7 +3,7 @@
 The path of one file through this module::
 
     GET url (Range: bytes=N- when <name>.part holds N bytes)  ->  <name>.part
-    -> SHA-256 checked against the registry (or printed, loudly, when the registry has none)
+    -> SHA-256 checked against the registry (or logged, loudly, when the registry has none)
     -> os.replace(<name>.part, <name>)               (a final name always holds checked bytes)
     -> unpack (gunzip beside it / extract tar or zip, refusing members that escape the dest)
     -> .mt-download/<name>.json marker               (a second run reads it and fetches nothing)
@@ -18,10 +18,10 @@ import gzip
 import hashlib
 import http.client
 import json
+import logging
 import os
 import shutil
 import stat
-import sys
 import tarfile
 import time
 import urllib.error
@@ -37,6 +37,9 @@ from tqdm import tqdm
 from transformer_mt import __version__
 from transformer_mt.data.registry import Corpus, CorpusFile, get_corpus
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import atomic_write, write_text_atomic
+
+log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1 << 16
 """Bytes per read and write: large enough for speed, small enough for a smooth progress bar."""
@@ -51,11 +54,6 @@ _RETRY_STATUS = frozenset({408, 425, 429})
 
 class _RetryableError(Exception):
     """A failure worth another try: network trouble, a 5xx answer, a transfer cut off."""
-
-
-def _say(message: str) -> None:
-    # tqdm.write keeps the line from being overdrawn by a live progress bar.
-    tqdm.write(message, file=sys.stderr)
 
 
 def sha256_of(path: Path) -> str:
@@ -159,7 +157,7 @@ def fetch_file(
     5xx answers and cut-off transfers are retried after ``backoff * 2**k`` seconds; a try that
     made the ``.part`` longer does not count against ``retries``, so a long download over a flaky
     link keeps going. A wrong checksum deletes the download and raises :class:`MTError`; an
-    unknown one (``sha256=None``) prints a warning with the actual hash. ``target`` appears only
+    unknown one (``sha256=None``) logs a warning with the actual hash. ``target`` appears only
     after the check, by an atomic rename.
     """
     if retries < 1:
@@ -199,7 +197,7 @@ def fetch_file(
 
 
 def _warn_unverified(name: str, actual: str) -> None:
-    _say(
+    log.warning(
         f"warning: {name} is UNVERIFIED (the registry has no SHA-256 for it); its SHA-256 is "
         f"{actual}: compare it with a trusted source before relying on it"
     )
@@ -237,14 +235,12 @@ def _check_link_target(archive: Path, member: str, target: str, dest: Path) -> N
 
 def _gunzip(path: Path) -> Path:
     out = path.with_name(path.name.removesuffix(".gz"))
-    tmp = out.with_name(out.name + ".tmp")
     try:
-        with gzip.open(path, "rb") as src, open(tmp, "wb") as dst:
+        # Atomic: the unpacked name never holds a half-written file.
+        with gzip.open(path, "rb") as src, atomic_write(out, "wb") as dst:
             shutil.copyfileobj(src, dst, CHUNK_SIZE)
     except (OSError, EOFError, zlib.error) as exc:
-        tmp.unlink(missing_ok=True)
         raise MTError(f"cannot gunzip {path}: {exc}; delete it and download again") from None
-    os.replace(tmp, out)  # the unpacked name never holds a half-written file
     return out
 
 
@@ -340,11 +336,7 @@ def _write_marker(dest: Path, f: CorpusFile, url: str, sha256: str, outputs: lis
         "unpack": f.unpack,
         "outputs": [str(p.relative_to(dest)) for p in outputs],
     }
-    marker = _marker_path(dest, f)
-    marker.parent.mkdir(exist_ok=True)
-    tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, marker)
+    write_text_atomic(_marker_path(dest, f), json.dumps(record, indent=1) + "\n")
 
 
 def ensure_file(
@@ -369,7 +361,9 @@ def ensure_file(
         # in by hand): only its hash decides whether it can be used.
         actual = sha256_of(target)
         if f.sha256 is not None and actual != f.sha256:
-            _say(f"{target.name}: the copy on disk does not match its SHA-256; downloading again")
+            log.warning(
+                f"{target.name}: the copy on disk does not match its SHA-256; downloading again"
+            )
             target.unlink()
             actual = None
         elif f.sha256 is None:

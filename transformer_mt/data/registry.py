@@ -1,16 +1,22 @@
-"""The registry of well-known corpora that ``mt download NAME`` can fetch.
+"""The registry of well-known corpora that ``mt download NAME`` can fetch and ``mt train`` can use.
 
 Each corpus is a base URL plus a list of files given by their path relative to that base, so that
 ``--base-url`` can swap the base for a mirror (or a loopback server in tests) without touching the
 paths. A file carries its SHA-256 when we have seen the original bytes; otherwise its checksum is
-``None`` and the downloader says, loudly, that the file is unverified and prints the hash it got.
+``None`` and the downloader says, loudly, that the file is unverified and logs the hash it got.
+
+A corpus also says which of its files are the training, validation and test splits
+(:attr:`Corpus.splits` and :attr:`Corpus.split_pattern`): that makes its name a valid
+``data.corpus`` (see :mod:`transformer_mt.data.sources`). Add a corpus here only when its splits
+are plain aligned text, one sentence per line; a corpus whose files need more work (XML-tagged
+dev/test sets, say) needs that work written first.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -59,15 +65,71 @@ class CorpusFile:
         """The file's URL under ``base_url`` (a trailing slash on the base is optional)."""
         return base_url.rstrip("/") + "/" + self.path.lstrip("/")
 
+    @property
+    def unpacked_name(self) -> str | None:
+        """The name of the one usable file it becomes ("x.gz" gunzips to "x"); None for archives."""
+        if self.unpack == "gunzip":
+            return self.local_name.removesuffix(".gz")
+        return self.local_name if self.unpack == "none" else None
+
+
+TRAINING_SPLITS = ("train", "valid", "test")
+"""The splits a trainable corpus provides: what ``data.corpus`` turns into files."""
+
 
 @dataclass(frozen=True)
 class Corpus:
-    """A named corpus: where it lives and which files make it up."""
+    """A named corpus: where it lives, which files make it up, and which of them train a model."""
 
     name: str
     description: str
     base_url: str
     files: tuple[CorpusFile, ...]
+    splits: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """The corpus's own name of each training split ("valid" -> "val"); empty when the corpus
+    can be downloaded but not trained on."""
+    split_pattern: str = "{split}.{lang}.gz"
+    """The local name of one split's file in one language, from the corpus's split name."""
+
+    def __post_init__(self) -> None:
+        if self.splits and set(self.splits) != set(TRAINING_SPLITS):
+            raise ValueError(f"{self.name}: splits must name {TRAINING_SPLITS}")
+        if self.splits and self.split_pattern.count("{lang}") != 1:
+            raise ValueError(f"{self.name}: split_pattern must hold {{lang}} exactly once")
+        for lang in self.languages():
+            for split in TRAINING_SPLITS:
+                if self.split_file(split, lang).unpacked_name is None:
+                    raise ValueError(f"{self.name}: the {split} split cannot be an archive")
+
+    @property
+    def trainable(self) -> bool:
+        """True when the registry knows the corpus's training splits (``data.corpus`` may name it)."""
+        return bool(self.splits)
+
+    def split_file(self, split: str, lang: str) -> CorpusFile:
+        """The file of ``split`` ("train", "valid" or "test") in ``lang``, one of :meth:`languages`."""
+        name = self.split_pattern.format(split=self.splits[split], lang=lang)
+        for f in self.files:
+            if f.local_name == name:
+                return f
+        raise KeyError(f"corpus {self.name} has no file {name}")
+
+    def languages(self) -> list[str]:
+        """The languages that have a file for every training split, sorted (none if untrainable)."""
+        names = {f.local_name for f in self.files}
+        per_split = []
+        for split_name in self.splits.values():
+            # "{split}.{lang}.gz" for "val" -> "val." and ".gz" around the language code.
+            pattern = self.split_pattern.format(split=split_name, lang="{lang}")
+            prefix, _, suffix = pattern.partition("{lang}")
+            per_split.append(
+                {
+                    name[len(prefix) : len(name) - len(suffix)]
+                    for name in names
+                    if name.startswith(prefix) and name.endswith(suffix)
+                }
+            )
+        return sorted(set.intersection(*per_split)) if per_split else []
 
     def select(self, only: Sequence[str] | None = None) -> tuple[CorpusFile, ...]:
         """The files whose local name matches any of the glob patterns in ``only`` (all if None).
@@ -141,28 +203,12 @@ MULTI30K = Corpus(
     description="Multi30k task 1 image captions, de/en/fr/cs, 29k training pairs",
     base_url="https://github.com/multi30k/dataset/raw/master/",
     files=_multi30k_files(),
+    # The usual Multi30k benchmark: test_2016_flickr is the test set most papers report on.
+    splits={"train": "train", "valid": "val", "test": "test_2016_flickr"},
+    split_pattern="{split}.{lang}.gz",
 )
 
-# --- IWSLT 2017 German-English (TED talks) ----------------------------------------------------
-# The original WIT3 archive (https://wit3.fbk.eu/archive/2017-01-trnted/texts/de/en/de-en.tgz, as
-# used by fairseq's prepare-iwslt17 scripts) is no longer served there; the Hugging Face dataset
-# repository IWSLT/iwslt2017 mirrors the same per-pair archives as zip files. Unverified: we have
-# never seen its bytes from here.
-IWSLT2017_DE_EN = Corpus(
-    name="iwslt2017-de-en",
-    description="IWSLT 2017 TED talks German-English, ~206k training pairs (XML-tagged dev/test)",
-    base_url="https://huggingface.co/datasets/IWSLT/iwslt2017/resolve/main/",
-    files=(
-        CorpusFile(
-            path="data/2017-01-trnted/texts/de/en/de-en.zip",
-            sha256=None,
-            unpack="zip",
-            local_name="de-en.zip",
-        ),
-    ),
-)
-
-_REGISTRY: dict[str, Corpus] = {c.name: c for c in (MULTI30K, IWSLT2017_DE_EN)}
+_REGISTRY: dict[str, Corpus] = {c.name: c for c in (MULTI30K,)}
 
 
 def list_corpora() -> list[Corpus]:

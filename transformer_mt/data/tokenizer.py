@@ -12,6 +12,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import write_bytes_atomic
 
 PAD_ID = 0
 UNK_ID = 1
@@ -83,8 +84,8 @@ class Tokenizer:
         return cls(Path(path).read_bytes())
 
     def save(self, path: Path) -> None:
-        """Write the serialized model; callers that need atomicity write aside and rename."""
-        Path(path).write_bytes(self.model_proto)
+        """Write the serialized model atomically: a reader sees the old file or the whole new one."""
+        write_bytes_atomic(Path(path), self.model_proto)
 
     @classmethod
     def train(cls, texts: Iterable[str], settings: TokenizerSettings) -> "Tokenizer":

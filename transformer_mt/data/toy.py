@@ -89,10 +89,11 @@ def _make_words(n: int, rng: random.Random, taken: set[str]) -> list[str]:
     words: list[str] = []
     while len(words) < n:
         syl = rng.choice((1, 2, 2, 3))
-        w = "".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(syl)) + rng.choice(codas)
-        if w not in taken and len(w) >= 4:
-            taken.add(w)
-            words.append(w)
+        word = "".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(syl))
+        word += rng.choice(codas)
+        if word not in taken and len(word) >= 4:
+            taken.add(word)
+            words.append(word)
     return words
 
 
@@ -145,11 +146,11 @@ class _Generator:
 
     def noun_phrase(self, case: str) -> tuple[list[str], list[str], str]:
         """English words, target words and the agreement class ("3sg"/"3pl") of a noun phrase."""
-        r = self.rng
-        noun = r.choice(_NOUNS)
-        plural = r.random() < 0.3
-        definite = r.random() < 0.6
-        adj = r.choice(_ADJECTIVES) if r.random() < 0.4 else None
+        rng = self.rng
+        noun = rng.choice(_NOUNS)
+        plural = rng.random() < 0.3
+        definite = rng.random() < 0.6
+        adj = rng.choice(_ADJECTIVES) if rng.random() < 0.4 else None
         gender = _LEX.noun_gender[noun]
         cls = "pl" if plural else gender
         article = "some" if plural else ("an" if _starts_vowel(adj or noun) else "a")
@@ -169,15 +170,15 @@ class _Generator:
 
     def clause(self, subordinate: bool, past: bool) -> tuple[list[str], list[str], list[str]]:
         """English words, and target words split as (before the verb, the verb group)."""
-        r = self.rng
-        if r.random() < 0.35:
-            en_subj, person = r.choice(_PRONOUNS)
+        rng = self.rng
+        if rng.random() < 0.35:
+            en_subj, person = rng.choice(_PRONOUNS)
             en_s, trg_s = [en_subj], [_TRG_PRONOUNS[en_subj]]
         else:
             en_s, trg_s, person = self.noun_phrase("nom")
-        transitive = r.random() < 0.75
-        base, past_form = r.choice(_TRANSITIVE_PAIRS if transitive else _INTRANSITIVE_PAIRS)
-        negated = r.random() < 0.15
+        transitive = rng.random() < 0.75
+        base, past_form = rng.choice(_TRANSITIVE_PAIRS if transitive else _INTRANSITIVE_PAIRS)
+        negated = rng.random() < 0.15
         if negated:
             aux = "did" if past else ("does" if person == "3sg" else "do")
             en_v = [aux, "not", base]
@@ -190,8 +191,8 @@ class _Generator:
         trg_o: list[str] = []
         if transitive:
             en_o, trg_o, _ = self.noun_phrase("acc")
-        if r.random() < 0.3:
-            prep = r.choice(_PREPOSITIONS)
+        if rng.random() < 0.3:
+            prep = rng.choice(_PREPOSITIONS)
             en_np, trg_np, _ = self.noun_phrase("dat")
             en_o, trg_o = en_o + [prep, *en_np], trg_o + [_TRG_FUNCTION[prep], *trg_np]
         en = en_s + en_v + en_o
@@ -201,10 +202,10 @@ class _Generator:
         return en, trg_s, [verb] + ([_NEGATION] if negated else []) + trg_o
 
     def sentence(self) -> tuple[str, str]:
-        r = self.rng
-        past = r.random() < 0.4
+        rng = self.rng
+        past = rng.random() < 0.4
         adverb = None
-        if r.random() < 0.25:
+        if rng.random() < 0.25:
             adverb = "yesterday" if past else "today"
         en, trg_subj, trg_rest = self.clause(False, past)
         if adverb:  # verb second: the adverb takes the first slot, the subject follows the verb
@@ -212,9 +213,9 @@ class _Generator:
             trg = [_TRG_FUNCTION[adverb], trg_rest[0], *trg_subj, *trg_rest[1:]]
         else:
             trg = trg_subj + trg_rest
-        if r.random() < 0.3:
-            conj = r.choice(_CONJUNCTIONS)
-            en_sub, trg_sub, _ = self.clause(True, r.random() < 0.4)
+        if rng.random() < 0.3:
+            conj = rng.choice(_CONJUNCTIONS)
+            en_sub, trg_sub, _ = self.clause(True, rng.random() < 0.4)
             en += [conj, *en_sub]
             trg += [_TRG_FUNCTION[conj], *trg_sub]
         return _finish(en), _finish(trg)

@@ -6,8 +6,10 @@ Shapes: B batch, S source length, T target length, D d_model, H heads, Dh = D / 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
+
+from transformer_mt.model.cache import AttentionCache
 
 
 class MultiHeadAttention(nn.Module):
@@ -18,68 +20,72 @@ class MultiHeadAttention(nn.Module):
     incremental decoding can compute the memory's keys/values once per sentence.
     """
 
-    def __init__(self, d_model: int, n_head: int, drop_prob: float, cross: bool = False) -> None:
+    def __init__(
+        self, d_model: int, n_head: int, *, drop_prob: float = 0.0, cross: bool = False
+    ) -> None:
         super().__init__()
         if d_model % n_head != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
         self.n_head = n_head
         self.d_head = d_model // n_head
         self.cross = cross
-        self.drop_prob = drop_prob
+        self.drop_prob = drop_prob  # dropout on the attention weights
+        # Created in this order (the random init draws follow it): q/kv or qkv, then out.
         if cross:
             self.q_proj = nn.Linear(d_model, d_model)
             self.kv_proj = nn.Linear(d_model, 2 * d_model)
         else:
             self.qkv_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        # Off by default: SDPA never materializes the weights. When set, forward computes them
-        # explicitly and keeps them in ``attn_weights`` (B, H, T, Tk) for attention pictures.
-        self.need_weights = False
-        self.attn_weights: torch.Tensor | None = None
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
 
     def forward(
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None,
         memory: torch.Tensor | None = None,
-        cache: dict[str, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+        cache: AttentionCache | None = None,
+        *,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x`` (B, T, D) to itself, or to ``memory`` (B, S, D) when cross.
 
-        ``cache`` (incremental decoding) is a dict this layer fills: self-attention appends this
-        step's keys/values to ``k``/``v``; cross-attention computes ``k``/``v`` of the memory once.
+        ``cache`` (incremental decoding): self-attention appends this step's keys/values to it;
+        cross-attention computes the memory's keys/values on the first step and reuses them after.
+
+        Returns the output (B, T, D) and, with ``need_weights``, the attention weights
+        (B, H, T, Tk), else None. The fused kernel never materializes the weights, so
+        ``need_weights`` takes an explicit path (same result up to rounding) meant for attention
+        pictures, not for search.
         """
         if self.cross:
             q = self._split(self.q_proj(x))
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
+            if cache is not None and not cache.empty:
+                k, v = cache.keys, cache.values
             else:
-                k, v = (self._split(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
+                k, v = (self._split(part) for part in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:
-                    cache["k"], cache["v"] = k, v
+                    cache.store(k, v)
         else:
-            q, k, v = (self._split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+            q, k, v = (self._split(part) for part in self.qkv_proj(x).chunk(3, dim=-1))
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (B, H, t_past + T, Dh)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)  # (B, H, t_past + T, Dh)
         drop = self.drop_prob if self.training else 0.0
-        if self.need_weights:
+        weights = None
+        if need_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, Tk)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = scores.softmax(dim=-1)
-            self.attn_weights = weights.detach()
-            y = F.dropout(weights, drop, self.training) @ v  # (B, H, T, Dh)
+            y = functional.dropout(weights, drop, self.training) @ v  # (B, H, T, Dh)
         else:  # fused kernel; the weights are never materialized
             y = _sdpa(q, k, v, mask, drop)
-        b, _, t, _ = y.shape
-        return self.out_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.d_head))
+        batch, _, length, _ = y.shape
+        y = y.transpose(1, 2).reshape(batch, length, self.n_head * self.d_head)  # (B, T, D)
+        return self.out_proj(y), weights
 
 
 def _sdpa(
@@ -94,9 +100,9 @@ def _sdpa(
     fp32 inputs, this is the plain call.
     """
     if q.device.type != "cpu" or q.dtype == torch.float32:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        return functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
     with torch.autocast("cpu", enabled=False):
-        y = F.scaled_dot_product_attention(
+        y = functional.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=drop
         )
     return y.to(q.dtype)
@@ -109,14 +115,14 @@ class FeedForward(nn.Module):
     ``drop_prob`` > 0, and then costs a random mask over the widest activation of the layer.
     """
 
-    def __init__(self, d_model: int, ffn_hidden: int, drop_prob: float) -> None:
+    def __init__(self, d_model: int, ffn_hidden: int, *, drop_prob: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_hidden)
         self.fc2 = nn.Linear(ffn_hidden, d_model)
         self.dropout = nn.Dropout(drop_prob) if drop_prob > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.dropout(functional.relu(self.fc1(x))))
 
 
 class SinusoidalPositions(nn.Module):
@@ -142,25 +148,41 @@ class SinusoidalPositions(nn.Module):
         return self.table[offset : offset + length]
 
 
-class Sublayer(nn.Module):
+class Residual(nn.Module):
     """Residual connection around a sublayer, with LayerNorm after (post-norm, the paper) or
-    before (pre-norm, the Annotated Transformer; trains more stably in deep stacks)."""
+    before (pre-norm, the Annotated Transformer; trains more stably in deep stacks):
 
-    def __init__(self, d_model: int, drop_prob: float, pre_norm: bool) -> None:
+        post-norm: norm(x + dropout(sublayer(x)))      pre-norm: x + dropout(sublayer(norm(x)))
+
+    Used in two halves, so that a sublayer may return more than its output (attention weights)::
+
+        y = sublayer(residual.sublayer_input(x))
+        x = residual.add(x, y)
+    """
+
+    def __init__(self, d_model: int, *, drop_prob: float, pre_norm: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(drop_prob)
         self.pre_norm = pre_norm
 
-    def forward(self, x: torch.Tensor, fn) -> torch.Tensor:
+    def sublayer_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the sublayer reads: ``norm(x)`` (pre-norm) or ``x`` itself (post-norm)."""
+        return self.norm(x) if self.pre_norm else x
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the sublayer's output ``y``: dropout, add, (post-)norm."""
         if self.pre_norm:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
+            return x + self.dropout(y)
+        return self.norm(x + self.dropout(y))
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each inside a :class:`Residual`."""
+
     def __init__(
         self,
+        *,
         d_model: int,
         n_head: int,
         ffn_hidden: int,
@@ -170,19 +192,28 @@ class EncoderLayer(nn.Module):
         ffn_drop_prob: float = 0.0,
     ) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, n_head, attn_drop_prob)
-        self.ffn = FeedForward(d_model, ffn_hidden, ffn_drop_prob)
-        self.sub1 = Sublayer(d_model, drop_prob, pre_norm)
-        self.sub2 = Sublayer(d_model, drop_prob, pre_norm)
+        # Registration order = parameter order (optimizer state in checkpoints is indexed by it)
+        # and init order (random draws): attention, feed-forward, then the residual norms.
+        self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob)
+        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob)
+        self.self_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
+        self.ffn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        x = self.sub1(x, lambda h: self.attn(h, src_mask))
-        return self.sub2(x, self.ffn)
+        """``x`` (B, S, D) with the source pad mask (B, 1, 1, S) -> (B, S, D)."""
+        y, _ = self.self_attn(self.self_attn_residual.sublayer_input(x), src_mask)
+        x = self.self_attn_residual.add(x, y)
+        y = self.ffn(self.ffn_residual.sublayer_input(x))
+        return self.ffn_residual.add(x, y)
 
 
 class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder memory, then feed-forward, each
+    inside a :class:`Residual`."""
+
     def __init__(
         self,
+        *,
         d_model: int,
         n_head: int,
         ffn_hidden: int,
@@ -192,12 +223,13 @@ class DecoderLayer(nn.Module):
         ffn_drop_prob: float = 0.0,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_head, attn_drop_prob)
-        self.cross_attn = MultiHeadAttention(d_model, n_head, attn_drop_prob, cross=True)
-        self.ffn = FeedForward(d_model, ffn_hidden, ffn_drop_prob)
-        self.sub1 = Sublayer(d_model, drop_prob, pre_norm)
-        self.sub2 = Sublayer(d_model, drop_prob, pre_norm)
-        self.sub3 = Sublayer(d_model, drop_prob, pre_norm)
+        # Registration order = parameter order and init order, as in EncoderLayer.
+        self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob)
+        self.cross_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob, cross=True)
+        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob)
+        self.self_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
+        self.cross_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
+        self.ffn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
 
     def forward(
         self,
@@ -205,12 +237,23 @@ class DecoderLayer(nn.Module):
         memory: torch.Tensor,
         trg_mask: torch.Tensor | None,
         src_mask: torch.Tensor,
-        cache: dict[str, dict[str, torch.Tensor]] | None = None,
-    ) -> torch.Tensor:
-        self_cache = cross_cache = None
-        if cache is not None:
-            self_cache = cache.setdefault("self", {})
-            cross_cache = cache.setdefault("cross", {})
-        x = self.sub1(x, lambda h: self.self_attn(h, trg_mask, cache=self_cache))
-        x = self.sub2(x, lambda h: self.cross_attn(h, src_mask, memory, cache=cross_cache))
-        return self.sub3(x, self.ffn)
+        self_cache: AttentionCache | None = None,
+        cross_cache: AttentionCache | None = None,
+        *,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, T, D) attending to itself (``trg_mask``) and to ``memory`` (B, S, D)
+        (``src_mask``) -> (B, T, D), and with ``need_weights`` the cross-attention weights
+        (B, H, T, S), else None. The caches are given in incremental decoding."""
+        y, _ = self.self_attn(self.self_attn_residual.sublayer_input(x), trg_mask, cache=self_cache)
+        x = self.self_attn_residual.add(x, y)
+        y, weights = self.cross_attn(
+            self.cross_attn_residual.sublayer_input(x),
+            src_mask,
+            memory,
+            cache=cross_cache,
+            need_weights=need_weights,
+        )
+        x = self.cross_attn_residual.add(x, y)
+        y = self.ffn(self.ffn_residual.sublayer_input(x))
+        return self.ffn_residual.add(x, y), weights

@@ -8,32 +8,85 @@ The model knows nothing of losses, optimizers, DDP, AMP or files: it maps token 
 """
 
 import math
+import re
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
+from transformer_mt.config import ModelConfig
+from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
 from transformer_mt.model.masks import make_pad_mask, make_trg_mask
 
 
-class DecoderCache:
-    """Keys and values kept between the steps of incremental decoding.
+def model_args(
+    model_cfg: ModelConfig,
+    src_vocab_size: int,
+    trg_vocab_size: int,
+    *,
+    pad_idx: int,
+    bos_idx: int,
+) -> dict[str, Any]:
+    """The :class:`Transformer`'s keyword arguments for the shape ``model_cfg``: the one place
+    where a ModelConfig becomes a model. Checkpoints store this dict to rebuild the model (and a
+    resumed run compares it with ``==``). With ``share_embeddings`` both sides get the larger
+    vocabulary size (a joint vocabulary)."""
+    if model_cfg.share_embeddings:
+        src_vocab_size = trg_vocab_size = max(src_vocab_size, trg_vocab_size)
+    return dict(
+        src_pad_idx=pad_idx,
+        trg_pad_idx=pad_idx,
+        trg_sos_idx=bos_idx,
+        enc_voc_size=src_vocab_size,
+        dec_voc_size=trg_vocab_size,
+        d_model=model_cfg.d_model,
+        n_head=model_cfg.n_head,
+        max_len=model_cfg.max_len,
+        ffn_hidden=model_cfg.ffn_hidden,
+        n_layers=model_cfg.n_layers,
+        drop_prob=model_cfg.drop_prob,
+        n_dec_layers=model_cfg.n_dec_layers,
+        pre_norm=model_cfg.pre_norm,
+        attn_drop_prob=model_cfg.attn_drop_prob,
+        ffn_drop_prob=model_cfg.ffn_drop_prob,
+        tie_embeddings=model_cfg.tie_embeddings,
+        share_embeddings=model_cfg.share_embeddings,
+    )
 
-    One dict per decoder layer: ``{"self": {"k", "v"}, "cross": {"k", "v"}}``, each tensor
-    (B, H, t, Dh). Self-attention grows by one position per step; cross-attention is filled on the
-    first step and reused. ``select`` keeps or reorders batch rows (beam search reorders, finished
-    sentences are dropped).
+
+# Module names of the checkpoints written before the residual blocks were named by what they wrap.
+_OLD_NAMES = (
+    (re.compile(r"^encoder\.(\d+)\.attn\."), r"encoder.\1.self_attn."),
+    (re.compile(r"^encoder\.(\d+)\.sub1\."), r"encoder.\1.self_attn_residual."),
+    (re.compile(r"^encoder\.(\d+)\.sub2\."), r"encoder.\1.ffn_residual."),
+    (re.compile(r"^decoder\.(\d+)\.sub1\."), r"decoder.\1.self_attn_residual."),
+    (re.compile(r"^decoder\.(\d+)\.sub2\."), r"decoder.\1.cross_attn_residual."),
+    (re.compile(r"^decoder\.(\d+)\.sub3\."), r"decoder.\1.ffn_residual."),
+)
+
+
+def upgrade_state_dict(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A copy of a Transformer's ``state_dict`` with the key names of older checkpoints renamed
+    to the current ones; current keys pass unchanged, in their order.
+
+    The old names: ``encoder.N.attn`` (now ``self_attn``), ``encoder.N.sub1``/``sub2`` (now
+    ``self_attn_residual``/``ffn_residual``), ``decoder.N.sub1``/``sub2``/``sub3`` (now
+    ``self_attn_residual``/``cross_attn_residual``/``ffn_residual``). Only keys under ``prefix``
+    (the model's own, e.g. ``"module."`` when wrapped) are looked at. The tensors and the order of
+    parameters are unchanged, so optimizer state saved by old code maps to the same tensors.
+    :class:`Transformer` applies this in ``load_state_dict``, so old checkpoints load as they are.
     """
-
-    def __init__(self, n_layers: int) -> None:
-        self.layers: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in range(n_layers)]
-        self.length = 0  # target positions already decoded
-
-    def select(self, index: torch.Tensor) -> None:
-        for layer in self.layers:
-            for part in layer.values():
-                for name, t in part.items():
-                    part[name] = t.index_select(0, index)
+    upgraded = {}
+    for key, value in state_dict.items():
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            for old, new in _OLD_NAMES:
+                name = old.sub(new, name)
+            key = prefix + name
+        upgraded[key] = value
+    return upgraded
 
 
 class Transformer(nn.Module):
@@ -93,18 +146,17 @@ class Transformer(nn.Module):
         self.positions = SinusoidalPositions(d_model, max_len)
         self.dropout = nn.Dropout(drop_prob)
         n_dec = n_layers if n_dec_layers is None else n_dec_layers
-        self.encoder = nn.ModuleList(
-            EncoderLayer(
-                d_model, n_head, ffn_hidden, drop_prob, pre_norm, attn_drop_prob, ffn_drop_prob
-            )
-            for _ in range(n_layers)
+        layer_args = dict(
+            d_model=d_model,
+            n_head=n_head,
+            ffn_hidden=ffn_hidden,
+            drop_prob=drop_prob,
+            pre_norm=pre_norm,
+            attn_drop_prob=attn_drop_prob,
+            ffn_drop_prob=ffn_drop_prob,
         )
-        self.decoder = nn.ModuleList(
-            DecoderLayer(
-                d_model, n_head, ffn_hidden, drop_prob, pre_norm, attn_drop_prob, ffn_drop_prob
-            )
-            for _ in range(n_dec)
-        )
+        self.encoder = nn.ModuleList(EncoderLayer(**layer_args) for _ in range(n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(**layer_args) for _ in range(n_dec))
         # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes each stack.
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
@@ -112,6 +164,8 @@ class Transformer(nn.Module):
         self._init_weights()
         if tie_embeddings:
             self.out.weight = self.trg_emb.weight
+        # Checkpoints written before the residual blocks were renamed load as they are.
+        self.register_load_state_dict_pre_hook(_upgrade_old_keys)
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -158,6 +212,30 @@ class Transformer(nn.Module):
         ``cache``, ``trg`` holds only the new positions (usually one per step): they may attend to
         everything cached plus themselves, so no mask is needed for a single step.
         """
+        x, _ = self._decoder_stack(trg, memory, src_mask, cache, need_weights=False)
+        x = self.dec_norm(x)
+        return x if features_only else self.out(x)
+
+    def decode_with_attention(
+        self, trg: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like :meth:`decode` (whole prefix, no cache), and also returns the cross-attention
+        weights (n_dec_layers, B, H, T, S). The weights take an explicit attention path, slower
+        than the fused kernel that :meth:`decode` uses; the logits agree up to rounding."""
+        x, weights = self._decoder_stack(trg, memory, src_mask, None, need_weights=True)
+        return self.out(self.dec_norm(x)), torch.stack(weights)  # (L, B, H, T, S)
+
+    def _decoder_stack(
+        self,
+        trg: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None,
+        *,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Embeddings and decoder layers: states (B, T, D) before the final norm, and with
+        ``need_weights`` each layer's cross-attention weights (B, H, T, S)."""
         if cache is None:
             trg_mask = make_trg_mask(trg, self.trg_pad_idx)  # (B, 1, T, T)
             offset = 0
@@ -167,12 +245,17 @@ class Transformer(nn.Module):
             trg_mask = None
             offset = cache.length
         x = self._embed(self.trg_emb, trg, offset)
+        weights = []
         for i, layer in enumerate(self.decoder):
-            x = layer(x, memory, trg_mask, src_mask, None if cache is None else cache.layers[i])
+            caches = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
+            x, layer_weights = layer(
+                x, memory, trg_mask, src_mask, *caches, need_weights=need_weights
+            )
+            if need_weights:
+                weights.append(layer_weights)
         if cache is not None:
             cache.length += trg.size(1)
-        x = self.dec_norm(x)
-        return x if features_only else self.out(x)
+        return x, weights
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.n_dec_layers)
@@ -185,17 +268,9 @@ class Transformer(nn.Module):
         afterwards from this one extra pass over the chosen hypothesis, which gives the same
         weights.
         """
-        attns = [layer.cross_attn for layer in self.decoder]
-        for attn in attns:
-            attn.need_weights = True
-        try:
-            memory, src_mask = self.encode(src)
-            self.decode(trg, memory, src_mask)
-            return torch.stack([attn.attn_weights for attn in attns])  # (L, B, H, T, S)
-        finally:
-            for attn in attns:
-                attn.need_weights = False
-                attn.attn_weights = None
+        memory, src_mask = self.encode(src)
+        _, weights = self.decode_with_attention(trg, memory, src_mask)
+        return weights.detach()
 
     def forward(
         self, src: torch.Tensor, trg: torch.Tensor, features_only: bool = False
@@ -204,3 +279,11 @@ class Transformer(nn.Module):
         ``features_only``, the decoder states (B, T, D) before the output projection."""
         memory, src_mask = self.encode(src)
         return self.decode(trg, memory, src_mask, features_only=features_only)
+
+
+def _upgrade_old_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` pre-hook: rename old keys in place (see :func:`upgrade_state_dict`)."""
+    upgraded = upgrade_state_dict(state_dict, prefix)
+    if list(upgraded) != list(state_dict):
+        state_dict.clear()
+        state_dict.update(upgraded)

@@ -1,18 +1,25 @@
-"""The training loop: one flat loop from prepared data to checkpoints and metrics.
+"""The training loop: ``Trainer.run`` steps and delegates.
 
 One optimizer step = ``accum_steps`` micro-batches on each rank. The loss of a step is the sum of
 the label-smoothed token losses divided by the *global* number of non-pad target tokens of that
 step (all micro-batches, all ranks), so 1 process with batch B equals N processes with B/N each.
-The Noam learning rate is set once per optimizer step.
+The learning rate is set once per optimizer step.
+
+Around the step, the loop makes a few named decisions: when to log (:meth:`Trainer._log_due`),
+when to validate and checkpoint (:meth:`Trainer._validation_due`), and why to stop
+(:meth:`Trainer._stop_reason`). Every way out (max_steps, the time budget, early stopping,
+Ctrl-C / SIGTERM) leaves the loop with a :class:`StopReason` and goes through one exit,
+:meth:`Trainer._finish`.
 """
 
+import enum
 import inspect
-import json
+import logging
 import math
 import random
-import sys
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,56 +29,25 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from transformer_mt.config import Config, save_config
-from transformer_mt.data.batching import make_batches, shard_batches
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import Config
 from transformer_mt.data.prepare import PreparedData, prepare
-from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, SPECIAL_IDS, Tokenizer
+from transformer_mt.data.sources import check_source
+from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, SPECIAL_IDS
 from transformer_mt.errors import MTError
-from transformer_mt.evaluation import corpus_bleu
-from transformer_mt.model import Transformer
-from transformer_mt.training import distributed as D
-from transformer_mt.training.batches import BatchStream, collate
-from transformer_mt.training.checkpoint import average_checkpoints, load_checkpoint, save_atomic
-from transformer_mt.training.host_memory import (
-    bound_kernel_caches,
-    keep_freed_memory,
-    release_freed_memory,
-    resident_mib,
-)
-from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
+from transformer_mt.model import Transformer, model_args
+from transformer_mt.training import distributed
+from transformer_mt.training.batches import BatchStream
+from transformer_mt.training.device import autocast, autocast_dtype, setup_process
+from transformer_mt.training.host_memory import release_freed_memory, resident_mib
+from transformer_mt.training.loss import linear_label_smoothed_nll
+from transformer_mt.training.metrics import MetricsWindow
+from transformer_mt.training.run_dir import RunDirectory
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
-from transformer_mt.training.state import (
-    StopFlag,
-    TrainState,
-    rank_seed,
-    rng_state,
-    set_rng_state,
-)
+from transformer_mt.training.state import StopFlag, TrainState, rank_seed, rng_state, set_rng_state
+from transformer_mt.training.validation import validate
 
-
-def model_args(cfg: Config, src_tok: Tokenizer, trg_tok: Tokenizer) -> dict[str, Any]:
-    """The Transformer's keyword arguments; stored in checkpoints to rebuild the model."""
-    m = cfg.model
-    vocab = max(src_tok.vocab_size, trg_tok.vocab_size) if m.share_embeddings else None
-    return dict(
-        src_pad_idx=PAD_ID,
-        trg_pad_idx=PAD_ID,
-        trg_sos_idx=BOS_ID,
-        enc_voc_size=vocab or src_tok.vocab_size,
-        dec_voc_size=vocab or trg_tok.vocab_size,
-        d_model=m.d_model,
-        n_head=m.n_head,
-        max_len=m.max_len,
-        ffn_hidden=m.ffn_hidden,
-        n_layers=m.n_layers,
-        drop_prob=m.drop_prob,
-        n_dec_layers=m.n_dec_layers,
-        pre_norm=m.pre_norm,
-        attn_drop_prob=m.attn_drop_prob,
-        ffn_drop_prob=m.ffn_drop_prob,
-        tie_embeddings=m.tie_embeddings,
-        share_embeddings=m.share_embeddings,
-    )
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,32 +62,13 @@ class StepResult:
     time_up: bool  # rank 0 found train.max_minutes spent
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise MTError(f"train.device={name!r} but no CUDA GPU is visible; use cpu or auto")
-    return torch.device(name)
+class StopReason(enum.Enum):
+    """Why the loop ended; every rank reaches the same one (the inputs are all-reduced)."""
 
-
-def _check_autocast(device: torch.device, dtype: torch.dtype | None, precision: str) -> None:
-    """Fail before any work if autocast cannot run ``dtype`` on ``device``.
-
-    torch does not raise for an unsupported autocast dtype: it warns and runs in fp32, which would
-    silently train at another precision than the config says.
-    """
-    if dtype is None:
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with torch.autocast(device.type, dtype=dtype):
-            enabled = torch.is_autocast_enabled(device.type)
-    if not enabled or any("not supported" in str(w.message) for w in caught):
-        instead = "bf16 or fp32" if precision == "fp16" else "fp32"
-        raise MTError(
-            f"train.precision={precision} is not supported on {device.type} by this torch "
-            f"({torch.__version__}); use train.precision={instead}"
-        )
+    MAX_STEPS = "train.max_steps reached"
+    TIME_UP = "train.max_minutes spent"
+    EARLY_STOP = "no improvement in train.patience validations"
+    SIGNAL = "stopped by Ctrl-C or SIGTERM"
 
 
 class Trainer:
@@ -124,72 +81,70 @@ class Trainer:
         *,
         resume: bool = True,
         progress: bool = True,
-        say=print,
         data: PreparedData | None = None,
     ) -> None:
-        self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
-        t = cfg.train
-        self.device = resolve_device(t.device)
-        self.info = D.init_distributed(self.device.type)
-        if self.device.type == "cuda" and self.info.enabled:
-            self.device = torch.device("cuda", self.info.local_rank)
-            torch.cuda.set_device(self.device)
-        self.say = say if self.info.is_main else (lambda *a, **k: None)
-        if t.threads > 0:
-            torch.set_num_threads(t.threads)
-        on_cpu = self.device.type == "cpu"
-        if on_cpu:
-            bound_kernel_caches()  # before the first bf16 product builds a oneDNN kernel
-        # True where glibc keeps freed memory: then validations hand their leftovers back.
-        self.kept_freed_memory = on_cpu and t.keep_freed_memory and keep_freed_memory()
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
-        _check_autocast(self.device, self.autocast_dtype, t.precision)
-        if data is None:
-            # Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read
-            # the finished caches, so no two processes build the same files. If rank 0 fails
-            # (a missing file, a bad download), every rank stops with its message.
-            data = D.main_first(
-                lambda: prepare(cfg, self.say, progress),
-                self.info,
-                lambda: prepare(cfg, lambda *a, **k: None, False),
-            )
-        self.data = data
-        torch.manual_seed(t.seed)  # the same initial weights on every rank
-        random.seed(t.seed)
-        self.model_args = model_args(cfg, data.src_tok, data.trg_tok)
+        self.cfg, self.progress = cfg, progress
+        train_cfg = cfg.train
+        check_source(cfg)  # a wrong corpus name or file fails before any work or directory
+        self.device, self.info, self.kept_freed_memory = setup_process(train_cfg)
+        self.autocast_dtype = autocast_dtype(train_cfg.precision, self.device)
+        self.data = data if data is not None else self._prepare_data()
+        self.run_dir = RunDirectory(run_dir, cfg, self.info.is_main)
+        torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
+        random.seed(train_cfg.seed)
+        self.model_args = model_args(
+            cfg.model,
+            self.data.src_tok.vocab_size,
+            self.data.trg_tok.vocab_size,
+            pad_idx=PAD_ID,
+            bos_idx=BOS_ID,
+        )
         self.model = Transformer(**self.model_args).to(self.device)
-        torch.manual_seed(rank_seed(t.seed, self.info.rank))
-        random.seed(rank_seed(t.seed, self.info.rank))
+        torch.manual_seed(rank_seed(train_cfg.seed, self.info.rank))
+        random.seed(rank_seed(train_cfg.seed, self.info.rank))
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=0.0,
-            betas=(t.adam_beta1, t.adam_beta2),
-            eps=t.adam_eps,
-            weight_decay=t.weight_decay,
+            betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
+            eps=train_cfg.adam_eps,
+            weight_decay=train_cfg.weight_decay,
         )
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=train_cfg.precision == "fp16")
         self.state = TrainState()
-        self.tb: Any = None  # TensorBoard writer, opened by run() when train.tensorboard is on
-        self.last_path = self.run_dir / "last.pt"
-        if resume and self.last_path.is_file():
-            self._restore(self.last_path)
-        self.train_model: torch.nn.Module = self.model
-        if t.compile:
-            self.train_model = torch.compile(self.model)
-        if self.info.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            # The only buffer is the constant sinusoid table: broadcasting it before every forward
-            # pass would cost a collective per micro-batch for nothing. (torch 2.13 renamed the
-            # switch; older versions know only broadcast_buffers.)
-            no_sync = (
-                {"forward_sync_buffers": False}
-                if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                else {"broadcast_buffers": False}
-            )
-            self.train_model = DDP(self.train_model, device_ids=ids, **no_sync)
+        if resume and self.run_dir.last.is_file():
+            self._restore(self.run_dir.last)
+        self.train_model = self._wrap_for_training(self.model)
+
+    def _prepare_data(self) -> PreparedData:
+        """Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read the
+        finished caches, so no two processes build the same files. If rank 0 fails (a missing
+        file, a bad download), every rank stops with its message."""
+        return distributed.main_first(
+            lambda: prepare(self.cfg, progress=self.progress),
+            self.info,
+            lambda: prepare(self.cfg, progress=False),
+        )
+
+    def _wrap_for_training(self, model: Transformer) -> torch.nn.Module:
+        """The module the step runs: compiled and/or wrapped in DDP; ``self.model`` stays the
+        plain model that checkpoints, validation and decoding use."""
+        wrapped: torch.nn.Module = torch.compile(model) if self.cfg.train.compile else model
+        if not self.info.enabled:
+            return wrapped
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        # The only buffer is the constant sinusoid table: broadcasting it before every forward
+        # pass would cost a collective per micro-batch for nothing. (torch 2.13 renamed the
+        # switch; older versions know only broadcast_buffers.)
+        no_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DDP).parameters
+            else {"broadcast_buffers": False}
+        )
+        return DDP(wrapped, device_ids=ids, **no_sync)
 
     # ----------------------------------------------------------------------------- checkpoints
     def _checkpoint(self, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """The checkpoint dict (see transformer_mt.checkpoint for the format)."""
         return {
             "model": self.model.state_dict(),
             "model_args": self.model_args,
@@ -216,19 +171,19 @@ class Trainer:
                 "or the run's own config"
             )
         self.model.load_state_dict(ckpt["model"])
-        ts = ckpt["train_state"]
-        self.optimizer.load_state_dict(ts["optimizer"])
-        self.scaler.load_state_dict(ts["scaler"])
-        self.state = TrainState(**ts["state"])
-        per_rank = ts.get("rng_per_rank", [ts["rng"]])
+        saved = ckpt["train_state"]
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scaler.load_state_dict(saved["scaler"])
+        self.state = TrainState(**saved["state"])
+        per_rank = saved.get("rng_per_rank", [saved["rng"]])
         if len(per_rank) == self.info.world_size:
             set_rng_state(per_rank[self.info.rank], self.device)
         else:  # another world size: batches differ anyway, so fresh per-rank streams are fine
-            self.say(f"resuming with {self.info.world_size} process(es) instead of {len(per_rank)}")
+            log.info(f"resuming with {self.info.world_size} process(es) instead of {len(per_rank)}")
             set_rng_state(per_rank[0], self.device)
             if self.info.rank:
                 torch.manual_seed(rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
-        self.say(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
+        log.info(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
 
     def _save(self, best: bool) -> None:
         """Write last.pt, step_N.pt (and best.pt); a collective: every rank calls it, rank 0 writes.
@@ -236,176 +191,32 @@ class Trainer:
         A failed write (disk full) stops every rank with rank 0's message instead of leaving the
         others to wait in the next collective.
         """
-        rngs = D.all_gather_objects(rng_state(self.device), self.info)
-        D.main_first(lambda: self._write_checkpoints(rngs, best), self.info, lambda: None)
+        rngs = distributed.all_gather_objects(rng_state(self.device), self.info)
+        write = lambda: self.run_dir.save(self._checkpoint(rngs), self.state.step, best)  # noqa: E731
+        distributed.main_first(write, self.info, lambda: None)
 
-    def _write_checkpoints(self, rngs: list[dict[str, Any]], best: bool) -> None:
-        ckpt = self._checkpoint(rngs)
-        step_path = self.run_dir / f"step_{self.state.step}.pt"
-        save_atomic(ckpt, step_path)
-        save_atomic(ckpt, self.last_path)
-        if best:
-            save_atomic(ckpt, self.run_dir / "best.pt")
-        step_files = sorted(self.run_dir.glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
-        for old in step_files[: max(0, len(step_files) - self.cfg.train.keep_last)]:
-            old.unlink()
-
-    def _write_average(self) -> None:
-        """average.pt: the weights averaged over the last ``train.average_last`` step checkpoints
-        (rank 0 only). Averaging the last few checkpoints of a run usually adds BLEU for free."""
-        steps = sorted(self.run_dir.glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
-        chosen = steps[-self.cfg.train.average_last :]
-        average_checkpoints(chosen, self.run_dir / "average.pt")
-        names = ", ".join(p.name for p in chosen)
-        self.say(f"wrote {self.run_dir / 'average.pt'}: the average of {names}")
-
-    def _write_run_files(self) -> None:
-        """The run directory's config and tokenizers (rank 0 only; see ``main_first``)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.cfg, self.run_dir / "config.yaml")
-        for name, tok in (("src", self.data.src_tok), ("trg", self.data.trg_tok)):
-            tok.save(self.run_dir / f"spm.{name}.model")
-        self._trim_metrics()
-
-    # ------------------------------------------------------------------------------ metrics
-    def _log(self, record: dict[str, Any]) -> None:
-        if self.info.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            if self.tb is not None:
-                for key, value in record.items():
-                    if key != "step" and isinstance(value, int | float):
-                        self.tb.add_scalar(key, value, record["step"])
-                self.tb.flush()
-
-    def _memory_mib(self) -> dict[str, float]:
-        """Memory for the validation record (rank 0 logs it): the peak GPU memory torch allocated
-        (``cuda_peak_mib``), or on a CPU the resident size before freed pages go back
-        (``rss_mib``)."""
-        if self.device.type == "cuda":
-            return {"cuda_peak_mib": round(torch.cuda.max_memory_allocated(self.device) / 2**20)}
-        rss = resident_mib() if self.device.type == "cpu" else None
-        return {} if rss is None else {"rss_mib": round(rss)}
-
-    def _open_tensorboard(self) -> Any:
-        """A SummaryWriter in RUN_DIR/tensorboard when train.tensorboard is on (rank 0 only)."""
-        if not (self.cfg.train.tensorboard and self.info.is_main):
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:
-            raise MTError(
-                "train.tensorboard: true needs the tensorboard package; pip install tensorboard "
-                "or set train.tensorboard=false"
-            ) from err
-        return SummaryWriter(str(self.run_dir / "tensorboard"))
-
-    def _trim_metrics(self) -> None:
-        """On resume, drop the lines logged after the checkpoint: they will be logged again."""
-        path = self.run_dir / "metrics.jsonl"
-        if not (self.info.is_main and path.is_file()):
-            return
-        keep = [
-            ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= self.state.step
-        ]
-        path.write_text("".join(ln + "\n" for ln in keep))
-
-    # ---------------------------------------------------------------------------- validation
-    @torch.no_grad()
-    def validate(self) -> dict[str, float]:
-        """Validation loss and perplexity on the binarized split; BLEU from greedy decoding.
-
-        Every rank scores and decodes its share, and every rank computes the same result from the
-        gathered sums and hypotheses, so all of them take the same early-stopping decision.
-        """
-        from transformer_mt.translation import translate_lines  # decoding sits above training data
-
-        self.model.eval()
-        nll_sum = tokens = 0.0
-        batches = make_batches(
-            self.data.valid.src_lengths,
-            self.data.valid.trg_lengths + 1,
-            self.cfg.train.batch_tokens,
-            seed=0,
-            epoch=0,
-            shuffle=False,
-        )
-        for index in shard_batches(batches, self.info.rank, self.info.world_size):
-            src, trg_in, trg_out = (x.to(self.device) for x in collate(self.data.valid, index))
-            with self._autocast():
-                logits = self.model(src, trg_in)
-            _, nll = label_smoothed_nll(logits, trg_out, PAD_ID, 0.0)
-            nll_sum += nll.item()
-            tokens += (trg_out != PAD_ID).sum().item()
-        nll_sum, tokens = D.all_reduce_sum([nll_sum, tokens], self.info, self.device)
-        result = {"val_loss": nll_sum / tokens, "val_ppl": math.exp(min(nll_sum / tokens, 50.0))}
-        if self.cfg.train.valid_bleu:
-            d = self.cfg.decode
-            rank, world = self.info.rank, self.info.world_size
-            # Rank r decodes lines r, r + world, ...: shares of similar length and cost.
-            hyps = translate_lines(
-                self.model,
-                self.data.src_tok,
-                self.data.trg_tok,
-                self.data.valid_src[rank::world],
-                beam=1,
-                max_len_a=d.max_len_a,
-                max_len_b=d.max_len_b,
-                batch_tokens=d.batch_tokens,
-                max_src_len=self.cfg.model.max_len,
-                device=self.device,
-                progress=False,
-            )
-            shares = D.all_gather_objects([h[0][0] for h in hyps], self.info)
-            ordered = [""] * len(self.data.valid_src)
-            for r, share in enumerate(shares):
-                ordered[r::world] = share
-            result["val_bleu"] = corpus_bleu(ordered, self.data.valid_trg)
-        self.model.train()
-        return result
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
-    def _after_validation(self, result: dict[str, float]) -> tuple[bool, bool]:
-        """Update the best value and patience; return (is_best, stop_early)."""
-        s, t = self.state, self.cfg.train
-        value = result["val_bleu"] if t.best_metric == "bleu" else result["val_loss"]
-        better = s.best is None or (value > s.best if t.best_metric == "bleu" else value < s.best)
-        if better:
-            s.best, s.bad_validations = value, 0
-        else:
-            s.bad_validations += 1
-        s.history.append({"step": s.step, **result})
-        return better, t.patience > 0 and s.bad_validations >= t.patience
-
-    # ---------------------------------------------------------------------------------- loop
-    def _train_step(
-        self, tensors: list[tuple[torch.Tensor, ...]], stop_requested: bool, seconds: float
+    # ---------------------------------------------------------------------------------- step
+    def train_step(
+        self, micro_batches: list[tuple[torch.Tensor, ...]], stop_requested: bool, seconds: float
     ) -> StepResult:
-        """One optimizer step on this rank's micro-batches ``tensors`` (src, trg_in, trg_out),
-        ``seconds`` of training time spent before it; the result is the same on every rank (sums
-        over all ranks), and so is every decision taken from it."""
-        t = self.cfg.train
-        local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in tensors))
-        (global_tokens,) = D.all_reduce_sum([local_tokens], self.info, self.device)
+        """One optimizer step on this rank's ``micro_batches`` (src, trg_in, trg_out), ``seconds``
+        of training time spent before it; the result is the same on every rank (sums over all
+        ranks), and so is every decision taken from it."""
+        train_cfg = self.cfg.train
+        local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in micro_batches))
+        (global_tokens,) = distributed.all_reduce_sum([local_tokens], self.info, self.device)
         loss_sum = nll_sum = 0.0
-        for i, (src, trg_in, trg_out) in enumerate(tensors):
-            src, trg_in, trg_out = (
-                src.to(self.device),
-                trg_in.to(self.device),
-                trg_out.to(self.device),
-            )
-            last = i == len(tensors) - 1
+        for i, batch in enumerate(micro_batches):
+            src, trg_in, trg_out = (x.to(self.device) for x in batch)
+            last = i == len(micro_batches) - 1
+            # Gradients are all-reduced once per step, on its last micro-batch.
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
             with sync:
-                with self._autocast():
+                with autocast(self.device, self.autocast_dtype):
                     hidden = self.train_model(src, trg_in, features_only=True)  # (B, T, D)
                 # The output projection runs inside the loss, in blocks (no (B, T, V) logits).
                 loss, nll = linear_label_smoothed_nll(
-                    hidden, self.model.out.weight, trg_out, PAD_ID, t.label_smoothing,
+                    hidden, self.model.out.weight, trg_out, PAD_ID, train_cfg.label_smoothing,
                     self.autocast_dtype,
                 )  # fmt: skip
                 # DDP averages gradients over ranks; the world size turns that mean back into a
@@ -416,12 +227,12 @@ class Trainer:
         # The stop flag rides along with the sums: one collective, and all ranks stop together.
         # Rank 0's clock decides the time budget (and the linear schedule's lr), so that no two
         # ranks disagree about it.
-        loss_sum, nll_sum, stops, seconds = D.all_reduce_sum(
+        loss_sum, nll_sum, stops, seconds = distributed.all_reduce_sum(
             [loss_sum, nll_sum, float(stop_requested), seconds if self.info.is_main else 0.0],
             self.info,
             self.device,
         )
-        budget_s = t.max_minutes * 60.0
+        budget_s = train_cfg.max_minutes * 60.0
         time_up = budget_s > 0 and seconds >= budget_s
         result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0, time_up)
         if not math.isfinite(loss_sum):
@@ -432,7 +243,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # fp16: the norm and the clipping see true gradients
         # Without clipping, max_norm=inf only measures the norm (logged: a rising norm warns of a
         # blow-up before the loss does).
-        max_norm = t.clip_norm if t.clip_norm > 0 else math.inf
+        max_norm = train_cfg.clip_norm if train_cfg.clip_norm > 0 else math.inf
         result.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         lr = self._lr(self.state.step + 1, seconds)
         for group in self.optimizer.param_groups:
@@ -444,146 +255,237 @@ class Trainer:
 
     def _lr(self, step: int, seconds: float) -> float:
         """The learning rate of optimizer step ``step``, ``seconds`` of training time spent."""
-        t, s, d_model = self.cfg.train, self.state, self.cfg.model.d_model
-        if t.lr_schedule == "noam":
-            return noam_lr(step, d_model, t.warmup_steps, t.lr_factor)
-        if step > t.warmup_steps and s.warmup_seconds is None:
-            s.warmup_seconds = seconds  # the time budget of the decay starts here
+        train_cfg, d_model = self.cfg.train, self.cfg.model.d_model
+        if train_cfg.lr_schedule == "noam":
+            return noam_lr(step, d_model, train_cfg.warmup_steps, train_cfg.lr_factor)
+        if step > train_cfg.warmup_steps and self.state.warmup_seconds is None:
+            self.state.warmup_seconds = seconds  # the time budget of the decay starts here
         left = budget_left(
-            step, t.max_steps, t.warmup_steps, seconds, t.max_minutes * 60.0, s.warmup_seconds
+            step,
+            train_cfg.max_steps,
+            train_cfg.warmup_steps,
+            seconds,
+            train_cfg.max_minutes * 60.0,
+            self.state.warmup_seconds,
         )
-        return linear_decay_lr(step, d_model, t.warmup_steps, t.lr_factor, left)
+        return linear_decay_lr(step, d_model, train_cfg.warmup_steps, train_cfg.lr_factor, left)
+
+    # ----------------------------------------------------------------------------- decisions
+    def _log_due(self) -> bool:
+        return self.state.step % self.cfg.train.log_every == 0 or self._at_max_steps()
+
+    def _validation_due(self, step: StepResult) -> bool:
+        """Validate (and checkpoint) every ``valid_every`` steps, at the last step, and when the
+        time budget is spent."""
+        return (
+            self.state.step % self.cfg.train.valid_every == 0
+            or self._at_max_steps()
+            or step.time_up
+        )
+
+    def _at_max_steps(self) -> bool:
+        return self.state.step >= self.cfg.train.max_steps
+
+    def _stop_reason(self, step: StepResult, early_stop: bool) -> StopReason | None:
+        """Why to stop after this step, if at all (in this order of precedence)."""
+        if early_stop:
+            return StopReason.EARLY_STOP
+        if step.time_up:
+            return StopReason.TIME_UP
+        if step.stop:
+            return StopReason.SIGNAL
+        if self._at_max_steps():
+            return StopReason.MAX_STEPS
+        return None
+
+    # ---------------------------------------------------------------------------------- loop
+    def validate(self) -> dict[str, float]:
+        """Validation loss, perplexity and (with train.valid_bleu) greedy BLEU; see validation."""
+        return validate(
+            self.model, self.data, self.cfg, self.info, self.device, self.autocast_dtype
+        )
 
     def run(self) -> TrainState:
-        """Train until ``train.max_steps``, early stopping, or a stop signal; returns the state."""
-        t, s = self.cfg.train, self.state
-        D.main_first(self._write_run_files, self.info, lambda: None)
-        self.tb = self._open_tensorboard()
-        if s.step >= t.max_steps:
-            self.say(f"{self.run_dir} has already reached train.max_steps={t.max_steps}")
-            return s
-        self.say(
-            f"training on {self.device} ({self.info.world_size} process(es)): "
-            f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
-            f"{len(self.data.train):,} pairs, steps {s.step} -> {t.max_steps}"
+        """Train until ``train.max_steps``, the time budget, early stopping, or a stop signal;
+        returns the state."""
+        train_cfg, state = self.cfg.train, self.state
+        if not self._begin():
+            return state
+        stream = BatchStream(
+            self.data.train,
+            self.cfg,
+            self.info,
+            self.data.sampler,
+            epoch=state.epoch,
+            batch_in_epoch=state.batch_in_epoch,
         )
-        stream = iter(BatchStream(self.data.train, self.cfg, self.info, s, self.data.sampler))
-        self.model.train()
         bar = tqdm(
-            total=t.max_steps,
-            initial=s.step,
+            total=train_cfg.max_steps,
+            initial=state.step,
             disable=not (self.progress and self.info.is_main),
             desc="train",
             unit="step",
             dynamic_ncols=True,
         )
-        window = _new_window()
-        started, spent_before = time.perf_counter(), s.train_seconds
-        interrupted = False  # by a signal: no final average, the run is to be resumed
-        with StopFlag() as stop:
-            while s.step < t.max_steps:
-                s.train_seconds = spent_before + time.perf_counter() - started
-                step = self._train_step(
-                    [next(stream) for _ in range(t.accum_steps)], stop.requested, s.train_seconds
-                )
+        started, spent_before = time.perf_counter(), state.train_seconds
+
+        def elapsed() -> float:
+            """Training seconds of the whole run, earlier invocations included."""
+            return spent_before + time.perf_counter() - started
+
+        window = MetricsWindow(started)
+        with StopFlag() as stop_flag:
+            while True:
+                state.train_seconds = elapsed()
+                micro_batches = [next(stream) for _ in range(train_cfg.accum_steps)]
+                state.epoch, state.batch_in_epoch = stream.position
+                step = self.train_step(micro_batches, stop_flag.requested, state.train_seconds)
                 if not math.isfinite(step.loss):  # all-reduced: every rank skips or stops alike
-                    s.nonfinite_in_a_row += 1
-                    if self.info.is_main:
-                        msg = f"step {s.step + 1}: non-finite loss, step skipped"
-                        warnings.warn(msg, stacklevel=1)
-                    if s.nonfinite_in_a_row >= t.max_nonfinite:
-                        raise MTError(
-                            f"loss was not finite for {s.nonfinite_in_a_row} steps in a row at step "
-                            f"{s.step + 1}; lower train.lr_factor, set train.clip_norm, or use "
-                            "train.precision=bf16 or fp32"
-                        )
+                    self._skip_nonfinite()
                     if step.stop:
-                        self._save(best=False)
-                        self.say(
-                            f"stopped by signal at step {s.step}; resume with the same command"
-                        )
-                        interrupted = True
+                        reason, saved = StopReason.SIGNAL, False
                         break
                     continue
-                s.nonfinite_in_a_row = 0
-                s.step += 1
+                state.nonfinite_in_a_row = 0
+                state.step += 1
                 bar.update(1)
-                window["loss"] += step.loss
-                window["nll"] += step.nll
-                window["tokens"] += step.tokens
-                if math.isfinite(step.grad_norm):  # fp16 overflow: the scaler skipped the update
-                    window["grad_norm"] += step.grad_norm
-                    window["norm_steps"] += 1
-                if s.step % t.log_every == 0 or s.step == t.max_steps:
-                    now = time.perf_counter()
-                    rate = window["tokens"] / max(now - window["time"], 1e-9)
-                    lr = self.optimizer.param_groups[0]["lr"]
-                    record = {
-                        "step": s.step,
-                        "time_s": round(s.train_seconds, 1),
-                        "epoch": s.epoch,
-                        "loss": window["loss"] / window["tokens"],
-                        "nll": window["nll"] / window["tokens"],
-                        "lr": lr,
-                        "grad_norm": window["grad_norm"] / max(window["norm_steps"], 1),
-                        "tokens_per_s": rate,
-                    }
-                    self._log(record)
-                    bar.set_postfix(
-                        loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}"
-                    )
-                    window = _new_window()
-                if s.step % t.valid_every == 0 or s.step == t.max_steps or step.time_up:
+                window.add(step.loss, step.nll, step.tokens, step.grad_norm)
+                if self._log_due():
+                    window = self._log_step(window, bar)
+                early_stop = saved = self._validation_due(step)
+                if saved:
                     valid_started = time.perf_counter()
-                    result = self.validate()
-                    best, early = self._after_validation(result)
-                    s.train_seconds = spent_before + time.perf_counter() - started
-                    memory = self._memory_mib()
-                    self._log(
-                        {"step": s.step, "time_s": round(s.train_seconds, 1), **result, **memory}
-                    )
-                    if self.info.is_main:
-                        summary = ", ".join(f"{k} {v:.3f}" for k, v in result.items())
-                        bar.write(f"step {s.step}: {summary}", file=sys.stderr)
-                    self._save(best)
-                    if self.kept_freed_memory:
-                        release_freed_memory()  # the pages validation's odd shapes left behind
+                    early_stop = self._validate_and_save(elapsed)
                     # Validation time is not training time: the current log window (which may
-                    # hold steps from before the validation) starts that much later.
-                    window["time"] += time.perf_counter() - valid_started
-                    if early:
-                        self.say(f"early stopping: no improvement in {t.patience} validations")
-                        break
-                    if step.time_up:
-                        self.say(f"train.max_minutes={t.max_minutes:g} spent at step {s.step}")
-                        break
-                elif step.stop:
-                    self._save(best=False)
-                if step.stop:
-                    self.say(f"stopped by signal at step {s.step}; resume with the same command")
-                    interrupted = True
+                    # hold steps from before the validation) leaves it out.
+                    window.pause(time.perf_counter() - valid_started)
+                reason = self._stop_reason(step, early_stop)
+                if reason is not None:
                     break
         bar.close()
-        if t.average_last > 0 and not interrupted:
-            D.main_first(self._write_average, self.info, lambda: None)
-        if self.tb is not None:
-            self.tb.close()
-        return s
+        self._finish(reason, saved)
+        return state
+
+    def _begin(self) -> bool:
+        """Write the run's setup files and say what is about to happen; False when the run has
+        already reached max_steps (nothing to do)."""
+        train_cfg, state = self.cfg.train, self.state
+        setup = lambda: self.run_dir.write_setup(  # noqa: E731
+            self.cfg, self.data.src_tok, self.data.trg_tok, state.step
+        )
+        distributed.main_first(setup, self.info, lambda: None)
+        if state.step >= train_cfg.max_steps:
+            log.info(
+                f"{self.run_dir.path} has already reached train.max_steps={train_cfg.max_steps}"
+            )
+            return False
+        self.run_dir.metrics.open()
+        log.info(
+            f"training on {self.device} ({self.info.world_size} process(es)): "
+            f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
+            f"{len(self.data.train):,} pairs, steps {state.step} -> {train_cfg.max_steps}"
+        )
+        self.model.train()
+        return True
+
+    def _skip_nonfinite(self) -> None:
+        """Count a step whose loss was not finite (its update was skipped); too many in a row
+        stop the run with what to do about it."""
+        state = self.state
+        state.nonfinite_in_a_row += 1
+        if self.info.is_main:
+            warnings.warn(f"step {state.step + 1}: non-finite loss, step skipped", stacklevel=2)
+        if state.nonfinite_in_a_row >= self.cfg.train.max_nonfinite:
+            raise MTError(
+                f"loss was not finite for {state.nonfinite_in_a_row} steps in a row at step "
+                f"{state.step + 1}; lower train.lr_factor, set train.clip_norm, or use "
+                "train.precision=bf16 or fp32"
+            )
+
+    def _log_step(self, window: MetricsWindow, bar: tqdm) -> MetricsWindow:
+        """Write the window's metrics line; returns the next window."""
+        now = time.perf_counter()
+        summary = window.summary(now)
+        lr = self.optimizer.param_groups[0]["lr"]
+        record = {
+            "step": self.state.step,
+            "time_s": round(self.state.train_seconds, 1),
+            "epoch": self.state.epoch,
+            "loss": summary["loss"],
+            "nll": summary["nll"],
+            "lr": lr,
+            "grad_norm": summary["grad_norm"],
+            "tokens_per_s": summary["tokens_per_s"],
+        }
+        self.run_dir.metrics.write(record)
+        bar.set_postfix(
+            loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{summary['tokens_per_s']:,.0f}"
+        )
+        return MetricsWindow(now)
+
+    def _validate_and_save(self, elapsed: Callable[[], float]) -> bool:
+        """Validate, log, checkpoint (best.pt when improved); returns whether to stop early.
+        ``elapsed()`` reads the run's training clock, which the checkpoint records."""
+        state, train_cfg = self.state, self.cfg.train
+        result = self.validate()
+        value = result["val_bleu"] if train_cfg.best_metric == "bleu" else result["val_loss"]
+        better = state.best is None or (
+            value > state.best if train_cfg.best_metric == "bleu" else value < state.best
+        )
+        if better:
+            state.best, state.bad_validations = value, 0
+        else:
+            state.bad_validations += 1
+        state.history.append({"step": state.step, **result})
+        state.train_seconds = elapsed()
+        self.run_dir.metrics.write(
+            {
+                "step": state.step,
+                "time_s": round(state.train_seconds, 1),
+                **result,
+                **self._memory_mib(),
+            }
+        )
+        log.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items()))
+        self._save(best=better)
+        if self.kept_freed_memory:
+            release_freed_memory()  # the pages validation's odd shapes left behind
+        return train_cfg.patience > 0 and state.bad_validations >= train_cfg.patience
+
+    def _memory_mib(self) -> dict[str, float]:
+        """Memory for the validation record (rank 0 logs it): the peak GPU memory torch allocated
+        (``cuda_peak_mib``), or on a CPU the resident size before freed pages go back
+        (``rss_mib``)."""
+        if self.device.type == "cuda":
+            return {"cuda_peak_mib": round(torch.cuda.max_memory_allocated(self.device) / 2**20)}
+        rss = resident_mib() if self.device.type == "cpu" else None
+        return {} if rss is None else {"rss_mib": round(rss)}
+
+    def _finish(self, reason: StopReason, saved: bool) -> None:
+        """The one exit of the loop. A run stopped by a signal is saved (unless this step's
+        validation just did) to be resumed, so it gets no average; every other ending says why
+        it ended and writes average.pt when asked for."""
+        train_cfg, step = self.cfg.train, self.state.step
+        if reason is StopReason.SIGNAL:
+            if not saved:
+                self._save(best=False)
+            log.info(f"stopped by signal at step {step}; resume with the same command")
+        else:
+            if reason is StopReason.EARLY_STOP:
+                log.info(f"early stopping: no improvement in {train_cfg.patience} validations")
+            elif reason is StopReason.TIME_UP:
+                log.info(f"train.max_minutes={train_cfg.max_minutes:g} spent at step {step}")
+            if train_cfg.average_last > 0:
+                average = lambda: self.run_dir.write_average(train_cfg.average_last)  # noqa: E731
+                distributed.main_first(average, self.info, lambda: None)
+        self.run_dir.metrics.close()
 
 
-def _new_window() -> dict[str, float]:
-    """Sums over the steps since the last metrics line."""
-    keys = ("loss", "nll", "tokens", "grad_norm", "norm_steps")
-    return {**dict.fromkeys(keys, 0.0), "time": time.perf_counter()}
-
-
-def train(
-    cfg: Config, run_dir: Path, *, resume: bool = True, progress: bool = True, say=print
-) -> TrainState:
+def train(cfg: Config, run_dir: Path, *, resume: bool = True, progress: bool = True) -> TrainState:
     """Prepare data, train, and write the run directory; the library entry of `mt train`."""
     try:
-        return Trainer(cfg, run_dir, resume=resume, progress=progress, say=say).run()
+        return Trainer(cfg, run_dir, resume=resume, progress=progress).run()
     finally:
         # Also when the constructor failed after joining the process group: a group left alive at
         # exit aborts the process (SIGABRT) instead of exiting with the error's code.
-        D.shutdown()
+        distributed.shutdown()

@@ -1,9 +1,11 @@
 """Search over a trained Transformer: greedy, beam search and sampling. Token ids in, token ids out.
 
 All three take a padded source batch ``src`` (B, S) of ids ending in EOS (padding =
-``model.src_pad_idx``) and return one :class:`DecodeResult` per sentence, in batch order. They run
-under ``torch.inference_mode`` and need the model in eval mode (dropout would randomize the
-search), which is the caller's job: ``model.eval()``.
+``model.src_pad_idx``) and a :class:`~transformer_mt.config.DecodeConfig` (already validated by
+``validate_decode``: n-best within the beam, sampling settings in range), and return one
+:class:`DecodeResult` per sentence, in batch order. :func:`search` picks the one the config asks
+for. They run under ``torch.inference_mode`` and need the model in eval mode (dropout would
+randomize the search), which is the caller's job: ``model.eval()``.
 
 Speed: with ``use_cache=True`` (the default) every step feeds the decoder one new position and
 reuses the keys/values of earlier positions (:class:`~transformer_mt.model.DecoderCache`); the
@@ -12,7 +14,8 @@ the whole prefix at every step, the slow reference that tests and benchmarks com
 Finished sentences leave the active batch (and the cache), so they stop costing compute.
 
 Length: a sentence gets at most ``max_len_a + max_len_b * source_length`` target tokens (EOS not
-counted; source length counts the source's EOS), capped by the model's ``max_len``. A hypothesis
+counted; source length counts the source's EOS), capped by the size of the model's position
+table (``model.positions.max_len``). A hypothesis
 cut at that length has ``finished=False``.
 
 Scores are sums of token log-probabilities (EOS included) divided by the GNMT length penalty
@@ -23,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
+from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.model import DecoderCache, Transformer
 
@@ -61,7 +65,7 @@ def length_penalty(length: int, alpha: float) -> float:
 def max_target_lengths(
     model: Transformer, src: torch.Tensor, max_len_a: float, max_len_b: float
 ) -> torch.Tensor:
-    """Per-sentence token budget ``a + b * source length``, in [1, model max_len]; shape (B,)."""
+    """Per-sentence token budget ``a + b * source length``, in [1, position table size]; (B,)."""
     src_len = (src != model.src_pad_idx).sum(dim=1).double()  # (B,)
     limit = torch.floor(max_len_a + max_len_b * src_len).long()
     # Target positions 0 .. n-1 feed the decoder to produce n tokens: n may reach the table size.
@@ -87,7 +91,7 @@ def _next_log_probs(
         logits = model.decode(tokens, memory, src_mask)[:, -1]  # (R, V)
     else:
         logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (R, V)
-    log_probs = F.log_softmax(logits.float(), dim=-1)
+    log_probs = functional.log_softmax(logits.float(), dim=-1)
     # Never emit PAD or BOS: a PAD inside a prefix would be masked as padding by the uncached path
     # (and by any later teacher-forced pass), so the two paths would disagree.
     log_probs[:, model.trg_pad_idx] = float("-inf")
@@ -104,16 +108,15 @@ def _sequential_search(
     model: Transformer,
     src: torch.Tensor,
     choose: Callable[[torch.Tensor], torch.Tensor],
-    max_len_a: float,
-    max_len_b: float,
-    len_penalty: float,
+    decode: DecodeConfig,
     use_cache: bool,
     eos_idx: int,
 ) -> list[DecodeResult]:
     """One hypothesis per sentence, extended by ``choose(log_probs (R, V)) -> ids (R,)``."""
     _check_model(model)
     n_sent = src.size(0)
-    max_lens = max_target_lengths(model, src, max_len_a, max_len_b).to(src.device)  # (B,)
+    max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b)  # (B,)
+    max_lens = max_lens.to(src.device)
     memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     sent = torch.arange(n_sent, device=src.device)  # sentence index of each active row
     tokens = torch.full((n_sent, 1), model.trg_sos_idx, dtype=torch.long, device=src.device)
@@ -139,7 +142,7 @@ def _sequential_search(
             strict=True,
         ):
             results[s] = DecodeResult(
-                [_hypothesis(toks[:-1] if eos else toks, lp, eos, len_penalty)]
+                [_hypothesis(toks[:-1] if eos else toks, lp, eos, decode.len_penalty)]
             )
         keep = (~done).nonzero().squeeze(1)  # (R',)
         if keep.numel() == 0:
@@ -157,23 +160,15 @@ def _sequential_search(
 def greedy_search(
     model: Transformer,
     src: torch.Tensor,
+    decode: DecodeConfig,
     *,
-    max_len_a: float = 10.0,
-    max_len_b: float = 1.5,
-    len_penalty: float = 1.0,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
 ) -> list[DecodeResult]:
-    """Pick the most probable token at each step. ``len_penalty`` only scales the reported score."""
+    """Pick the most probable token at each step. Uses the length rule and the length penalty of
+    ``decode`` (the penalty only scales the reported score); ignores the beam settings."""
     return _sequential_search(
-        model,
-        src,
-        lambda log_probs: log_probs.argmax(dim=-1),
-        max_len_a,
-        max_len_b,
-        len_penalty,
-        use_cache,
-        eos_idx,
+        model, src, lambda log_probs: log_probs.argmax(dim=-1), decode, use_cache, eos_idx
     )
 
 
@@ -193,72 +188,35 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    """How ``sample`` draws: used by back-translation (`mt translate --sample`)."""
-
-    temperature: float = 1.0  # > 0; lower is closer to greedy
-    top_k: int = 0  # keep the k most likely tokens; 0 = all
-    top_p: float = 1.0  # keep the smallest set holding this probability mass; 1 = all
-    seed: int = 0  # seeds the draws, so the same input and seed give the same output
-
-
 @torch.inference_mode()
 def sample(
     model: Transformer,
     src: torch.Tensor,
+    decode: DecodeConfig,
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    max_len_a: float = 10.0,
-    max_len_b: float = 1.5,
-    len_penalty: float = 1.0,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
 ) -> list[DecodeResult]:
     """Draw each token from softmax(logits / temperature), optionally top-k / top-p filtered
-    (back-translation). The score is the model's own log-probability of the draw (temperature 1,
-    unfiltered). Pass a seeded ``generator`` for reproducible draws."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}; use greedy_search for 0")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    (back-translation), with ``decode.temperature``, ``top_k`` and ``top_p``. The score is the
+    model's own log-probability of the draw (temperature 1, unfiltered). Pass a seeded
+    ``generator`` for reproducible draws (None: torch's global generator)."""
+    temperature, top_k, top_p = decode.temperature, decode.top_k, decode.top_p
 
     def choose(log_probs: torch.Tensor) -> torch.Tensor:
         probs = filter_logits(log_probs / temperature, top_k, top_p).softmax(dim=-1)  # (R, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (R,)
 
-    return _sequential_search(
-        model, src, choose, max_len_a, max_len_b, len_penalty, use_cache, eos_idx
-    )
-
-
-def _reorder_self_attention(cache: DecoderCache, index: torch.Tensor) -> None:
-    """Reorder the beams of the self-attention cache only.
-
-    The K rows of a sentence share one source, so their cross-attention keys/values are equal and
-    a reorder within sentences leaves them unchanged: skipping them halves the copying of a step
-    (the gathers were a third of cached beam search's time). Uses the layout ``DecoderCache``
-    documents: per layer ``{"self": {"k", "v"}, "cross": {"k", "v"}}``.
-    """
-    for layer in cache.layers:
-        part = layer["self"]
-        for name, t in part.items():
-            part[name] = t.index_select(0, index)  # (n*K, H, t, Dh)
+    return _sequential_search(model, src, choose, decode, use_cache, eos_idx)
 
 
 @torch.inference_mode()
 def beam_search(
     model: Transformer,
     src: torch.Tensor,
+    decode: DecodeConfig,
     *,
-    beam: int = 4,
-    nbest: int = 1,
-    len_penalty: float = 1.0,
-    max_len_a: float = 10.0,
-    max_len_b: float = 1.5,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
 ) -> list[DecodeResult]:
@@ -266,18 +224,16 @@ def beam_search(
 
     Each step ranks the 2K best extensions per sentence. An EOS among the K best ends a hypothesis;
     the K best non-EOS extensions stay on the beam (so beam 1 picks exactly what greedy picks). A
-    sentence is done when it holds ``beam`` ended hypotheses or reaches its maximum length (then its
-    live beams end unfinished); done sentences leave the batch. Returns the ``nbest`` best of each
-    sentence by length-penalized score, best first; they are distinct token sequences because every
-    beam is a distinct path.
+    sentence is done when it holds K (``decode.beam_size``) ended hypotheses or reaches its maximum
+    length (then its live beams end unfinished); done sentences leave the batch. Returns the
+    ``decode.nbest`` best of each sentence by length-penalized score, best first; they are distinct
+    token sequences because every beam is a distinct path.
     """
     _check_model(model)
-    k = beam
-    if not 1 <= nbest <= k:
-        raise ValueError(f"need 1 <= nbest <= beam, got nbest={nbest}, beam={beam}")
+    k, nbest, len_penalty = decode.beam_size, decode.nbest, decode.len_penalty
     n = src.size(0)
     dev = src.device
-    max_lens = max_target_lengths(model, src, max_len_a, max_len_b).to(dev)  # (n,)
+    max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b).to(dev)  # (n,)
     memory, src_mask = model.encode(src)  # (n, S, D), (n, 1, 1, S)
     memory = memory.repeat_interleave(k, dim=0)  # (n*K, S, D)
     src_mask = src_mask.repeat_interleave(k, dim=0)  # (n*K, 1, 1, S)
@@ -293,12 +249,7 @@ def beam_search(
 
     for step in range(int(max_lens.max())):
         log_probs = _next_log_probs(model, tokens, memory, src_mask, cache)  # (n*K, V)
-        n_act, vocab = scores.size(0), log_probs.size(-1)
-        if 2 * k + 2 > vocab:  # 2K finite candidates per sentence; PAD and BOS are never emitted
-            raise ValueError(f"beam={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
-        cand = (scores.view(-1, 1) + log_probs).view(n_act, k * vocab)  # (n, K*V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab  # (n, 2K)
+        top_scores, top_beam, top_tok = _top_candidates(scores, log_probs, k)  # (n, 2K) each
         is_eos = top_tok == eos_idx
 
         # EOS among the K best candidates ends a hypothesis (a -inf one is a step-0 copy beam).
@@ -306,19 +257,15 @@ def beam_search(
         if bool(end_mask.any()):
             i_idx, j_idx = end_mask.nonzero(as_tuple=True)
             rows = i_idx * k + top_beam[i_idx, j_idx]
-            for s, lp, toks in zip(
-                sent[i_idx].tolist(),
-                top_scores[i_idx, j_idx].tolist(),
-                tokens[rows, 1:].tolist(),
-                strict=True,
-            ):
-                ended[s].append(_hypothesis(toks, lp, True, len_penalty))
+            prefixes, logp = tokens[rows, 1:], top_scores[i_idx, j_idx]
+            _end_hypotheses(ended, sent[i_idx], logp, prefixes, True, len_penalty)
 
         # The K best non-EOS candidates live on; there are always K, as at most K are EOS.
         live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         live_beam = top_beam.gather(1, live_pos)  # (n, K)
         live_tok = top_tok.gather(1, live_pos)  # (n, K)
-        reorder = (torch.arange(n_act, device=dev)[:, None] * k + live_beam).view(-1)  # (n*K,)
+        reorder = (torch.arange(len(scores), device=dev)[:, None] * k + live_beam).view(-1)
+        # reorder (n*K,): the row each new row continues; tokens (n*K, t + 1)
         tokens = torch.cat([tokens.index_select(0, reorder), live_tok.view(-1, 1)], dim=1)
         scores = live_scores
 
@@ -326,13 +273,10 @@ def beam_search(
         if bool(at_max.any()):
             i_idx = at_max.nonzero().squeeze(1)
             rows = (i_idx[:, None] * k + beam_offsets).view(-1)  # (m*K,)
-            for s, lp, toks in zip(
-                sent[i_idx].repeat_interleave(k).tolist(),
-                scores[i_idx].view(-1).tolist(),
-                tokens[rows, 1:].tolist(),
-                strict=True,
-            ):
-                ended[s].append(_hypothesis(toks, lp, False, len_penalty))
+            prefixes, logp = tokens[rows, 1:], scores[i_idx].view(-1)  # (m*K, t), (m*K,)
+            _end_hypotheses(
+                ended, sent[i_idx].repeat_interleave(k), logp, prefixes, False, len_penalty
+            )
         n_ended = torch.tensor([len(ended[s]) for s in sent.tolist()], device=dev)
         done = at_max | (n_ended >= k)  # (n,)
 
@@ -350,11 +294,61 @@ def beam_search(
                 # One gather both reorders the beams and drops the done sentences.
                 cache.select(reorder)
         elif cache is not None:
-            _reorder_self_attention(cache, reorder)
+            # Beams move only within their sentence: cross-attention keys/values stay as they are.
+            cache.reorder_beams(reorder)
 
-    results = []
-    for hyps in ended:
-        best = sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest]
-        assert len(best) == nbest, "a done sentence always holds >= beam hypotheses"
-        results.append(DecodeResult(best))
-    return results
+    return [_best(hyps, nbest) for hyps in ended]
+
+
+def _top_candidates(
+    scores: torch.Tensor, log_probs: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 2K best one-token extensions per sentence, best first, from the beams' summed scores
+    (n, K) and their next-token log-probs (n*K, V): summed scores, beam index in 0..K-1 and token,
+    each (n, 2K)."""
+    n_act, vocab = scores.size(0), log_probs.size(-1)
+    if 2 * k + 2 > vocab:  # 2K finite candidates per sentence; PAD and BOS are never emitted
+        raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
+    cand = (scores.view(-1, 1) + log_probs).view(n_act, k * vocab)  # (n, K*V)
+    top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
+    return top_scores, top_idx // vocab, top_idx % vocab
+
+
+def _end_hypotheses(
+    ended: list[list[Hypothesis]],
+    sentences: torch.Tensor,
+    logp_sums: torch.Tensor,
+    prefixes: torch.Tensor,
+    finished: bool,
+    alpha: float,
+) -> None:
+    """Add to ``ended[sentence]`` one hypothesis per row: sentence indices (m,), summed log-probs
+    (m,), generated ids without BOS (m, t); ``finished``: ended with EOS (not in ``prefixes``)."""
+    for sentence, logp, prefix in zip(
+        sentences.tolist(), logp_sums.tolist(), prefixes.tolist(), strict=True
+    ):
+        ended[sentence].append(_hypothesis(prefix, logp, finished, alpha))
+
+
+def _best(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
+    """The ``nbest`` best of a sentence's ended hypotheses, by length-penalized score."""
+    best = sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest]
+    assert len(best) == nbest, "a done sentence always holds >= beam hypotheses"
+    return DecodeResult(best)
+
+
+def search(
+    model: Transformer,
+    src: torch.Tensor,
+    decode: DecodeConfig,
+    *,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> list[DecodeResult]:
+    """The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (drawing with
+    ``generator``), :func:`greedy_search` at beam size 1, else :func:`beam_search`."""
+    if decode.sampling:
+        return sample(model, src, decode, generator=generator, use_cache=use_cache)
+    if decode.beam_size == 1:
+        return greedy_search(model, src, decode, use_cache=use_cache)
+    return beam_search(model, src, decode, use_cache=use_cache)

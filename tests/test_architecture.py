@@ -1,0 +1,77 @@
+"""The package's layers import one way (docs/ARCHITECTURE.md), and translating never loads the
+training package."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "transformer_mt"
+
+# What each part may import from the package (besides itself); everything else is a violation.
+BASE = {"errors", "fileio", "config"}
+ALLOWED = {
+    "errors": set(),
+    "fileio": {"errors"},
+    "config": {"errors", "fileio"},
+    "data": BASE,
+    "model": BASE,
+    "evaluation": BASE,
+    "checkpoint": BASE | {"data", "model"},
+    "decoding": BASE | {"data", "model"},
+    "inference": BASE | {"data", "model", "decoding", "checkpoint", "evaluation"},
+    "training": BASE | {"data", "model", "decoding", "checkpoint", "evaluation"},
+    "cli": BASE
+    | {"data", "model", "decoding", "checkpoint", "evaluation", "inference", "training"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+
+
+def _part(module: str) -> str:
+    """The top-level part of a package module name: transformer_mt.data.prepare -> data."""
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def _imports(path: Path) -> set[str]:
+    """The transformer_mt modules a file imports, at any depth (lazy imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {n for n in names if n == "transformer_mt" or n.startswith("transformer_mt.")}
+    return found
+
+
+def test_imports_run_one_way():
+    violations = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        part = _part(".".join(relative.parts))
+        for imported in _imports(path):
+            target = _part(imported)
+            # The package root holds only __version__: anyone may read it.
+            if target not in (part, "__init__") and target not in ALLOWED[part]:
+                violations.append(f"{relative}: {part} imports {imported}")
+    assert violations == []
+
+
+def test_translating_never_imports_training(tmp_path):
+    fixture = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+    code = f"""
+import sys
+from typer.testing import CliRunner
+from transformer_mt.cli import app
+result = CliRunner().invoke(app, ["translate", "-c", {str(fixture / "old_last.pt")!r},
+                                  "-i", {str(fixture / "src.txt")!r}, "--beam", "2"])
+assert result.exit_code == 0, result.output
+loaded = sorted(m for m in sys.modules if m.startswith("transformer_mt.training"))
+print(loaded)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,149 @@
+"""Where the text comes from: ``data.corpus`` -> the (source, target) files of each split.
+
+Three kinds of source, one function each:
+
+- ``toy``: the built-in generator (:mod:`transformer_mt.data.toy`), written once to text files;
+- ``local``: the files that ``data.{train,valid,test}_{src,trg}`` name;
+- a trainable registry corpus (:mod:`transformer_mt.data.registry`): its split files for
+  ``data.src_lang`` / ``data.trg_lang``, downloaded once (only those six) into
+  ``<data.download_dir>/<name>``.
+
+To add a downloadable corpus, add it to the registry with its ``splits``; nothing here changes.
+:func:`check_source` checks a config's source without touching the disk or the network, so that a
+trainer or command can fail before any work; :func:`corpus_files` runs it first too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformer_mt.config import Config
+from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
+from transformer_mt.data.toy import TOY_VERSION, toy_splits
+from transformer_mt.errors import MTError
+from transformer_mt.fileio import write_text_atomic
+
+BUILT_IN = ("toy", "local")
+"""The sources that are not registry corpora."""
+
+SplitFiles = dict[str, tuple[Path, Path]]
+"""Split name -> (source file, target file)."""
+
+
+def source_names() -> list[str]:
+    """Every value ``data.corpus`` accepts: the built-in sources, then the trainable corpora."""
+    return [*BUILT_IN, *(c.name for c in list_corpora() if c.trainable)]
+
+
+def check_source(cfg: Config) -> None:
+    """Check ``data.corpus`` and the settings it needs, without reading or downloading anything.
+
+    Raises:
+        MTError: one line naming the key: an unknown corpus (with the accepted values), a local
+            corpus without a split's two files, or a language the corpus does not have.
+    """
+    name = cfg.data.corpus
+    accepted = source_names()
+    if name not in accepted:
+        expected = ", ".join(accepted[:-1]) + " or " + accepted[-1]
+        raise MTError(f"data.corpus={name!r}: expected {expected}")
+    if name == "local":
+        _local_split_paths(cfg)
+    elif name != "toy":
+        _check_languages(cfg, get_corpus(name))
+
+
+def corpus_files(cfg: Config, progress: bool = True) -> SplitFiles:
+    """The (source, target) file pair of each split, generating or downloading what is missing.
+
+    A local corpus may leave out the test split; the other sources always have all three.
+    """
+    check_source(cfg)
+    if cfg.data.corpus == "toy":
+        return _toy_files(cfg)
+    if cfg.data.corpus == "local":
+        return _local_files(cfg)
+    return _registry_files(cfg, get_corpus(cfg.data.corpus), progress)
+
+
+# --- toy ------------------------------------------------------------------------------------------
+
+
+def _toy_files(cfg: Config) -> SplitFiles:
+    """Write the built-in corpus as plain text files (so users can read what the model learns)."""
+    data = cfg.data
+    sizes = (data.toy_train_size, data.toy_valid_size, data.toy_test_size)
+    out = Path(data.cache_dir) / (
+        f"toy-v{TOY_VERSION}-seed{data.toy_seed}-" + "-".join(map(str, sizes))
+    )
+    files = {
+        s: (out / f"{s}.{data.src_lang}", out / f"{s}.{data.trg_lang}") for s in TRAINING_SPLITS
+    }
+    if all(p.is_file() for pair in files.values() for p in pair):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    for split, pairs in toy_splits(*sizes, seed=data.toy_seed).items():
+        for side, path in enumerate(files[split]):
+            # Atomic: a killed run never leaves a half-written corpus file to be reused.
+            write_text_atomic(path, "".join(p[side] + "\n" for p in pairs))
+    return files
+
+
+# --- local ----------------------------------------------------------------------------------------
+
+
+def _local_split_paths(cfg: Config) -> SplitFiles:
+    """The file pair each split names in the config; train and valid are required, test optional."""
+    files: SplitFiles = {}
+    for split in TRAINING_SPLITS:
+        src, trg = getattr(cfg.data, f"{split}_src"), getattr(cfg.data, f"{split}_trg")
+        if (src is None) != (trg is None) or (src is None and split != "test"):
+            raise MTError(f"data.corpus=local needs data.{split}_src and data.{split}_trg")
+        if src is not None:
+            files[split] = (Path(src), Path(trg))
+    return files
+
+
+def _local_files(cfg: Config) -> SplitFiles:
+    """The files a local corpus names; all are checked now, so that a typo in ``test_src`` fails
+    before the training split is tokenized rather than later in ``mt evaluate``."""
+    files = _local_split_paths(cfg)
+    for split, pair in files.items():
+        for side, path in zip(("src", "trg"), pair, strict=True):
+            if not path.is_file():
+                raise MTError(f"data.{split}_{side}: {path} is not a file; check the path")
+    return files
+
+
+# --- registry corpora -----------------------------------------------------------------------------
+
+
+def _check_languages(cfg: Config, corpus: Corpus) -> None:
+    """Both languages must have every split (checked here: the downloader's own message would
+    talk about --only patterns), and they must differ."""
+    langs = corpus.languages()
+    for key, lang in (("src_lang", cfg.data.src_lang), ("trg_lang", cfg.data.trg_lang)):
+        if lang not in langs:
+            raise MTError(
+                f"data.{key}={lang!r}: {corpus.name} has {'/'.join(corpus.splits.values())} only "
+                f"in {', '.join(langs)}; choose one of them"
+            )
+    if cfg.data.src_lang == cfg.data.trg_lang:
+        raise MTError(f"data.src_lang and data.trg_lang are both {cfg.data.src_lang!r}; pick two")
+
+
+def _registry_files(cfg: Config, corpus: Corpus, progress: bool) -> SplitFiles:
+    """Download (once) only the files the language pair needs, and return the unpacked ones."""
+    # Imported here: urllib and tqdm are only needed when a corpus is downloaded.
+    from transformer_mt.data.download import fetch_corpus
+
+    langs = (cfg.data.src_lang, cfg.data.trg_lang)
+    split_files = {s: [corpus.split_file(s, lang) for lang in langs] for s in TRAINING_SPLITS}
+    names = [f.local_name for pair in split_files.values() for f in pair]
+    dest = Path(cfg.data.download_dir) / corpus.name
+    outputs = fetch_corpus(corpus, dest, cfg.data.base_url, only=names, progress=progress)
+    by_name = {p.name: p for p in outputs}  # e.g. "train.de", gunzipped beside "train.de.gz"
+    return {
+        split: (by_name[src.unpacked_name], by_name[trg.unpacked_name])
+        for split, (src, trg) in split_files.items()
+    }

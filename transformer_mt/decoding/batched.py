@@ -1,0 +1,54 @@
+"""Decode many sources: batch them by length within a token budget, search, restore input order.
+
+Longest first: the first batch is the most expensive one, so a source too long for the memory
+fails at once, and a progress bar's estimate only improves.
+"""
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from transformer_mt.config import DecodeConfig
+from transformer_mt.data.batching import longest_first_batches, pad_batch
+from transformer_mt.decoding.search import DecodeResult, search
+from transformer_mt.model import Transformer
+
+# Called after each batch with the batch's positions in ``sources``, its padded source tensor
+# (B, S) on the model's device, and its results in the same order.
+BatchCallback = Callable[[list[int], torch.Tensor, list[DecodeResult]], None]
+
+
+def decode_sources(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    decode: DecodeConfig,
+    *,
+    generator: torch.Generator | None = None,
+    on_batch: BatchCallback | None = None,
+) -> list[DecodeResult]:
+    """Search every source with the settings of ``decode``; one result per source, in input order.
+
+    Args:
+        model: the Transformer in eval mode; batches go to the device of its parameters.
+        sources: token ids, each non-empty and ending with EOS.
+        decode: the search (beam size, n-best, sampling), length rule and ``batch_tokens``, the
+            budget of padded source tokens per batch (a longer source gets a batch of its own).
+        generator: the draws of sampling. None with ``decode.sampling``: a generator on the
+            model's device seeded with ``decode.sample_seed`` (same input and seed, same output).
+        on_batch: called after each batch (progress bars, attention pictures), see
+            :data:`BatchCallback`.
+    """
+    device = next(model.parameters()).device
+    if decode.sampling and generator is None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(decode.sample_seed)
+    results: list[DecodeResult | None] = [None] * len(sources)
+    for batch in longest_first_batches([len(ids) for ids in sources], decode.batch_tokens):
+        positions = batch.tolist()
+        src = pad_batch([sources[i] for i in positions], model.src_pad_idx).to(device)  # (B, S)
+        decoded = search(model, src, decode, generator=generator)
+        for i, result in zip(positions, decoded, strict=True):
+            results[i] = result
+        if on_batch is not None:
+            on_batch(positions, src, decoded)
+    return results  # type: ignore[return-value]

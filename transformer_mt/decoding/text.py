@@ -1,0 +1,96 @@
+"""Text in, text out: the line contract of translation, over the batched search.
+
+Exactly one result per input line, in input order. An empty or whitespace-only line gives an empty
+translation without running the model; an over-long line is truncated (with a warning naming its
+line number), never dropped. Inside, sentences are sorted by length and batched by a token budget
+(:func:`transformer_mt.decoding.batched.decode_sources`), so a batch carries little padding.
+
+Used by `mt translate` / `mt evaluate` (through :mod:`transformer_mt.inference`) and by the
+validation BLEU of training: both translate the same way.
+"""
+
+import sys
+import warnings
+from collections.abc import Iterable
+
+import torch
+from tqdm import tqdm
+
+from transformer_mt.config import DecodeConfig
+from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
+from transformer_mt.decoding.batched import BatchCallback, decode_sources
+from transformer_mt.decoding.search import DecodeResult
+from transformer_mt.model import Transformer
+
+Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
+OnBatch = BatchCallback
+"""Called after each batch with its line indices, its padded source ids (B, S) and its results."""
+
+
+def encode_sources(src_tok: Tokenizer, lines: list[str], max_src_len: int) -> dict[int, list[int]]:
+    """Source ids (ending with EOS) of every line that has something to translate, by line index.
+
+    Surrounding whitespace is ignored; a line longer than ``max_src_len`` pieces (EOS included)
+    keeps its first ``max_src_len - 1`` pieces, with a warning.
+    """
+    texts = [line.strip() for line in lines]
+    todo = [i for i, text in enumerate(texts) if text]
+    sources: dict[int, list[int]] = {}
+    for i, ids in zip(todo, src_tok.encode_batch([texts[i] for i in todo]), strict=True):
+        if not ids:  # normalization removed everything (e.g. only control characters)
+            continue
+        if len(ids) + 1 > max_src_len:
+            warnings.warn(
+                f"line {i + 1}: {len(ids) + 1} source pieces (with EOS) exceed "
+                f"max_src_len={max_src_len}; translating its first {max_src_len - 1} pieces only",
+                stacklevel=3,
+            )
+            ids = ids[: max_src_len - 1]
+        sources[i] = [*ids, EOS_ID]
+    return sources
+
+
+def translate_texts(
+    model: Transformer,
+    src_tok: Tokenizer,
+    trg_tok: Tokenizer,
+    lines: Iterable[str],
+    decode: DecodeConfig,
+    *,
+    max_src_len: int | None = None,
+    progress: bool = False,
+    on_batch: OnBatch | None = None,
+) -> list[Translation]:
+    """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
+    (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0).
+
+    Args:
+        model: the Transformer in eval mode; it runs where its parameters are.
+        src_tok, trg_tok: source and target tokenizers (the same object for a joint vocabulary).
+        decode: the search and its limits (validated with the config).
+        max_src_len: longest source in pieces, EOS included (default and cap: the model's
+            position table); longer lines are truncated with a warning.
+        progress: a tqdm bar (sentences) on stderr.
+        on_batch: see :data:`OnBatch` (e.g. attention pictures).
+    """
+    limit = min(max_src_len or model.positions.max_len, model.positions.max_len)
+    if limit < 2:
+        raise ValueError(f"max_src_len must be >= 2 (a piece and EOS), got {limit}")
+    lines = list(lines)
+    sources = encode_sources(src_tok, lines, limit)
+    line_of = list(sources)  # position in the batch input -> line index
+    # Lines with nothing to translate are answered now, without the model.
+    results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
+
+    with tqdm(total=len(sources), unit="sent", disable=not progress, file=sys.stderr) as bar:
+
+        def finished(positions: list[int], src: torch.Tensor, decoded: list[DecodeResult]) -> None:
+            batch_lines = [line_of[p] for p in positions]
+            for i, res in zip(batch_lines, decoded, strict=True):
+                results[i] = [(trg_tok.decode(h.tokens), h.score) for h in res.nbest]
+            if on_batch is not None:
+                on_batch(batch_lines, src, decoded)
+            bar.update(len(positions))
+
+        decode_sources(model, list(sources.values()), decode, on_batch=finished)
+    return results

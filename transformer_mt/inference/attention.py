@@ -1,0 +1,92 @@
+"""Cross-attention pictures: what the decoder looked at while writing each target piece.
+
+One PNG heatmap per sentence, source pieces on x, target pieces on y, for one decoder layer or the
+average of all layers (always averaged over heads). Search runs on the fused attention kernel,
+which never materializes the weights; the pictures come from one extra teacher-forced pass over
+the chosen hypotheses, which gives the same weights.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transformer_mt.data.batching import pad_batch
+from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
+from transformer_mt.decoding import DecodeResult, Hypothesis
+from transformer_mt.model import Transformer
+
+
+@torch.inference_mode()
+def attention_matrices(
+    model: Transformer,
+    src: torch.Tensor,
+    hyps: list[Hypothesis],
+    layer: int | None = None,
+) -> list[np.ndarray]:
+    """Cross-attention of each hypothesis over its source, averaged over heads (and over layers
+    when ``layer`` is None): one (T, S) array per sentence, S = the source's pieces with EOS,
+    T = the hypothesis' tokens plus EOS if it ended with one. One teacher-forced pass."""
+    src_len = (src != model.src_pad_idx).sum(dim=1).tolist()
+    rows = [len(h.tokens) + int(h.finished) for h in hyps]
+    # Decoder input BOS + tokens: position t predicts token t (and EOS after the last one).
+    trg = pad_batch([h.tokens for h in hyps], model.trg_pad_idx, bos=model.trg_sos_idx)
+    weights = model.cross_attention(src, trg.to(src.device))  # (L, B, H, T, S)
+    weights = weights.mean(dim=(0, 2)) if layer is None else weights[layer].mean(dim=1)  # (B, T, S)
+    weights = weights.float().cpu().numpy()
+    return [weights[b, : rows[b], : src_len[b]] for b in range(len(hyps))]
+
+
+def plot_attention(
+    weights: np.ndarray, src_pieces: list[str], trg_pieces: list[str], path: Path, title: str = ""
+) -> None:
+    """Save a heatmap of ``weights`` (T, S): source pieces on x, target pieces on y, as a PNG."""
+    # Imported here: matplotlib costs ~0.5 s at start-up and only pictures need it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n_trg, n_src = weights.shape
+    # Plain Figure + Agg canvas: no pyplot global state, works headless and in threads.
+    fig = Figure(figsize=(max(4.0, 0.35 * n_src + 2.0), max(3.0, 0.35 * n_trg + 1.5)))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    image = ax.imshow(weights, cmap="viridis", aspect="auto", vmin=0.0)
+    ax.set_xticks(range(n_src), src_pieces, rotation=90, fontsize=8)
+    ax.set_yticks(range(n_trg), trg_pieces, fontsize=8)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+
+
+class AttentionPictures:
+    """Writes one PNG per translated line, for its best hypothesis; called after each batch."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        src_tok: Tokenizer,
+        trg_tok: Tokenizer,
+        out_dir: Path,
+        layer: int | None = None,
+    ) -> None:
+        n_layers = model.n_dec_layers
+        if layer is not None and not -n_layers <= layer < n_layers:
+            raise ValueError(f"attention_layer={layer} outside the model's {n_layers} layers")
+        self.model, self.src_tok, self.trg_tok = model, src_tok, trg_tok
+        self.out_dir, self.layer = Path(out_dir), layer
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, lines: list[int], src: torch.Tensor, decoded: list[DecodeResult]) -> None:
+        hyps = [res.nbest[0] for res in decoded]
+        which = "mean of layers" if self.layer is None else f"layer {self.layer}"
+        matrices = attention_matrices(self.model, src, hyps, self.layer)
+        for line, hyp, ids, weights in zip(lines, hyps, src.tolist(), matrices, strict=True):
+            src_pieces = self.src_tok.id_to_piece(ids[: weights.shape[1]])
+            trg_pieces = self.trg_tok.id_to_piece([*hyp.tokens, EOS_ID][: weights.shape[0]])
+            title = f"line {line + 1}, cross-attention, {which}, mean of heads"
+            path = self.out_dir / f"{line + 1:06d}.png"
+            plot_attention(weights, src_pieces, trg_pieces, path, title)

@@ -1,0 +1,107 @@
+"""What training logs: the metrics window of the steps since the last line, and metrics.jsonl.
+
+``metrics.jsonl`` holds one JSON object per logged step and one per validation. Both carry
+``step`` and ``time_s`` (training seconds so far). Step lines add ``epoch``, ``loss`` (label
+smoothed), ``nll``, ``lr``, ``grad_norm`` and ``tokens_per_s``; validation lines add ``val_loss``,
+``val_ppl``, ``val_bleu`` and memory (``rss_mib`` on a CPU, ``cuda_peak_mib`` on a GPU).
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformer_mt.errors import MTError
+from transformer_mt.fileio import write_text_atomic
+
+
+@dataclass
+class MetricsWindow:
+    """Sums over the optimizer steps since the last metrics line, and the time they took.
+
+    Times are readings of one clock (``time.perf_counter`` in training), passed in by the caller:
+    the window never reads a clock itself, so a test can drive it with any numbers. Time spent
+    inside the window on something else than training (a validation) is excluded with
+    :meth:`pause`, so ``tokens_per_s`` measures training alone.
+    """
+
+    started: float  # clock reading when the window opened
+    loss_sum: float = 0.0  # summed label-smoothed token losses
+    nll_sum: float = 0.0  # summed token negative log-likelihoods
+    tokens: float = 0.0  # non-pad target tokens
+    grad_norm_sum: float = 0.0  # over the steps whose gradient norm was finite
+    norm_steps: int = 0
+    paused: float = 0.0  # seconds inside the window that were not training
+
+    def add(self, loss: float, nll: float, tokens: float, grad_norm: float) -> None:
+        """Count one optimizer step (sums over its micro-batches and ranks)."""
+        self.loss_sum += loss
+        self.nll_sum += nll
+        self.tokens += tokens
+        if math.isfinite(grad_norm):
+            # An fp16 overflow step has no norm (the scaler skipped the update).
+            self.grad_norm_sum += grad_norm
+            self.norm_steps += 1
+
+    def pause(self, seconds: float) -> None:
+        """Leave out ``seconds`` spent inside the window not training (e.g. a validation)."""
+        self.paused += seconds
+
+    def summary(self, now: float) -> dict[str, float]:
+        """Per-token loss and NLL, mean gradient norm and training throughput up to ``now``."""
+        seconds = now - self.started - self.paused
+        return {
+            "loss": self.loss_sum / self.tokens,
+            "nll": self.nll_sum / self.tokens,
+            "grad_norm": self.grad_norm_sum / max(self.norm_steps, 1),
+            "tokens_per_s": self.tokens / max(seconds, 1e-9),
+        }
+
+
+class MetricsLog:
+    """Appends records to RUN_DIR/metrics.jsonl (and TensorBoard when asked); a no-op on ranks
+    other than 0, so that every rank can call it."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = False) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self.tensorboard = tensorboard and enabled
+        self.writer: Any = None
+
+    def open(self) -> None:
+        """Open the TensorBoard writer, when asked for (fails with what to do if it is missing)."""
+        if not self.tensorboard:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise MTError(
+                "train.tensorboard: true needs the tensorboard package; pip install tensorboard "
+                "or set train.tensorboard=false"
+            ) from err
+        self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
+
+    def trim(self, last_step: int) -> None:
+        """On resume, drop the lines logged after the checkpoint: they will be logged again."""
+        if not (self.enabled and self.path.is_file()):
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        keep = [line for line in lines if json.loads(line)["step"] <= last_step]
+        write_text_atomic(self.path, "".join(line + "\n" for line in keep))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float):
+                    self.writer.add_scalar(key, value, record["step"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

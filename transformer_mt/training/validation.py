@@ -1,0 +1,70 @@
+"""Validation during training: loss and perplexity on the binarized split, BLEU of greedy
+translations of the validation text (translated as `mt translate --beam 1` would)."""
+
+import dataclasses
+import math
+
+import torch
+
+from transformer_mt.config import Config
+from transformer_mt.data.batching import make_batches, shard_batches
+from transformer_mt.data.prepare import PreparedData
+from transformer_mt.data.tokenizer import PAD_ID
+from transformer_mt.decoding.text import translate_texts
+from transformer_mt.evaluation import corpus_bleu
+from transformer_mt.model import Transformer
+from transformer_mt.training import distributed
+from transformer_mt.training.batches import collate
+from transformer_mt.training.device import autocast
+from transformer_mt.training.loss import label_smoothed_nll
+
+
+@torch.no_grad()
+def validate(
+    model: Transformer,
+    data: PreparedData,
+    cfg: Config,
+    info: distributed.DistInfo,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+) -> dict[str, float]:
+    """``val_loss`` (NLL per target token), ``val_ppl`` and, with ``train.valid_bleu``,
+    ``val_bleu``.
+
+    Every rank scores and decodes its share, and every rank computes the same result from the
+    gathered sums and hypotheses, so all of them take the same early-stopping decision. The model
+    is left in training mode.
+    """
+    model.eval()
+    nll_sum = tokens = 0.0
+    batches = make_batches(
+        data.valid.src_lengths,
+        data.valid.trg_lengths + 1,
+        cfg.train.batch_tokens,
+        seed=0,
+        epoch=0,
+        shuffle=False,
+    )
+    for index in shard_batches(batches, info.rank, info.world_size):
+        src, trg_in, trg_out = (x.to(device) for x in collate(data.valid, index))
+        with autocast(device, autocast_dtype):
+            logits = model(src, trg_in)
+        _, nll = label_smoothed_nll(logits, trg_out, PAD_ID, 0.0)
+        nll_sum += nll.item()
+        tokens += (trg_out != PAD_ID).sum().item()
+    nll_sum, tokens = distributed.all_reduce_sum([nll_sum, tokens], info, device)
+    result = {"val_loss": nll_sum / tokens, "val_ppl": math.exp(min(nll_sum / tokens, 50.0))}
+    if cfg.train.valid_bleu:
+        greedy = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling=False)
+        rank, world = info.rank, info.world_size
+        # Rank r decodes lines r, r + world, ...: shares of similar length and cost.
+        translations = translate_texts(
+            model, data.src_tok, data.trg_tok, data.valid_src[rank::world], greedy
+        )
+        shares = distributed.all_gather_objects([t[0][0] for t in translations], info)
+        ordered = [""] * len(data.valid_src)
+        for r, share in enumerate(shares):
+            ordered[r::world] = share
+        result["val_bleu"] = corpus_bleu(ordered, data.valid_trg)
+    model.train()
+    return result

@@ -19,7 +19,7 @@ from transformer_mt.config import load_config
 from transformer_mt.data.batching import make_batches
 from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import MTError
-from transformer_mt.training import distributed as D
+from transformer_mt.training import distributed
 
 TIMEOUT_S = 180  # a hang fails the test instead of stalling the suite
 # Dropout off: the two layouts draw different random masks, and the comparison is of arithmetic.
@@ -115,9 +115,9 @@ def _agree_worker(rank: int, store: str, queue) -> None:
     """Rank 1 fails; both ranks must raise, naming rank 1's error."""
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                          world_size=2)  # fmt: skip
-    info = D.DistInfo(rank=rank, world_size=2)
+    info = distributed.DistInfo(rank=rank, world_size=2)
     try:
-        D.agree_on_error(ValueError("disk on fire") if rank == 1 else None, info)
+        distributed.agree_on_error(ValueError("disk on fire") if rank == 1 else None, info)
         queue.put((rank, "no error"))
     except (ValueError, MTError) as err:
         queue.put((rank, f"{type(err).__name__}: {err}"))
@@ -141,10 +141,10 @@ def test_agree_on_error_raises_on_every_rank(tmp_path):
 
 
 def test_single_process_helpers_are_no_ops():
-    info = D.DistInfo()
-    assert D.all_reduce_sum([1.0, 2.0], info, torch.device("cpu")) == [1.0, 2.0]
-    assert D.all_gather_objects({"a": 1}, info) == [{"a": 1}]
-    assert D.main_first(lambda: 7, info) == 7
-    D.agree_on_error(None, info)
+    info = distributed.DistInfo()
+    assert distributed.all_reduce_sum([1.0, 2.0], info, torch.device("cpu")) == [1.0, 2.0]
+    assert distributed.all_gather_objects({"a": 1}, info) == [{"a": 1}]
+    assert distributed.main_first(lambda: 7, info) == 7
+    distributed.agree_on_error(None, info)
     with pytest.raises(KeyError):
-        D.agree_on_error(KeyError("x"), info)
+        distributed.agree_on_error(KeyError("x"), info)

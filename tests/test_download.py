@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_multi30k
 
-from transformer_mt.data.download import download_corpus, fetch_corpus
+from transformer_mt.data.download import download_corpus
 from transformer_mt.data.registry import Corpus, CorpusFile, Unpack, get_corpus, list_corpora
 from transformer_mt.errors import MTError
 
@@ -247,7 +247,7 @@ def test_corrupted_file_is_rejected_and_removed(server: Loopback, tmp_path: Path
     _serve(server, "tiny.txt.gz", bad)
     corpus = _corpus("tiny.txt.gz", hashlib.sha256(good).hexdigest(), "gunzip")
     with pytest.raises(MTError) as info:
-        fetch_corpus(corpus, tmp_path / "d", server.url, progress=False)
+        download_corpus(corpus, tmp_path / "d", server.url, progress=False)
     message = str(info.value)
     assert "tiny.txt.gz" in message
     assert hashlib.sha256(good).hexdigest() in message
@@ -260,9 +260,9 @@ def test_edited_file_is_checked_again_and_fetched_anew(server: Loopback, tmp_pat
     _serve(server, "f.txt", data)
     corpus = _corpus("f.txt", hashlib.sha256(data).hexdigest(), "none")
     dest = tmp_path / "d"
-    fetch_corpus(corpus, dest, server.url, progress=False)
+    download_corpus(corpus, dest, server.url, progress=False)
     (dest / "f.txt").write_bytes(b"tampered\n")  # the marker no longer matches size and mtime
-    fetch_corpus(corpus, dest, server.url, progress=False)
+    download_corpus(corpus, dest, server.url, progress=False)
     assert len(server.requests_for("f.txt")) == 2
     assert (dest / "f.txt").read_bytes() == data
 
@@ -272,7 +272,7 @@ def test_unverified_file_warns_and_logs_its_hash(
 ) -> None:
     data = gzip.compress(b"a\nb\n")
     _serve(server, "u.gz", data)
-    out = fetch_corpus(_corpus("u.gz", None, "gunzip"), tmp_path / "d", server.url)
+    out = download_corpus(_corpus("u.gz", None, "gunzip"), tmp_path / "d", server.url)
     assert out == [(tmp_path / "d" / "u").resolve()]
     (warning,) = [r for r in caplog.records if r.name == "transformer_mt.data.download"]
     assert warning.levelno == logging.WARNING
@@ -286,7 +286,7 @@ def test_server_ignoring_range_restarts_from_zero(server: Loopback, tmp_path: Pa
     server.state.honor_range = False
     server.state.cut_once.add("/blob.bin")
     corpus = _corpus("blob.bin", hashlib.sha256(data).hexdigest(), "none")
-    fetch_corpus(corpus, tmp_path / "d", server.url, backoff=0, progress=False)
+    download_corpus(corpus, tmp_path / "d", server.url, backoff=0, progress=False)
     assert server.requests_for("blob.bin") == [None, "bytes=25000-"]  # asked, got a 200 instead
     assert (tmp_path / "d" / "blob.bin").read_bytes() == data
 
@@ -296,18 +296,18 @@ def test_5xx_is_retried_then_gives_up_with_a_clear_error(server: Loopback, tmp_p
     _serve(server, "f.txt", data)
     corpus = _corpus("f.txt", hashlib.sha256(data).hexdigest(), "none")
     server.state.fail_first["/f.txt"] = 2
-    fetch_corpus(corpus, tmp_path / "a", server.url, retries=3, backoff=0, progress=False)
+    download_corpus(corpus, tmp_path / "a", server.url, retries=3, backoff=0, progress=False)
     assert len(server.requests_for("f.txt")) == 3
 
     server.state.fail_first["/f.txt"] = 5
     with pytest.raises(MTError, match=r"after 2 failed tries: HTTP 503.*--base-url"):
-        fetch_corpus(corpus, tmp_path / "b", server.url, retries=2, backoff=0, progress=False)
+        download_corpus(corpus, tmp_path / "b", server.url, retries=2, backoff=0, progress=False)
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
     corpus = _corpus("f.txt", None, "none")
     with pytest.raises(MTError, match=r"could not download http://127\.0\.0\.1:1/f\.txt after 2"):
-        fetch_corpus(corpus, tmp_path, "http://127.0.0.1:1/", retries=2, backoff=0)
+        download_corpus(corpus, tmp_path, "http://127.0.0.1:1/", retries=2, backoff=0)
 
 
 def _tar_gz(members: list[tarfile.TarInfo], payload: bytes = b"evil\n") -> bytes:
@@ -347,7 +347,7 @@ def test_tar_member_escaping_dest_is_refused(
     dest = tmp_path / "out" / "dest"
     corpus = _corpus("c.tgz", hashlib.sha256(archive).hexdigest(), "tar")
     with pytest.raises(MTError, match=rf"member {re.escape(repr(bad.name))} .*{re.escape(why)}"):
-        fetch_corpus(corpus, dest, server.url, progress=False)
+        download_corpus(corpus, dest, server.url, progress=False)
     assert not (tmp_path / "out" / "evil.txt").exists()
     assert not Path("/tmp/mt-test-evil.txt").exists()
     assert not (dest / "good.txt").exists()  # every member is checked before any is written
@@ -361,7 +361,7 @@ def test_zip_member_escaping_dest_is_refused(server: Loopback, tmp_path: Path) -
     _serve(server, "c.zip", buf.getvalue())
     dest = tmp_path / "out" / "dest"
     with pytest.raises(MTError, match=r"member '\.\./evil\.txt'"):
-        fetch_corpus(_corpus("c.zip", None, "zip"), dest, server.url, progress=False)
+        download_corpus(_corpus("c.zip", None, "zip"), dest, server.url, progress=False)
     assert not (tmp_path / "out" / "evil.txt").exists()
 
 
@@ -373,15 +373,15 @@ def test_archives_unpack_and_second_run_fetches_nothing(server: Loopback, tmp_pa
         zf.writestr("de-en/train.tags.de-en.de", "hallo\n")
     _serve(server, "c.zip", buf.getvalue())
     dest = tmp_path / "d"
-    out_tar = fetch_corpus(_corpus("c.tgz", None, "tar"), dest, server.url, progress=False)
-    out_zip = fetch_corpus(_corpus("c.zip", None, "zip"), dest, server.url, progress=False)
+    out_tar = download_corpus(_corpus("c.tgz", None, "tar"), dest, server.url, progress=False)
+    out_zip = download_corpus(_corpus("c.zip", None, "zip"), dest, server.url, progress=False)
     root = dest.resolve()
     assert out_tar == [root / "de-en/train.de", root / "de-en/train.en"]
     assert out_zip == [root / "de-en/train.tags.de-en.de"]
     assert (root / "de-en/train.en").read_bytes() == b"evil\n"
 
     server.state.requests.clear()
-    assert fetch_corpus(_corpus("c.tgz", None, "tar"), dest, server.url) == out_tar
+    assert download_corpus(_corpus("c.tgz", None, "tar"), dest, server.url) == out_tar
     assert server.state.requests == []
 
 

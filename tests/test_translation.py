@@ -1,6 +1,6 @@
 """translate_lines keeps its promise: one result per input line, in input order, empty in -> empty
 out, over-long lines truncated with a warning; batching does not change outputs; n-best output
-format; cross-attention weights and their pictures."""
+format; attention matrices and their pictures (the weights themselves: test_model.py)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -31,7 +32,10 @@ CheckpointOpt = Annotated[
 ]
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", help="YAML config (see configs/); default: the built-in toy recipe."),
+    typer.Option(
+        "--config",
+        help="YAML config, or the name of a shipped recipe (toy, multi30k_de_en, ...); default: toy.",
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -201,28 +205,21 @@ def translate(
     sampling = {}
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         sampling = dict(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
-        sampling.update(sample_seed=seed)
-        beam = beam or 1
+        sampling.update(sample_seed=seed, beam_size=beam or 1)
     decode = _decode_settings(
-        loaded,
-        beam_size=beam,
-        nbest=nbest,
-        len_penalty=len_penalty,
-        batch_tokens=batch_tokens,
-        **sampling,
-    )
+        loaded, **{"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
+                   "batch_tokens": batch_tokens, **sampling},
+    )  # fmt: skip
     results = translate_lines(
-        loaded.model,
-        loaded.src_tok,
-        loaded.trg_tok,
-        _read_input(input),
-        decode,
-        progress=input is not None,
-        attention_dir=attention_dir,
-        attention_layer=attention_layer,
-    )
-    out_lines = format_nbest(results) if decode.nbest > 1 else format_best(results)
-    text = "".join(line + "\n" for line in out_lines)
+        loaded.model, loaded.src_tok, loaded.trg_tok, _read_input(input), decode,
+        progress=input is not None, attention_dir=attention_dir, attention_layer=attention_layer,
+    )  # fmt: skip
+    _write_lines(output, format_nbest(results) if decode.nbest > 1 else format_best(results))
+
+
+def _write_lines(output: Path | None, lines: Iterable[str]) -> None:
+    """Lines to stdout, or to the file ``output`` written whole (atomically)."""
+    text = "".join(line + "\n" for line in lines)
     if output is None:
         sys.stdout.write(text)
     else:

@@ -20,7 +20,8 @@ from transformer_mt.errors import MTError
 
 @dataclass
 class DataConfig:
-    corpus: str = "toy"  # "toy" (built-in generator), "multi30k" or "local" (files below)
+    corpus: str = "toy"  # "toy" (built-in generator), "local" (files below) or a registry
+    # corpus by name, e.g. "multi30k" (`mt download --list`)
     src_lang: str = "src"  # source language code: names files and logs
     trg_lang: str = "trg"  # target language code
     train_src: str | None = None  # local corpus: training source file (plain or .gz)
@@ -303,52 +304,64 @@ def validate_decode(d: DecodeConfig) -> None:
 
 def validate(cfg: Config) -> None:
     """Cross-field checks that would otherwise fail deep inside training."""
-    m, t, tok = cfg.model, cfg.train, cfg.tokenizer
+    _validate_model(cfg.model, cfg.tokenizer)
+    _validate_train(cfg.train, cfg.data)
     validate_decode(cfg.decode)
-    if m.d_model % m.n_head != 0:
-        raise MTError(f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
-    if m.share_embeddings and not tok.joint:
-        raise MTError("model.share_embeddings needs tokenizer.joint: true (one vocabulary)")
-    if tok.model_type not in ("unigram", "bpe"):
-        raise MTError(f"tokenizer.model_type={tok.model_type!r}: expected unigram or bpe")
-    if tok.sample_alpha < 0 or (tok.model_type == "bpe" and tok.sample_alpha >= 1):
-        raise MTError(
-            f"tokenizer.sample_alpha={tok.sample_alpha}: expected 0 (off) or more; below 1 for bpe"
-        )
-    if tok.sample_nbest != -1 and tok.sample_nbest < 2:  # 0 and 1 would not sample at all
-        raise MTError(f"tokenizer.sample_nbest={tok.sample_nbest}: expected -1 (all) or at least 2")
-    if tok.sample_draws < 1:
-        raise MTError(f"tokenizer.sample_draws={tok.sample_draws} must be at least 1")
-    if t.best_metric not in ("bleu", "loss"):
-        raise MTError(f"train.best_metric={t.best_metric!r}: expected bleu or loss")
-    if t.best_metric == "bleu" and not t.valid_bleu:
-        raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
-    for key in ("max_steps", "batch_tokens", "accum_steps", "warmup_steps", "log_every"):
-        if getattr(t, key) < 1:
-            raise MTError(f"train.{key}={getattr(t, key)} must be at least 1")
-    if t.lr_schedule not in ("noam", "linear"):
-        raise MTError(f"train.lr_schedule={t.lr_schedule!r}: expected noam or linear")
-    if t.precision not in ("fp32", "bf16", "fp16"):
-        raise MTError(f"train.precision={t.precision!r}: expected fp32, bf16 or fp16")
-    if t.batch_tokens < cfg.data.max_tokens_per_side:
-        raise MTError(
-            f"train.batch_tokens={t.batch_tokens} is below data.max_tokens_per_side="
-            f"{cfg.data.max_tokens_per_side}: the longest pair would not fit in a batch"
-        )
-    if not 0 <= t.average_last <= t.keep_last:
-        raise MTError(
-            f"train.average_last={t.average_last} must be between 0 and train.keep_last="
-            f"{t.keep_last}: only kept step checkpoints can be averaged"
-        )
-    if not 0.0 <= t.label_smoothing < 1.0:
-        raise MTError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if cfg.data.max_words < 1:
         raise MTError(f"data.max_words={cfg.data.max_words} must be at least 1")
-    if cfg.data.max_tokens_per_side > m.max_len:
+    if cfg.data.max_tokens_per_side > cfg.model.max_len:
         raise MTError(
             f"data.max_tokens_per_side={cfg.data.max_tokens_per_side} exceeds "
-            f"model.max_len={m.max_len}; lower the first or raise the second"
+            f"model.max_len={cfg.model.max_len}; lower the first or raise the second"
         )
+
+
+def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:
+    if model_cfg.d_model % model_cfg.n_head != 0:
+        raise MTError(
+            f"model.d_model={model_cfg.d_model} must be divisible by model.n_head={model_cfg.n_head}"
+        )
+    if model_cfg.share_embeddings and not tok_cfg.joint:
+        raise MTError("model.share_embeddings needs tokenizer.joint: true (one vocabulary)")
+    if tok_cfg.model_type not in ("unigram", "bpe"):
+        raise MTError(f"tokenizer.model_type={tok_cfg.model_type!r}: expected unigram or bpe")
+    if tok_cfg.sample_alpha < 0 or (tok_cfg.model_type == "bpe" and tok_cfg.sample_alpha >= 1):
+        raise MTError(
+            f"tokenizer.sample_alpha={tok_cfg.sample_alpha}: expected 0 (off) or more; below 1 "
+            "for bpe"
+        )
+    if tok_cfg.sample_nbest != -1 and tok_cfg.sample_nbest < 2:  # 0 and 1 would not sample
+        raise MTError(
+            f"tokenizer.sample_nbest={tok_cfg.sample_nbest}: expected -1 (all) or at least 2"
+        )
+    if tok_cfg.sample_draws < 1:
+        raise MTError(f"tokenizer.sample_draws={tok_cfg.sample_draws} must be at least 1")
+
+
+def _validate_train(train_cfg: TrainConfig, data_cfg: DataConfig) -> None:
+    if train_cfg.best_metric not in ("bleu", "loss"):
+        raise MTError(f"train.best_metric={train_cfg.best_metric!r}: expected bleu or loss")
+    if train_cfg.best_metric == "bleu" and not train_cfg.valid_bleu:
+        raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
+    for key in ("max_steps", "batch_tokens", "accum_steps", "warmup_steps", "log_every"):
+        if getattr(train_cfg, key) < 1:
+            raise MTError(f"train.{key}={getattr(train_cfg, key)} must be at least 1")
+    if train_cfg.lr_schedule not in ("noam", "linear"):
+        raise MTError(f"train.lr_schedule={train_cfg.lr_schedule!r}: expected noam or linear")
+    if train_cfg.precision not in ("fp32", "bf16", "fp16"):
+        raise MTError(f"train.precision={train_cfg.precision!r}: expected fp32, bf16 or fp16")
+    if train_cfg.batch_tokens < data_cfg.max_tokens_per_side:
+        raise MTError(
+            f"train.batch_tokens={train_cfg.batch_tokens} is below data.max_tokens_per_side="
+            f"{data_cfg.max_tokens_per_side}: the longest pair would not fit in a batch"
+        )
+    if not 0 <= train_cfg.average_last <= train_cfg.keep_last:
+        raise MTError(
+            f"train.average_last={train_cfg.average_last} must be between 0 and train.keep_last="
+            f"{train_cfg.keep_last}: only kept step checkpoints can be averaged"
+        )
+    if not 0.0 <= train_cfg.label_smoothing < 1.0:
+        raise MTError(f"train.label_smoothing={train_cfg.label_smoothing} must be in [0, 1)")
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

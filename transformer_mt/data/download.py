@@ -73,14 +73,14 @@ def _content_range_start(value: str | None) -> int | None:
     return int(start) if start.isdigit() else None
 
 
-def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progress: bool) -> None:
-    """One try at bringing ``part`` up to the full file, resuming from its current length."""
-    offset = part.stat().st_size if part.exists() else 0
+def _open(opener: urllib.request.OpenerDirector, url: str, part: Path, offset: int):
+    """The HTTP response for ``url`` from byte ``offset`` on; failures worth another try raise
+    :class:`_RetryableError`, the others :class:`MTError`."""
     headers = {"User-Agent": _USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
-        response = opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
+        return opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         exc.close()
         if exc.code == 416 and offset:
@@ -97,7 +97,11 @@ def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progr
     except (OSError, http.client.HTTPException) as exc:  # URLError, refused, timeout, reset
         raise _RetryableError(str(getattr(exc, "reason", exc)) or type(exc).__name__) from None
 
-    with response:
+
+def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progress: bool) -> None:
+    """One try at bringing ``part`` up to the full file, resuming from its current length."""
+    offset = part.stat().st_size if part.exists() else 0
+    with _open(opener, url, part, offset) as response:
         if offset and response.status == 206:
             start = _content_range_start(response.headers.get("Content-Range"))
             if start != offset:
@@ -110,7 +114,6 @@ def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progr
         length = response.headers.get("Content-Length")
         expected = int(length) if length and length.isdigit() else None
         total = offset + expected if expected is not None else None
-        received = 0
         bar = tqdm(
             total=total,
             initial=offset,
@@ -120,26 +123,33 @@ def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progr
             desc=part.name.removesuffix(".part"),
             disable=not progress,
         )
-        try:
-            with bar, open(part, mode) as out:
-                while True:
-                    try:
-                        chunk = response.read(CHUNK_SIZE)
-                    except (OSError, http.client.HTTPException) as exc:
-                        raise _RetryableError(f"transfer interrupted: {exc!r}") from None
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
-        except OSError as exc:  # only the local file can raise it here: reads are caught above
-            raise MTError(
-                f"cannot write {part}: {exc.strerror}; free disk space or choose another --dest"
-            ) from None
+        with bar:
+            received = _copy_body(response, part, mode, bar)
     # http.client returns b"" at a closed connection instead of raising, so a cut-off transfer
     # shows only as fewer bytes than Content-Length promised.
     if expected is not None and received < expected:
         raise _RetryableError(f"connection closed after {offset + received} of {total} bytes")
+
+
+def _copy_body(response: http.client.HTTPResponse, part: Path, mode: str, bar: tqdm) -> int:
+    """Append (``"ab"``) or write (``"wb"``) the response body to ``part``; returns its bytes."""
+    received = 0
+    try:
+        with open(part, mode) as out:
+            while True:
+                try:
+                    chunk = response.read(CHUNK_SIZE)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise _RetryableError(f"transfer interrupted: {exc!r}") from None
+                if not chunk:
+                    return received
+                out.write(chunk)
+                received += len(chunk)
+                bar.update(len(chunk))
+    except OSError as exc:  # only the local file can raise it here: reads are caught above
+        raise MTError(
+            f"cannot write {part}: {exc.strerror}; free disk space or choose another --dest"
+        ) from None
 
 
 def fetch_file(
@@ -377,8 +387,8 @@ def ensure_file(
     return outputs
 
 
-def fetch_corpus(
-    corpus: Corpus,
+def download_corpus(
+    corpus: str | Corpus,
     dest: Path,
     base_url: str | None = None,
     *,
@@ -387,7 +397,14 @@ def fetch_corpus(
     backoff: float = 0.5,
     progress: bool = True,
 ) -> list[Path]:
-    """Like :func:`download_corpus`, for a :class:`Corpus` object rather than a registry name."""
+    """Download a corpus (a registry name or a :class:`Corpus`) into ``dest``; return its usable
+    (unpacked) files.
+
+    ``base_url`` replaces the registry's base (a mirror, or a loopback server in tests); ``only``
+    keeps the files whose local name matches one of its glob patterns (``["train.*", "val.*"]``).
+    Running it again when everything is present and unchanged downloads nothing.
+    """
+    corpus = get_corpus(corpus) if isinstance(corpus, str) else corpus
     base = base_url or corpus.base_url
     if urllib.parse.urlsplit(base).scheme not in ("http", "https"):
         raise MTError(f"--base-url {base!r} is not an http(s) URL; pass e.g. http://host:port/")
@@ -403,30 +420,3 @@ def fetch_corpus(
             ensure_file(f, dest, base, retries=retries, backoff=backoff, progress=progress)
         )
     return outputs
-
-
-def download_corpus(
-    name: str,
-    dest: Path,
-    base_url: str | None = None,
-    *,
-    only: Sequence[str] | None = None,
-    retries: int = 4,
-    backoff: float = 0.5,
-    progress: bool = True,
-) -> list[Path]:
-    """Download the registered corpus ``name`` into ``dest``; return its usable (unpacked) files.
-
-    ``base_url`` replaces the registry's base (a mirror, or a loopback server in tests); ``only``
-    keeps the files whose local name matches one of its glob patterns (``["train.*", "val.*"]``).
-    Running it again when everything is present and unchanged downloads nothing.
-    """
-    return fetch_corpus(
-        get_corpus(name),
-        dest,
-        base_url,
-        only=only,
-        retries=retries,
-        backoff=backoff,
-        progress=progress,
-    )

@@ -211,6 +211,49 @@ def sample(
     return _sequential_search(model, src, choose, decode, use_cache, eos_idx)
 
 
+@dataclass
+class _Beams:
+    """The sentences beam search still works on. Sentence i (of n) owns rows i*K .. i*K + K-1."""
+
+    k: int  # beam size K
+    sent: torch.Tensor  # (n,) original index of each active sentence
+    max_lens: torch.Tensor  # (n,) token budget of each
+    scores: torch.Tensor  # (n, K) summed log-probs of each beam
+    tokens: torch.Tensor  # (n*K, t) BOS and the generated ids of each beam
+    memory: torch.Tensor  # (n*K, S, D) encoder output, repeated per beam
+    src_mask: torch.Tensor  # (n*K, 1, 1, S)
+
+    @classmethod
+    def start(cls, model: Transformer, src: torch.Tensor, decode: DecodeConfig) -> "_Beams":
+        k, n, dev = decode.beam_size, src.size(0), src.device
+        max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b).to(dev)
+        memory, src_mask = model.encode(src)  # (n, S, D), (n, 1, 1, S)
+        memory = memory.repeat_interleave(k, dim=0)  # (n*K, S, D)
+        src_mask = src_mask.repeat_interleave(k, dim=0)  # (n*K, 1, 1, S)
+        tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
+        # All K beams start as the same BOS: only beam 0 may expand at first, else the beam would
+        # fill with copies of one hypothesis.
+        scores = torch.full((n, k), float("-inf"), device=dev)  # (n, K)
+        scores[:, 0] = 0.0
+        sent = torch.arange(n, device=dev)
+        return cls(k, sent, max_lens, scores, tokens, memory, src_mask)
+
+    def rows(self, sentences: torch.Tensor) -> torch.Tensor:
+        """The rows (m*K,) of the beams of active sentences (m,)."""
+        beam_offsets = torch.arange(self.k, device=sentences.device)
+        return (sentences[:, None] * self.k + beam_offsets).view(-1)  # (m*K,)
+
+    def keep(self, sentences: torch.Tensor) -> torch.Tensor:
+        """Keep only the active sentences (n',); returns the rows (n'*K,) kept."""
+        rows = self.rows(sentences)
+        self.tokens = self.tokens.index_select(0, rows)
+        self.memory = self.memory.index_select(0, rows)
+        self.src_mask = self.src_mask.index_select(0, rows)
+        self.scores = self.scores[sentences]
+        self.sent, self.max_lens = self.sent[sentences], self.max_lens[sentences]
+        return rows
+
+
 @torch.inference_mode()
 def beam_search(
     model: Transformer,
@@ -230,26 +273,14 @@ def beam_search(
     token sequences because every beam is a distinct path.
     """
     _check_model(model)
-    k, nbest, len_penalty = decode.beam_size, decode.nbest, decode.len_penalty
-    n = src.size(0)
-    dev = src.device
-    max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b).to(dev)  # (n,)
-    memory, src_mask = model.encode(src)  # (n, S, D), (n, 1, 1, S)
-    memory = memory.repeat_interleave(k, dim=0)  # (n*K, S, D)
-    src_mask = src_mask.repeat_interleave(k, dim=0)  # (n*K, 1, 1, S)
-    sent = torch.arange(n, device=dev)  # original index of each active sentence
-    tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
-    # All K beams start as the same BOS: only beam 0 may expand at first, else the beam would
-    # fill with copies of one hypothesis.
-    scores = torch.full((n, k), float("-inf"), device=dev)  # (n, K) summed log-probs
-    scores[:, 0] = 0.0
+    k, len_penalty = decode.beam_size, decode.len_penalty
+    beams = _Beams.start(model, src, decode)
     cache = model.new_cache() if use_cache else None
-    ended: list[list[Hypothesis]] = [[] for _ in range(n)]
-    beam_offsets = torch.arange(k, device=dev)
+    ended: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
 
-    for step in range(int(max_lens.max())):
-        log_probs = _next_log_probs(model, tokens, memory, src_mask, cache)  # (n*K, V)
-        top_scores, top_beam, top_tok = _top_candidates(scores, log_probs, k)  # (n, 2K) each
+    for step in range(int(beams.max_lens.max())):
+        log_probs = _next_log_probs(model, beams.tokens, beams.memory, beams.src_mask, cache)
+        top_scores, top_beam, top_tok = _top_candidates(beams.scores, log_probs, k)  # (n, 2K)
         is_eos = top_tok == eos_idx
 
         # EOS among the K best candidates ends a hypothesis (a -inf one is a step-0 copy beam).
@@ -257,39 +288,36 @@ def beam_search(
         if bool(end_mask.any()):
             i_idx, j_idx = end_mask.nonzero(as_tuple=True)
             rows = i_idx * k + top_beam[i_idx, j_idx]
-            prefixes, logp = tokens[rows, 1:], top_scores[i_idx, j_idx]
-            _end_hypotheses(ended, sent[i_idx], logp, prefixes, True, len_penalty)
+            prefixes, logp = beams.tokens[rows, 1:], top_scores[i_idx, j_idx]
+            _end_hypotheses(ended, beams.sent[i_idx], logp, prefixes, True, len_penalty)
 
         # The K best non-EOS candidates live on; there are always K, as at most K are EOS.
         live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         live_beam = top_beam.gather(1, live_pos)  # (n, K)
         live_tok = top_tok.gather(1, live_pos)  # (n, K)
-        reorder = (torch.arange(len(scores), device=dev)[:, None] * k + live_beam).view(-1)
-        # reorder (n*K,): the row each new row continues; tokens (n*K, t + 1)
-        tokens = torch.cat([tokens.index_select(0, reorder), live_tok.view(-1, 1)], dim=1)
-        scores = live_scores
+        # The row each new row continues, (n*K,); then tokens (n*K, t + 1).
+        sentences = torch.arange(live_beam.size(0), device=src.device)  # (n,)
+        reorder = (sentences[:, None] * k + live_beam).view(-1)  # (n*K,)
+        beams.tokens = torch.cat(
+            [beams.tokens.index_select(0, reorder), live_tok.view(-1, 1)], dim=1
+        )
+        beams.scores = live_scores
 
-        at_max = max_lens <= step + 1  # (n,)
+        at_max = beams.max_lens <= step + 1  # (n,)
         if bool(at_max.any()):
             i_idx = at_max.nonzero().squeeze(1)
-            rows = (i_idx[:, None] * k + beam_offsets).view(-1)  # (m*K,)
-            prefixes, logp = tokens[rows, 1:], scores[i_idx].view(-1)  # (m*K, t), (m*K,)
-            _end_hypotheses(
-                ended, sent[i_idx].repeat_interleave(k), logp, prefixes, False, len_penalty
-            )
-        n_ended = torch.tensor([len(ended[s]) for s in sent.tolist()], device=dev)
+            rows = beams.rows(i_idx)  # (m*K,)
+            prefixes, logp = beams.tokens[rows, 1:], beams.scores[i_idx].view(-1)
+            sentences = beams.sent[i_idx].repeat_interleave(k)
+            _end_hypotheses(ended, sentences, logp, prefixes, False, len_penalty)
+        n_ended = torch.tensor([len(ended[s]) for s in beams.sent.tolist()], device=src.device)
         done = at_max | (n_ended >= k)  # (n,)
 
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)  # (n',)
             if keep.numel() == 0:
                 break
-            keep_rows = (keep[:, None] * k + beam_offsets).view(-1)  # (n'*K,)
-            tokens = tokens.index_select(0, keep_rows)
-            reorder = reorder.index_select(0, keep_rows)
-            memory = memory.index_select(0, keep_rows)
-            src_mask = src_mask.index_select(0, keep_rows)
-            scores, sent, max_lens = scores[keep], sent[keep], max_lens[keep]
+            reorder = reorder.index_select(0, beams.keep(keep))
             if cache is not None:
                 # One gather both reorders the beams and drops the done sentences.
                 cache.select(reorder)
@@ -297,7 +325,7 @@ def beam_search(
             # Beams move only within their sentence: cross-attention keys/values stay as they are.
             cache.reorder_beams(reorder)
 
-    return [_best(hyps, nbest) for hyps in ended]
+    return [_best(hyps, decode.nbest) for hyps in ended]
 
 
 def _top_candidates(

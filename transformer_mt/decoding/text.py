@@ -73,7 +73,8 @@ def translate_texts(
         progress: a tqdm bar (sentences) on stderr.
         on_batch: see :data:`OnBatch` (e.g. attention pictures).
     """
-    limit = min(max_src_len or model.positions.max_len, model.positions.max_len)
+    table = model.positions.max_len
+    limit = table if max_src_len is None else min(max_src_len, table)
     if limit < 2:
         raise ValueError(f"max_src_len must be >= 2 (a piece and EOS), got {limit}")
     lines = list(lines)

@@ -1,8 +1,17 @@
-"""Label-smoothed cross entropy, summed over the non-pad target tokens.
+"""Label-smoothed cross entropy, summed over the non-pad target tokens: the one home of the loss.
 
 ``label_smoothed_nll`` scores given logits (validation, benchmarks). Training uses
 ``linear_label_smoothed_nll``, which fuses the output projection into the loss so that the
 (tokens, V) logits, the largest tensor of a small model's step, never exist whole.
+
+The contract between the model and the fused loss (what the trainer's step relies on)::
+
+    hidden = model(src, trg_in, features_only=True)        # (B, T, D), after the final norm
+    loss, nll = linear_label_smoothed_nll(hidden, model.out.weight, trg_out, pad, eps)
+    # == label_smoothed_nll(model(src, trg_in), trg_out, pad, eps), with the same gradients for
+    #    every parameter (``model.out`` is bias-free and may be tied to the target embedding)
+
+``tests/test_training.py`` checks this equality in fp32 and bf16, chunked and whole.
 """
 
 import torch

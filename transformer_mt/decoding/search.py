@@ -243,6 +243,25 @@ class _Beams:
         beam_offsets = torch.arange(self.k, device=sentences.device)
         return (sentences[:, None] * self.k + beam_offsets).view(-1)  # (m*K,)
 
+    def advance(
+        self,
+        top_scores: torch.Tensor,
+        top_beam: torch.Tensor,
+        top_tok: torch.Tensor,
+        is_eos: torch.Tensor,
+    ) -> torch.Tensor:
+        """Extend the beams with the K best non-EOS candidates of the 2K (n, 2K) of this step
+        (there are always K, as at most K are EOS); returns the row each new row continues."""
+        live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(self.k, dim=1)
+        live_beam = top_beam.gather(1, live_pos)  # (n, K)
+        live_tok = top_tok.gather(1, live_pos)  # (n, K)
+        sentences = torch.arange(live_beam.size(0), device=live_beam.device)  # (n,)
+        reorder = (sentences[:, None] * self.k + live_beam).view(-1)  # (n*K,)
+        tokens = self.tokens.index_select(0, reorder)
+        self.tokens = torch.cat([tokens, live_tok.view(-1, 1)], dim=1)  # (n*K, t + 1)
+        self.scores = live_scores
+        return reorder
+
     def keep(self, sentences: torch.Tensor) -> torch.Tensor:
         """Keep only the active sentences (n',); returns the rows (n'*K,) kept."""
         rows = self.rows(sentences)
@@ -291,17 +310,7 @@ def beam_search(
             prefixes, logp = beams.tokens[rows, 1:], top_scores[i_idx, j_idx]
             _end_hypotheses(ended, beams.sent[i_idx], logp, prefixes, True, len_penalty)
 
-        # The K best non-EOS candidates live on; there are always K, as at most K are EOS.
-        live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
-        live_beam = top_beam.gather(1, live_pos)  # (n, K)
-        live_tok = top_tok.gather(1, live_pos)  # (n, K)
-        # The row each new row continues, (n*K,); then tokens (n*K, t + 1).
-        sentences = torch.arange(live_beam.size(0), device=src.device)  # (n,)
-        reorder = (sentences[:, None] * k + live_beam).view(-1)  # (n*K,)
-        beams.tokens = torch.cat(
-            [beams.tokens.index_select(0, reorder), live_tok.view(-1, 1)], dim=1
-        )
-        beams.scores = live_scores
+        reorder = beams.advance(top_scores, top_beam, top_tok, is_eos)  # (n*K,)
 
         at_max = beams.max_lens <= step + 1  # (n,)
         if bool(at_max.any()):

@@ -1,0 +1,128 @@
+"""Export to CTranslate2: the exported model computes what ours does.
+
+Skipped where ctranslate2 is not installed (`make test` installs the `ct2` extra).
+"""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.config import Config, DecodeConfig
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from transformer_mt.inference import load_for_inference, translate_lines
+from transformer_mt.inference.loading import LoadedModel
+from transformer_mt.model import Transformer
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+
+from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2  # noqa: E402
+from transformer_mt.inference.export import export_ctranslate2  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+
+
+@pytest.fixture(scope="module")
+def fixture_model():
+    return load_for_inference(FIXTURE / "old_last.pt")
+
+
+@pytest.fixture(scope="module")
+def source_lines() -> list[str]:
+    return (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+
+
+def _token_log_probs(loaded, src_line: str, trg_line: str) -> torch.Tensor:
+    """Our teacher-forced log-probability of each target piece and EOS."""
+    src = torch.tensor([[*loaded.src_tok.encode(src_line), EOS_ID]])
+    target = loaded.trg_tok.encode(trg_line)
+    with torch.no_grad():
+        logits = loaded.model(src, torch.tensor([[BOS_ID, *target]]))
+    log_probs = torch.log_softmax(logits.float(), dim=-1)[0]  # (T, V)
+    return log_probs.gather(1, torch.tensor([*target, EOS_ID])[:, None]).squeeze(1)
+
+
+def test_exported_greedy_output_equals_ours(fixture_model, source_lines, tmp_path):
+    exported = load_ct2(export_ctranslate2(fixture_model, tmp_path / "ct2"))
+    greedy = dataclasses.replace(fixture_model.config.decode, beam_size=1, nbest=1)
+    ours = translate_lines(
+        fixture_model.model, fixture_model.src_tok, fixture_model.trg_tok, source_lines, greedy
+    )
+    theirs = translate_lines_ct2(exported, source_lines, greedy)
+    assert len(theirs) == len(source_lines) and theirs[4] == [("", 0.0)], "the line contract"
+    same = sum(a[0][0] == b[0][0] for a, b in zip(ours, theirs, strict=True))
+    assert same >= 0.99 * len(source_lines), f"{same} of {len(source_lines)} lines equal"
+
+
+def test_exported_next_token_probabilities_within_1e_4(fixture_model, source_lines, tmp_path):
+    directory = export_ctranslate2(fixture_model, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(directory), intra_threads=1)
+    targets = (FIXTURE / "expected.beam1.txt").read_text(encoding="utf-8").splitlines()
+    pairs = [(s, t) for s, t in zip(source_lines, targets, strict=True) if s.strip()][:8]
+    scored = translator.score_batch(
+        [fixture_model.src_tok.pieces(s) for s, _ in pairs],
+        [fixture_model.trg_tok.pieces(t) for _, t in pairs],
+    )
+    for (src_line, trg_line), result in zip(pairs, scored, strict=True):
+        ours = _token_log_probs(fixture_model, src_line, trg_line)
+        theirs = torch.tensor(result.log_probs)
+        assert theirs.shape == ours.shape
+        assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_export_of_a_pre_norm_model_with_separate_vocabularies(tmp_path):
+    # Final norms, untied output projection, two tokenizers: the parts the fixture lacks.
+    words = "the a cat dog sat ran on under big small red house garden".split()
+    texts = [
+        " ".join(words[(i * 7 + j) % len(words)] for j in range(2 + i % 6)) for i in range(300)
+    ]
+    src_tok = Tokenizer.train(texts, TokenizerSettings(vocab_size=50))
+    trg_tok = Tokenizer.train([t.upper() for t in texts], TokenizerSettings(vocab_size=60))
+    torch.manual_seed(0)
+    model = Transformer(
+        PAD_ID, PAD_ID, BOS_ID, src_tok.vocab_size, trg_tok.vocab_size, d_model=32, n_head=4,
+        max_len=48, ffn_hidden=64, n_layers=2, drop_prob=0.0, n_dec_layers=1, pre_norm=True,
+        tie_embeddings=False,
+    ).eval()  # fmt: skip
+    loaded = LoadedModel(model, src_tok, trg_tok, Config(), step=0)
+    directory = export_ctranslate2(loaded, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(directory), intra_threads=1)
+    for src_line, trg_line in [("the cat sat", "A DOG RAN"), ("big red house", "ON THE")]:
+        (result,) = translator.score_batch([src_tok.pieces(src_line)], [trg_tok.pieces(trg_line)])
+        ours = _token_log_probs(loaded, src_line, trg_line)
+        assert torch.allclose(ours, torch.tensor(result.log_probs), atol=1e-4)
+
+
+def test_int8_export_translates_close_to_float32(fixture_model, source_lines, tmp_path):
+    float32 = load_ct2(export_ctranslate2(fixture_model, tmp_path / "f32"))
+    int8 = load_ct2(export_ctranslate2(fixture_model, tmp_path / "int8", quantization="int8"))
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < (
+        tmp_path / "f32" / "model.bin"
+    ).stat().st_size
+    decode = DecodeConfig(beam_size=1, max_len_a=5, max_len_b=1.2)
+    a = translate_lines_ct2(float32, source_lines, decode)
+    b = translate_lines_ct2(int8, source_lines, decode)
+    # A 130 KB model has little margin for rounding: most lines must still agree.
+    same = sum(x[0][0] == y[0][0] for x, y in zip(a, b, strict=True))
+    assert same >= 0.6 * len(source_lines), f"only {same} of {len(source_lines)} lines agree"
+
+
+def test_a_failed_export_leaves_nothing(fixture_model, tmp_path, monkeypatch):
+    from transformer_mt.inference import export
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    target = tmp_path / "ct2"
+    monkeypatch.setattr(ctranslate2.specs.TransformerSpec, "save", broken)
+    with pytest.raises(OSError):
+        export.export_ctranslate2(fixture_model, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_leaves_the_model_untouched(fixture_model, tmp_path):
+    before = {k: v.clone() for k, v in fixture_model.model.state_dict().items()}
+    export_ctranslate2(fixture_model, tmp_path / "int8", quantization="int8")
+    after = fixture_model.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "int8 quantized our weights"

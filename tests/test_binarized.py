@@ -235,3 +235,109 @@ def test_preparation_then_reuse(tmp_path: Path) -> None:
     assert load_binarized(tmp_path / "train", key) is not None
     trg.write_bytes(b"dog\nnothing\nacross\n")  # any change to an input: a new key, a rebuild
     assert load_binarized(tmp_path / "train", cache_key(src, trg, {"clean": "default"})) is None
+
+
+# --- offsets without a memory map, full disks, builds left by killed runs ------------------------
+
+
+def test_offsets_are_the_npy_file_numpy_writes(tmp_path: Path, monkeypatch) -> None:
+    """The offsets are written a chunk at a time with plain writes (a mapped write on a full disk
+    is SIGBUS); the file is byte for byte what np.save writes, whatever the chunk size."""
+    import io
+
+    pairs = _pairs(500, seed=3)
+    monkeypatch.setattr(binarized, "CHUNK_TOKENS", 7)  # many chunks, one partial
+    data = build_binarized(tmp_path / "c", "k", pairs, VOCAB)
+    for side, lengths in (("src", data.src_lengths), ("trg", data.trg_lengths)):
+        expected = io.BytesIO()
+        np.save(expected, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        assert (tmp_path / "c" / f"{side}_offsets.npy").read_bytes() == expected.getvalue()
+    empty = build_binarized(tmp_path / "e", "k", [], VOCAB)
+    assert len(empty) == 0 and np.load(tmp_path / "e" / "src_offsets.npy").tolist() == [0]
+
+
+def test_disk_full_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    """ENOSPC from a write (simulated here; tests/test_disk_full.py fills a real tmpfs)."""
+    import errno
+
+    build_binarized(tmp_path / "c", "old", _pairs(5), VOCAB)
+
+    def full(self, *args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(binarized._SideWriter, "finish", full)
+    with pytest.raises(MTError) as err:
+        build_binarized(tmp_path / "c", "new", _pairs(50), VOCAB)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'c'}: no space left on device while writing")
+    assert "it needs about " in message and " are free" in message and "\n" not in message
+    assert _leftovers(tmp_path) == []
+    assert load_binarized(tmp_path / "c", "old") is not None  # the old cache is kept
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                           capture_output=True, text=True)  # fmt: skip
+    return int(child.stdout)
+
+
+def test_builds_left_by_killed_runs_are_removed_by_the_next_build(tmp_path: Path) -> None:
+    import os
+
+    dead = _dead_pid()
+    left = {
+        f"c.tmp-{dead}": ["src_tokens.bin", "src_lengths.tmp"],
+        f"other-train.old-{dead}": ["meta.json", "trg_offsets.npy", ".meta.json.x1.tmp"],
+        f"c.tmp-{os.getppid()}": ["src_tokens.bin"],  # its process runs: a build in progress
+        f"mine.tmp-{dead}": ["notes.txt"],  # not a build's files: not ours to delete
+        f"file.tmp-{dead}": None,  # a file, not a directory
+    }
+    for name, files in left.items():
+        if files is None:
+            (tmp_path / name).write_text("x")
+            continue
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_bytes(b"\0" * 8)
+    build_binarized(tmp_path / "c", "k", _pairs(5), VOCAB)
+    remaining = sorted(p.name for p in tmp_path.iterdir())
+    assert remaining == sorted(
+        ["c", f"c.tmp-{os.getppid()}", f"mine.tmp-{dead}", f"file.tmp-{dead}"]
+    )
+
+
+_KILLED_BUILD = """
+import sys, time
+from pathlib import Path
+from transformer_mt.data.binarized import build_binarized
+
+def pairs():
+    for i in range(10):
+        yield [4, 5], [6]
+    print("writing", flush=True)
+    time.sleep(60)
+    yield [4], [5]
+
+build_binarized(Path(sys.argv[1]), "k", pairs(), 10)
+"""
+
+
+def test_a_build_killed_by_sigkill_is_cleaned_up_next_time(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, str(tmp_path / "c")],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    assert _leftovers(tmp_path) == [f"c.tmp-{proc.pid}"]
+    build_binarized(tmp_path / "c", "k", _pairs(5), VOCAB)
+    assert _leftovers(tmp_path) == []

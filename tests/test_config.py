@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from transformer_mt.config import (
+    RANGES,
+    UNBOUNDED,
     Config,
     config_from_dict,
     load_config,
@@ -150,4 +152,140 @@ def test_an_installed_package_defaults_to_the_toy_recipe(tmp_path):
         "toy",
         200,
         600,
+    )
+
+
+# --- ranges: every numeric field, checked by load_config before any work --------------------------
+
+# (override, the key and range the one-line error must name); one row per bound of every field.
+BAD_VALUES = [
+    ("data.toy_train_size=0", "data.toy_train_size is 0; it must be at least 1"),
+    ("data.toy_valid_size=0", "data.toy_valid_size is 0; it must be at least 1"),
+    ("data.toy_test_size=-1", "data.toy_test_size is -1; it must be at least 1"),
+    ("data.max_words=0", "data.max_words is 0; it must be at least 1"),
+    ("data.max_ratio=0.5", "data.max_ratio is 0.5; it must be at least 1 or null"),
+    ("data.max_tokens_per_side=1", "data.max_tokens_per_side is 1; it must be at least 2"),
+    ("data.base_url=ftp://host/", "data.base_url is 'ftp://host/'; it must be an http(s) URL"),
+    ("tokenizer.vocab_size=4", "tokenizer.vocab_size is 4; it must be at least 16"),
+    ("tokenizer.character_coverage=0", "tokenizer.character_coverage is 0; it must be in (0, 1]"),
+    ("tokenizer.character_coverage=1.5", "character_coverage is 1.5; it must be in (0, 1]"),
+    ("tokenizer.sample_alpha=-0.1", "tokenizer.sample_alpha is -0.1; it must be at least 0"),
+    ("tokenizer.sample_nbest=-2", "tokenizer.sample_nbest is -2; it must be at least -1"),
+    ("tokenizer.sample_nbest=1", "tokenizer.sample_nbest=1: expected -1 (all) or at least 2"),
+    ("tokenizer.sample_draws=0", "tokenizer.sample_draws is 0; it must be at least 1"),
+    ("model.d_model=0", "model.d_model is 0; it must be at least 1"),
+    ("model.n_head=0", "model.n_head is 0; it must be at least 1"),
+    ("model.n_head=-4", "model.n_head is -4; it must be at least 1"),
+    ("model.ffn_hidden=0", "model.ffn_hidden is 0; it must be at least 1"),
+    ("model.n_layers=0", "model.n_layers is 0; it must be at least 1"),
+    ("model.n_dec_layers=0", "model.n_dec_layers is 0; it must be at least 1 or null"),
+    ("model.drop_prob=1", "model.drop_prob is 1; it must be in [0, 1)"),
+    ("model.attn_drop_prob=-0.1", "model.attn_drop_prob is -0.1; it must be in [0, 1)"),
+    ("model.ffn_drop_prob=1.5", "model.ffn_drop_prob is 1.5; it must be in [0, 1)"),
+    ("model.max_len=1", "model.max_len is 1; it must be at least 2"),
+    ("train.seed=-1", "train.seed is -1; it must be 0 to 9223372036854775807"),
+    ("train.max_steps=0", "train.max_steps is 0; it must be at least 1"),
+    ("train.batch_tokens=0", "train.batch_tokens is 0; it must be at least 1"),
+    ("train.accum_steps=0", "train.accum_steps is 0; it must be at least 1"),
+    ("train.lr_factor=0", "train.lr_factor is 0; it must be greater than 0"),
+    ("train.lr_factor=.nan", "train.lr_factor is nan; it must be finite and greater than 0"),
+    ("train.warmup_steps=0", "train.warmup_steps is 0; it must be at least 1"),
+    ("train.adam_beta1=1", "train.adam_beta1 is 1; it must be in [0, 1)"),
+    ("train.adam_beta2=-0.5", "train.adam_beta2 is -0.5; it must be in [0, 1)"),
+    ("train.adam_eps=0", "train.adam_eps is 0; it must be greater than 0"),
+    ("train.weight_decay=-1", "train.weight_decay is -1; it must be at least 0"),
+    ("train.label_smoothing=1", "train.label_smoothing is 1; it must be in [0, 1)"),
+    ("train.clip_norm=-1", "train.clip_norm is -1; it must be at least 0"),
+    ("train.log_every=0", "train.log_every is 0; it must be at least 1"),
+    ("train.valid_every=0", "train.valid_every is 0; it must be at least 1"),
+    ("train.patience=-1", "train.patience is -1; it must be at least 0"),
+    ("train.max_minutes=-1", "train.max_minutes is -1; it must be at least 0"),
+    ("train.max_minutes=.inf", "train.max_minutes is inf; it must be finite and at least 0"),
+    ("train.max_nonfinite=0", "train.max_nonfinite is 0; it must be at least 1"),
+    ("train.keep_last=-1", "train.keep_last is -1; it must be at least 0"),
+    ("train.average_last=-1", "train.average_last is -1; it must be at least 0"),
+    ("train.threads=-2", "train.threads is -2; it must be at least 0"),
+    ("train.device=gpu", "train.device is 'gpu'; it must be auto, cpu, cuda or cuda:N"),
+    ("train.device=cuda:x", "train.device is 'cuda:x'; it must be auto, cpu, cuda or cuda:N"),
+    ("decode.beam_size=0", "decode.beam_size (--beam) is 0; it must be 1 to 128"),
+    ("decode.beam_size=100000", "decode.beam_size (--beam) is 100000; it must be 1 to 128"),
+    ("decode.nbest=0", "decode.nbest (--nbest) is 0; it must be at least 1"),
+    ("decode.nbest=5", "decode.nbest (--nbest) is 5; it must be between 1 and the beam size (4)"),
+    ("decode.len_penalty=-1", "decode.len_penalty (--len-penalty) is -1; it must be at least 0"),
+    ("decode.max_len_a=-1", "decode.max_len_a is -1; it must be at least 0"),
+    ("decode.max_len_b=.inf", "decode.max_len_b is inf; it must be finite and at least 0"),
+    ("decode.batch_tokens=0", "decode.batch_tokens (--batch-tokens) is 0; it must be at least 1"),
+    ("decode.temperature=0", "decode.temperature (--temperature) is 0; it must be greater than 0"),
+    ("decode.top_k=-1", "decode.top_k (--top-k) is -1; it must be at least 0"),
+    ("decode.top_p=0", "decode.top_p (--top-p) is 0; it must be in (0, 1]"),
+    ("decode.sample_seed=-9223372036854775809", "decode.sample_seed (--seed) is -922"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_VALUES, ids=[r[0] for r in BAD_VALUES])
+def test_each_numeric_key_is_range_checked(override, message):
+    with pytest.raises(MTError) as err:
+        load_config(None, [override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.n_dec_layers=null",
+        "data.max_ratio=null",
+        "train.device=cuda:1",  # a name is checked here; a missing GPU when training starts
+        "train.keep_last=0",
+        "train.max_minutes=0.5",
+        "train.threads=0",
+        "data.toy_seed=-5",  # any integer seeds random.Random
+        "decode.sample_seed=-1",
+        "tokenizer.character_coverage=1",
+        "data.base_url=http://127.0.0.1:8000/mirror/",
+    ],
+)
+def test_edges_of_the_ranges_are_accepted(override):
+    load_config(None, [override])
+
+
+def test_every_numeric_field_has_a_range():
+    """A new numeric field needs its bounds in config.RANGES (or a reason in UNBOUNDED)."""
+    sections = {
+        f.name: f.type for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.type)
+    }
+    for section, cls in sections.items():
+        for f in dataclasses.fields(cls):
+            numeric = any(t in str(f.type) for t in ("int", "float"))
+            key = f"{section}.{f.name}"
+            if numeric:
+                assert f.name in RANGES[section] or key in UNBOUNDED, f"{key} has no range"
+
+
+def test_a_range_error_stops_train_before_any_data_work(tmp_path, monkeypatch):
+    """`mt train --set model.n_head=0`: one error line, nothing prepared, no run directory."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    cache = tmp_path / "cache"
+    args = ["train", "--set", "model.n_head=0", "--set", f"data.cache_dir={cache}"]
+    result = CliRunner().invoke(app, [*args, "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: model.n_head is 0; it must be at least 1"
+    assert list(tmp_path.iterdir()) == []  # no cache, no run directory
+
+
+def test_translate_refuses_a_huge_beam_before_translating():
+    """`--beam 100000` grew to 23 GB before; now the settings are refused, nothing is decoded."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    ckpt = REPO / "tests" / "fixtures" / "old_checkpoint" / "old_last.pt"
+    args = ["translate", "-c", str(ckpt), "--beam", "100000"]
+    result = CliRunner().invoke(app, args, input="ein Satz .\n")
+    assert result.exit_code == 1
+    assert (
+        result.output.strip() == "error: decode.beam_size (--beam) is 100000; it must be 1 to 128"
     )

@@ -165,6 +165,33 @@ def test_truncated_gzip_names_the_file(tmp_path: Path) -> None:
         clean_parallel(src, trg)
 
 
+def _corrupt_gzip(text: bytes) -> bytes:
+    """``text`` gzipped in a stored (uncompressed) block with one byte in the middle set to 0xFF:
+    the garbled line decompresses before the checksum at the end can say the file is damaged."""
+    data = bytearray(gzip.compress(text, compresslevel=0))
+    data[len(data) // 2] = 0xFF
+    return bytes(data)
+
+
+@pytest.mark.parametrize("skip_bad_lines", [False, True])
+def test_corrupt_gzip_is_not_reported_as_invalid_utf8(tmp_path: Path, skip_bad_lines) -> None:
+    text = "".join(f"Satz {i} ist hier\n" for i in range(2000)).encode()
+    src = _write(tmp_path / "c.de.gz", _corrupt_gzip(text))
+    trg = _write(tmp_path / "c.en", text)
+    with pytest.raises(MTError) as err:
+        clean_parallel(src, trg, CleanConfig(skip_bad_lines=skip_bad_lines))
+    message = str(err.value)
+    assert message.startswith(str(src)) and "corrupt or truncated" in message
+    assert "gzip" in message and "iconv" not in message and "\n" not in message
+
+
+def test_invalid_utf8_in_an_intact_gzip_is_still_invalid_utf8(tmp_path: Path) -> None:
+    src = _write(tmp_path / "c.de.gz", gzip.compress(b"gut\nschlecht \xff\n"))
+    trg = _write(tmp_path / "c.en", "good\nbad\n")
+    with pytest.raises(MTError, match=r"c\.de\.gz:2: invalid UTF-8 .*iconv"):
+        clean_parallel(src, trg)
+
+
 def test_missing_file_and_directory_are_clear_errors(tmp_path: Path) -> None:
     trg = _write(tmp_path / "c.en", "x\n")
     with pytest.raises(MTError, match=r"nope\.de: file not found"):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_multi30k
 
-from transformer_mt.data.download import download_corpus
+from transformer_mt.data.download import CLI_NAMES, CONFIG_NAMES, download_corpus
 from transformer_mt.data.registry import Corpus, CorpusFile, Unpack, get_corpus, list_corpora
 from transformer_mt.errors import MTError
 
@@ -457,3 +457,39 @@ def test_mt_download_command_fetches_and_verifies(m30k_server: Loopback, tmp_pat
     assert listed.exit_code == 0 and "multi30k" in listed.stdout
     bad = runner.invoke(app, ["download", "nope"])
     assert bad.exit_code == 1 and "unknown corpus" in bad.stderr
+
+
+# --- messages name the setting the user has: --base-url for `mt download`, the config key else ----
+
+_ADVICE = [
+    (CLI_NAMES, "pass --base-url a mirror", "--dest"),
+    (CONFIG_NAMES, "set data.base_url to a mirror", "data.download_dir"),
+]
+
+
+@pytest.mark.parametrize(("names", "advice", "dest_name"), _ADVICE)
+def test_download_errors_advise_the_setting_the_command_has(
+    server: Loopback, tmp_path: Path, names, advice, dest_name
+) -> None:
+    other = "--base-url" if names is CONFIG_NAMES else "data.base_url"
+    missing = _corpus("absent.gz", None, "gunzip")
+    with pytest.raises(MTError) as err:  # 404
+        download_corpus(missing, tmp_path / "d", server.url, progress=False, names=names)
+    assert advice in str(err.value) and other not in str(err.value)
+
+    good = b"hallo\n"
+    _serve(server, "f.txt", b"other\n")
+    wrong = _corpus("f.txt", hashlib.sha256(good).hexdigest(), "none")
+    with pytest.raises(MTError) as err:  # checksum mismatch
+        download_corpus(wrong, tmp_path / "d", server.url, progress=False, names=names)
+    assert names.base_url in str(err.value) and other not in str(err.value)
+
+    closed = "http://127.0.0.1:9/"  # the discard port: nothing listens there
+    with pytest.raises(MTError) as err:  # retries exhausted
+        download_corpus(missing, tmp_path / "d", closed, progress=False, names=names, backoff=0)
+    assert advice in str(err.value) and other not in str(err.value)
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MTError) as err:  # a destination that cannot be created
+        download_corpus(missing, tmp_path / "file" / "d", server.url, names=names)
+    assert f"cannot create {dest_name} " in str(err.value)

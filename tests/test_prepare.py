@@ -410,6 +410,30 @@ def test_any_trainable_registry_corpus_is_a_data_source(tmp_path, corpus, monkey
         sources.check_source(_config(tmp_path, {}, *sets, "data.trg_lang=cc"))
 
 
+def test_mt_prepare_download_errors_advise_the_config_key(tmp_path, monkeypatch):
+    """`mt prepare` has no --base-url option: its download errors name data.base_url."""
+    from transformer_mt.cli import app
+
+    www = tmp_path / "www"
+    www.mkdir()  # serves nothing: every file is a 404
+    names = [f"{s}.{lang}" for s in ("tr", "dev", "tst") for lang in ("aa", "bb")]
+    files = tuple(CorpusFile(name, None, "none", name) for name in names)
+    splits = {"train": "tr", "valid": "dev", "test": "tst"}
+    tiny = Corpus("tiny", "a test corpus", "http://0.0.0.0/", files, splits, "{split}.{lang}")
+    monkeypatch.setitem(registry._REGISTRY, "tiny", tiny)
+    sets = ["data.corpus=tiny", "data.src_lang=aa", "data.trg_lang=bb"]
+    sets += [f"data.download_dir={tmp_path / 'dl'}", f"data.cache_dir={tmp_path / 'cache'}"]
+    with _serve(www, monkeypatch) as (url, _):
+        args = [
+            "prepare",
+            *itertools.chain(*(["--set", s] for s in [*sets, f"data.base_url={url}"])),
+        ]
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    assert "HTTP 404" in result.output and "set data.base_url to a mirror" in result.output
+    assert "--base-url" not in result.output
+
+
 def test_mt_prepare_multi30k_from_loopback(tmp_path, m30k_url):
     from transformer_mt.cli import app
 

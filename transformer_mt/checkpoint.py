@@ -13,6 +13,10 @@ State dicts of older versions (other parameter names) are upgraded when a model 
 (``transformer_mt.model.upgrade_state_dict``).
 """
 
+import pickle
+import warnings
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +24,92 @@ import torch
 
 from transformer_mt.data.tokenizer import SPECIAL_IDS
 from transformer_mt.errors import MTError
-from transformer_mt.fileio import atomic_write
+from transformer_mt.fileio import (
+    atomic_write,
+    check_output,
+    is_no_space,
+    no_space_error,
+    output_file,
+)
 from transformer_mt.model import upgrade_state_dict
 
 REQUIRED_KEYS = ("model", "model_args", "config", "src_spm", "trg_spm")
 
 
-def save_checkpoint(ckpt: dict[str, Any], path: Path) -> None:
+def save_checkpoint(
+    ckpt: dict[str, Any], path: Path, *, inputs: Iterable[Path | str] | None = None
+) -> None:
     """Write ``ckpt`` beside ``path``, flush it to disk, then rename it over ``path``: a crash
-    mid-write leaves the previous file intact, never a truncated one."""
-    with atomic_write(path, "wb", durable=True) as f:
-        torch.save(ckpt, f)
+    mid-write leaves the previous file intact, never a truncated one.
+
+    ``inputs`` marks ``path`` as a user-named output (:func:`transformer_mt.fileio.output_file`:
+    refused when it is one of ``inputs``, written through symlinks, in place on a device). A full
+    disk is one MTError naming the path and the checkpoint's size.
+    """
+    try:
+        if inputs is None:
+            with atomic_write(path, "wb", durable=True) as f:
+                torch.save(ckpt, f)
+        else:
+            with output_file(path, "wb", inputs=inputs, durable=True) as f:
+                torch.save(ckpt, f)
+    except Exception as err:  # torch wraps a failed write in a RuntimeError
+        if is_no_space(err):
+            raise no_space_error(path, _saved_size(ckpt)) from err
+        raise
+
+
+class _ByteCounter:
+    """A file-like sink that only counts what torch.save writes to it."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _saved_size(ckpt: dict[str, Any]) -> int:
+    """The size of ``ckpt`` as torch.save writes it (for the disk-full message)."""
+    counter = _ByteCounter()
+    torch.save(ckpt, counter)
+    return counter.size
 
 
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (``weights_only=True``), with a one-line error for the user."""
+    """Load a checkpoint safely (``weights_only=True``), with a one-line error for the user.
+
+    A file that is not a checkpoint (random bytes, a truncated or empty file, a pickle of other
+    Python objects) is refused with our own message: it is never loaded in any unsafe way.
+    """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise MTError(f"checkpoint {path} is a directory; pass a .pt file written by `mt train`")
+    if not path.exists():
         raise MTError(f"checkpoint not found: {path}; pass a .pt file written by `mt train`")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # a truncated file, a foreign pickle, ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise MTError(f"cannot load checkpoint {path}: {first}") from err
+        with warnings.catch_warnings():  # torch warns about foreign pickle protocols
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError as err:
+        if err.filename:
+            raise  # the path itself failed (permission denied, ...): the CLI names it
+        raise _not_a_checkpoint(path, "it is truncated or not a PyTorch file") from None
+    except pickle.UnpicklingError as err:
+        if "GLOBAL" in str(err):
+            why = "it holds Python objects other than tensors, which are never loaded (they could run code)"
+        else:
+            why = "it is not a PyTorch checkpoint file"
+        raise _not_a_checkpoint(path, why) from None
+    except (EOFError, RuntimeError, ValueError, zipfile.BadZipFile, UnicodeDecodeError) as err:
+        if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+            raise  # e.g. out of memory while loading: not the file's fault
+        why = "it is empty" if isinstance(err, EOFError) else "it is truncated or corrupt"
+        raise _not_a_checkpoint(path, why) from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise MTError(f"{path} is not a transformer-mt checkpoint (missing {', '.join(missing)})")
@@ -51,11 +118,19 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
+def _not_a_checkpoint(path: Path, why: str) -> MTError:
+    return MTError(
+        f"cannot load checkpoint {path}: {why}; pass a .pt file written by `mt train` "
+        "(or `mt average`)"
+    )
+
+
 def average_checkpoints(paths: list[Path], output: Path) -> None:
     """Average the weights of several checkpoints of the same model into ``output`` (without
     training state: the average is for translating, not for resuming)."""
     if not paths:
         raise MTError("mt average needs at least one checkpoint")
+    check_output(output, inputs=paths)  # before any work: never over one of the inputs
     first = load_checkpoint(paths[0])
     first_weights = upgrade_state_dict(first["model"])
     total = {k: v.double() for k, v in first_weights.items()}
@@ -72,4 +147,4 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
     out = {k: v for k, v in first.items() if k != "train_state"}
     out["model"] = averaged
     out["averaged_from"] = [str(p) for p in paths]
-    save_checkpoint(out, output)
+    save_checkpoint(out, output, inputs=paths)

@@ -1,12 +1,18 @@
 """The `mt` command line: each command parses options, loads a config, calls one library function.
 
-A user's mistake (:class:`MTError`) prints one line to stderr and exits with code 1; anything else
-is a bug and keeps its traceback. The library reports progress through :mod:`logging` (logger
-``transformer_mt``); the CLI prints those messages as bare lines on stderr.
+A user's mistake prints one line ``error: ...`` to stderr and exits with code 1 (:func:`user_errors`,
+the one place that decides): an :class:`MTError`, or an ordinary failure of a user's path (permission
+denied, a directory where a file is expected, a full disk). Anything else is a bug and keeps its
+traceback; ``MT_DEBUG=1`` shows the traceback of a user's mistake too. A reader of stdout that went
+away (``mt translate ... | head``) ends the command quietly, as Unix tools do. The library reports
+progress through :mod:`logging` (logger ``transformer_mt``); the CLI prints those messages as bare
+lines on stderr.
 """
 
 import dataclasses
+import errno
 import functools
+import io
 import json
 import logging
 import os
@@ -17,10 +23,38 @@ from typing import Annotated
 
 import typer
 from tqdm import tqdm
+from typer.core import TyperGroup
 
 from transformer_mt.errors import MTError
 
+
+class _OneLineUsageErrors(TyperGroup):
+    """A mistyped command line (an unknown option, a value that is not a number, a missing
+    argument) as one ``error:`` line naming the command's --help, with click's exit code 2 for
+    usage errors, instead of a framed box."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        except typer.TyperException as err:  # click's ClickException and its usage errors
+            if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):
+                err.show()  # `mt translate` alone: the command's help
+                sys.exit(err.exit_code)
+            ctx = getattr(err, "ctx", None)
+            see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            message = " ".join(err.format_message().split()).rstrip(".")
+            typer.echo(f"error: {message}{see}", err=True)
+            sys.exit(err.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineUsageErrors,
     help="transformer-mt: download, train, translate and evaluate Transformer translation models.",
     no_args_is_help=True,
     add_completion=False,
@@ -53,18 +87,55 @@ DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what the shell reports for a tool whose reader went away
+
+
 def user_errors(fn):
-    """Turn MTError into a one-line message and exit code 1."""
+    """Turn a user's mistake into one ``error:`` line and exit code 1 (see the module's doc)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
-        except MTError as err:
-            typer.echo(f"error: {err}", err=True)
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
+            return result
+        except BrokenPipeError:
+            _silence_stdout()
+            raise typer.Exit(SIGPIPE_EXIT) from None
+        except Exception as err:
+            message = _user_message(err)
+            if message is None or _debugging():
+                raise
+            typer.echo(f"error: {message}", err=True)
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _user_message(err: Exception) -> str | None:
+    """The one line for a user's mistake, or None for a bug (which keeps its traceback)."""
+    from transformer_mt.fileio import os_error_message
+
+    if isinstance(err, MTError):
+        return " ".join(str(err).split("\n"))
+    if isinstance(err, typer.Exit | typer.Abort):
+        return None  # typer's own exits pass through unchanged
+    return os_error_message(err)
+
+
+def _debugging() -> bool:
+    return os.environ.get("MT_DEBUG", "") not in ("", "0")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush to a closed pipe does
+    not print an error of its own."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # not a real file descriptor (e.g. under typer's CliRunner)
 
 
 def _load_config(config: Path | None, overrides: list[str] | None):
@@ -125,17 +196,31 @@ def train(
         bool, typer.Option(help="Continue the run in --run-dir if it has a last.pt.")
     ] = True,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    allow_data_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-data-change",
+            help="Resume even though the data or tokenizer differ from the checkpoint's.",
+        ),
+    ] = False,
 ) -> None:
     """Prepare the data (if needed) and train a Transformer; writes checkpoints and metrics.
 
     With no options: the built-in toy corpus and configs/toy.yaml, on CPU in a few minutes.
-    Running it again on the same run directory continues the run.
+    Running it again on the same run directory continues the run (on the same data: see
+    --allow-data-change). Ctrl-C or SIGTERM saves a checkpoint and exits with 130 or 143.
     """
+    from transformer_mt.training.state import StoppedBySignal
     from transformer_mt.training.trainer import train as run_training
 
     cfg = _load_config(config, set_)
     run_dir = run_dir or Path("runs") / cfg.name
-    state = run_training(cfg, run_dir, resume=resume, progress=progress)
+    try:
+        state = run_training(
+            cfg, run_dir, resume=resume, progress=progress, allow_data_change=allow_data_change
+        )
+    except StoppedBySignal as stopped:  # saved and resumable, but not done: `&& next` stops
+        raise typer.Exit(stopped.exit_code) from None
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
         return
     best = f", best val {cfg.train.best_metric} {state.best:.2f}" if state.best is not None else ""
@@ -153,11 +238,22 @@ def prepare(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 
 
 def _read_input(path: Path | None) -> list[str]:
-    from transformer_mt.fileio import read_lines, split_lines
+    from transformer_mt.fileio import decode_utf8, read_lines, split_lines
 
-    if path is None:
-        return split_lines(sys.stdin.read())
-    return read_lines(path)
+    if path is not None:
+        return read_lines(path)
+    if sys.stdin is None:
+        raise MTError("stdin is closed: pass --input FILE, or pipe the text in")
+    stream = getattr(sys.stdin, "buffer", None)
+    return split_lines(decode_utf8(stream.read(), "stdin") if stream else sys.stdin.read())
+
+
+def _stdin_stat() -> list[os.stat_result]:
+    """stdin's file status when it is a file (``mt translate -o x < x`` must not replace x)."""
+    try:
+        return [os.fstat(sys.stdin.fileno())]
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return []
 
 
 @app.command()
@@ -201,7 +297,22 @@ def translate(
         translate_lines,
     )
 
+    if attention_layer is not None and attention_dir is None:
+        raise MTError(
+            "--attention-layer chooses the layer of the heatmaps: add --attention-dir DIR"
+        )
+    inputs = [input] if input is not None else _stdin_stat()
+    if output is not None:
+        from transformer_mt.fileio import check_output
+
+        check_output(output, [*inputs, checkpoint])  # before any work
     loaded = load_for_inference(checkpoint, device)
+    n_layers = loaded.model.n_dec_layers
+    if attention_layer is not None and not -n_layers <= attention_layer < n_layers:
+        raise MTError(
+            f"--attention-layer {attention_layer}: the model's decoder layers are 0 to "
+            f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
+        )
     sampling = {}
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         sampling = dict(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -214,18 +325,33 @@ def translate(
         loaded.model, loaded.src_tok, loaded.trg_tok, _read_input(input), decode,
         progress=input is not None, attention_dir=attention_dir, attention_layer=attention_layer,
     )  # fmt: skip
-    _write_lines(output, format_nbest(results) if decode.nbest > 1 else format_best(results))
+    lines = format_nbest(results) if decode.nbest > 1 else format_best(results)
+    _write_lines(output, lines, inputs=[*inputs, checkpoint])
 
 
-def _write_lines(output: Path | None, lines: Iterable[str]) -> None:
-    """Lines to stdout, or to the file ``output`` written whole (atomically)."""
+def _write_lines(output: Path | None, lines: Iterable[str], inputs: Iterable = ()) -> None:
+    """Lines to stdout, or to the file ``output`` written whole (:func:`fileio.write_output`:
+    atomically, never over one of ``inputs``), as UTF-8."""
+    from transformer_mt.fileio import no_space_error, write_output
+
     text = "".join(line + "\n" for line in lines)
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        from transformer_mt.fileio import write_text_atomic
-
-        write_text_atomic(output, text)
+    if output is not None:
+        write_output(output, text, inputs=inputs)
+        return
+    data = text.encode("utf-8")
+    stream = getattr(sys.stdout, "buffer", None)
+    try:
+        if stream is None:
+            sys.stdout.write(text)
+        else:
+            sys.stdout.flush()
+            stream.write(data)
+        sys.stdout.flush()
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            _silence_stdout()  # what did not fit would fail again at exit
+            raise no_space_error("stdout", len(data)) from err
+        raise
 
 
 @app.command()
@@ -311,7 +437,7 @@ def average(
     """Average the weights of several checkpoints (e.g. the last few of a run)."""
     from transformer_mt.checkpoint import average_checkpoints
 
-    average_checkpoints(checkpoints, output)
+    average_checkpoints(checkpoints, output)  # refuses an output that is one of the inputs
     _note(f"wrote {output} (average of {len(checkpoints)} checkpoints)")
 
 

@@ -7,6 +7,8 @@ overrides one field. Mistakes raise :class:`MTError` naming the key, before any 
 
 import dataclasses
 import importlib.resources
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from typing import Any
 import yaml
 
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import decode_utf8
 
 
 @dataclass
@@ -105,6 +108,8 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
     keep_freed_memory: bool = True  # CPU on Linux: malloc reuses freed blocks (~30 % faster)
+    collective_timeout_s: float = 300.0  # torchrun: seconds a rank waits for the others in a
+    # step's collective before the run stops with an error naming the rank that did not answer
 
 
 @dataclass
@@ -229,11 +234,13 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     """
     cfg = Config()
     if path is not None:
+        if Path(path).is_dir():
+            raise MTError(f"--config {path} is a directory; pass a YAML file")
         path = find_config(path)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            raw = yaml.safe_load(decode_utf8(path.read_bytes(), path)) or {}
         except yaml.YAMLError as err:
-            raise MTError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from err
+            raise MTError(f"{path}{_yaml_problem(err)}; fix the YAML syntax there") from None
         if not isinstance(raw, dict):
             raise MTError(f"{path}: expected a mapping of sections at the top level")
         where = f"{path}: "
@@ -253,12 +260,27 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     return cfg
 
 
+def _yaml_problem(err: yaml.YAMLError, where: str = "line") -> str:
+    """``:LINE: invalid YAML (problem)`` for a file, `` (problem)`` for a --set value."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    if where and mark is not None:
+        return f":{mark.line + 1}: invalid YAML ({problem})"
+    return f": invalid YAML ({problem})" if where else f" ({problem})"
+
+
 def apply_override(cfg: Config, item: str) -> None:
     """Apply one ``section.key=value`` override; the value is parsed as YAML (``1e-3``, ``true``)."""
     if "=" not in item:
         raise MTError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
     dotted, text = item.split("=", 1)
-    value = yaml.safe_load(text) if text.strip() else ""
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as err:
+        raise MTError(
+            f"--set {item!r}: the value is not valid YAML{_yaml_problem(err, where='')}; write "
+            f"a number, true/false, or text in quotes (--set '{dotted}=\"...\"')"
+        ) from None
     if dotted == "name":
         cfg.name = str(value)
         return
@@ -269,21 +291,167 @@ def apply_override(cfg: Config, item: str) -> None:
 
 
 MAX_BEAM = 128  # wider beams cost memory in proportion and no longer improve translations
+MIN_VOCAB_SIZE = 16  # the 4 special ids and a few pieces: no corpus's alphabet fits in fewer
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # what train.device accepts (check_device_name)
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric config field accepts: ``lo``/``hi`` (None = unbounded), each bound
+    included unless ``*_open``; ``none_ok`` also accepts null. Floats must also be finite."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    none_ok: bool = False
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return self.none_ok
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return above and below
+
+    def describe(self) -> str:
+        """The range in words: "at least 1", "1 to 128", "in [0, 1)", "greater than 0"."""
+        lo, hi = _number(self.lo), _number(self.hi)
+        if self.hi is None:
+            text = f"greater than {lo}" if self.lo_open else f"at least {lo}"
+        elif self.lo is None:
+            text = f"less than {hi}" if self.hi_open else f"at most {hi}"
+        elif not self.lo_open and not self.hi_open:
+            text = f"{lo} to {hi}"
+        else:
+            text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        return text + (" or null" if self.none_ok else "")
+
+
+def _number(value: float | None) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+AT_LEAST_1, AT_LEAST_0 = Range(lo=1), Range(lo=0)
+POSITIVE = Range(lo=0, lo_open=True)  # > 0
+PROBABILITY = Range(lo=0.0, hi=1.0, hi_open=True)  # [0, 1): dropout, label smoothing, betas
+SEED_63 = Range(0, 2**63 - 1)  # numpy needs >= 0; torch takes seed + step below 2**64
+
+# The allowed values of every numeric field, by section; load_config checks them all before any
+# work (tests/test_config.py fails when a numeric field is in neither this table nor UNBOUNDED).
+RANGES: dict[str, dict[str, Range]] = {
+    "data": {
+        "toy_train_size": AT_LEAST_1,
+        "toy_valid_size": AT_LEAST_1,
+        "toy_test_size": AT_LEAST_1,
+        "max_words": AT_LEAST_1,
+        "max_ratio": Range(lo=1.0, none_ok=True),
+        "max_tokens_per_side": Range(lo=2),  # one piece + EOS (or BOS) is the shortest pair
+    },
+    "tokenizer": {
+        "vocab_size": Range(lo=MIN_VOCAB_SIZE),
+        "character_coverage": Range(lo=0.0, hi=1.0, lo_open=True),
+        "sample_alpha": AT_LEAST_0,  # and below 1 for bpe (_validate_tokenizer)
+        "sample_nbest": Range(lo=-1),  # and -1 or >= 2 (_validate_tokenizer)
+        "sample_draws": AT_LEAST_1,
+    },
+    "model": {
+        "d_model": AT_LEAST_1,
+        "n_head": AT_LEAST_1,
+        "ffn_hidden": AT_LEAST_1,
+        "n_layers": AT_LEAST_1,
+        "n_dec_layers": Range(lo=1, none_ok=True),
+        "drop_prob": PROBABILITY,
+        "attn_drop_prob": PROBABILITY,
+        "ffn_drop_prob": PROBABILITY,
+        "max_len": Range(lo=2),  # BOS or EOS and one token
+    },
+    "train": {
+        "seed": SEED_63,
+        "max_steps": AT_LEAST_1,
+        "batch_tokens": AT_LEAST_1,
+        "accum_steps": AT_LEAST_1,
+        "lr_factor": POSITIVE,
+        "warmup_steps": AT_LEAST_1,
+        "adam_beta1": PROBABILITY,
+        "adam_beta2": PROBABILITY,
+        "adam_eps": POSITIVE,
+        "weight_decay": AT_LEAST_0,
+        "label_smoothing": PROBABILITY,
+        "clip_norm": AT_LEAST_0,
+        "log_every": AT_LEAST_1,
+        "valid_every": AT_LEAST_1,
+        "patience": AT_LEAST_0,
+        "max_minutes": AT_LEAST_0,
+        "max_nonfinite": AT_LEAST_1,
+        "keep_last": AT_LEAST_0,
+        "average_last": AT_LEAST_0,  # and at most keep_last (_validate_train)
+        "threads": AT_LEAST_0,
+        "collective_timeout_s": POSITIVE,
+    },
+    "decode": {
+        "beam_size": Range(1, MAX_BEAM),
+        "nbest": AT_LEAST_1,  # and at most beam_size (validate_decode)
+        "len_penalty": AT_LEAST_0,
+        "max_len_a": AT_LEAST_0,  # and not both 0 (validate_decode)
+        "max_len_b": AT_LEAST_0,
+        "batch_tokens": AT_LEAST_1,
+        "temperature": POSITIVE,
+        "top_k": AT_LEAST_0,
+        "top_p": Range(lo=0.0, hi=1.0, lo_open=True),
+        "sample_seed": Range(-(2**63), 2**64 - 1),  # what torch.Generator.manual_seed takes
+    },
+}
+# Numeric fields that take any value: random.Random accepts every integer as a seed.
+UNBOUNDED = {"data.toy_seed"}
+# The `mt translate` / `mt evaluate` options that set decode keys, named in their errors.
+DECODE_OPTIONS = {
+    "beam_size": "--beam",
+    "nbest": "--nbest",
+    "len_penalty": "--len-penalty",
+    "batch_tokens": "--batch-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "sample_seed": "--seed",
+}
+
+
+def check_ranges(section: str, obj: Any, options: dict[str, str] | None = None) -> None:
+    """Check every field of ``obj`` (the dataclass of ``section``) that :data:`RANGES` bounds.
+
+    Raises:
+        MTError: one line naming the key (and its command-line option, if ``options`` names one),
+            the value and the allowed range, e.g. ``model.n_head is 0; it must be at least 1``.
+    """
+    for key, allowed in RANGES[section].items():
+        value = getattr(obj, key)
+        if not allowed.holds(value):
+            option = (options or {}).get(key)
+            name = f"{section}.{key}" + (f" ({option})" if option else "")
+            shown = _number(value) if isinstance(value, int | float) else repr(value)
+            finite = "finite and " if isinstance(value, float) and not math.isfinite(value) else ""
+            raise MTError(f"{name} is {shown}; it must be {finite}{allowed.describe()}")
+
+
+def check_device_name(name: str, key: str = "train.device") -> None:
+    """Refuse a device name that torch would reject later (or misread), naming ``key``."""
+    if not _DEVICE_RE.fullmatch(name):
+        raise MTError(f"{key} is {name!r}; it must be {DEVICE_NAMES}")
 
 
 def validate_decode(d: DecodeConfig) -> None:
     """The checks of the decode settings, run by :func:`validate` and again after command-line
     options replaced some of them; messages name the key and the `mt translate` option."""
-    if not 1 <= d.beam_size <= MAX_BEAM:
-        raise MTError(f"decode.beam_size (--beam) is {d.beam_size}; it must be 1 to {MAX_BEAM}")
+    check_ranges("decode", d, DECODE_OPTIONS)
     if not 1 <= d.nbest <= d.beam_size:
         raise MTError(
             f"decode.nbest (--nbest) is {d.nbest}; it must be between 1 and the beam size "
             f"({d.beam_size})"
         )
-    if d.batch_tokens < 1:
-        raise MTError(f"decode.batch_tokens (--batch-tokens) is {d.batch_tokens}; it must be >= 1")
-    if d.max_len_a < 0 or d.max_len_b < 0 or d.max_len_a + d.max_len_b <= 0:
+    if d.max_len_a + d.max_len_b <= 0:
         raise MTError(
             f"decode.max_len_a={d.max_len_a:g} and decode.max_len_b={d.max_len_b:g} must be >= 0 "
             "and not both 0 (longest output = a + b * source length)"
@@ -295,24 +463,30 @@ def validate_decode(d: DecodeConfig) -> None:
             "decode.sampling (--sample) draws one translation per line: it needs beam size 1 and "
             "n-best 1; drop --beam / --nbest"
         )
-    if d.temperature <= 0 or not 0 < d.top_p <= 1 or d.top_k < 0:
-        raise MTError(
-            "decode.sampling (--sample) needs temperature > 0, 0 < top_p <= 1 and top_k >= 0 "
-            f"(got {d.temperature:g}, {d.top_p:g}, {d.top_k})"
-        )
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks that would otherwise fail deep inside training."""
+    """Every range (:data:`RANGES`), then the checks across fields, before any work starts: a
+    wrong value fails in a second, not after the data preparation."""
+    for section in ("data", "tokenizer", "model", "train"):
+        check_ranges(section, getattr(cfg, section))
+    _validate_data(cfg.data)
     _validate_model(cfg.model, cfg.tokenizer)
     _validate_train(cfg.train, cfg.data)
     validate_decode(cfg.decode)
-    if cfg.data.max_words < 1:
-        raise MTError(f"data.max_words={cfg.data.max_words} must be at least 1")
     if cfg.data.max_tokens_per_side > cfg.model.max_len:
         raise MTError(
             f"data.max_tokens_per_side={cfg.data.max_tokens_per_side} exceeds "
             f"model.max_len={cfg.model.max_len}; lower the first or raise the second"
+        )
+
+
+def _validate_data(data_cfg: DataConfig) -> None:
+    base_url = data_cfg.base_url
+    if base_url is not None and not re.match(r"https?://[^/]", base_url):
+        raise MTError(
+            f"data.base_url is {base_url!r}; it must be an http(s) URL (e.g. http://host:port/) "
+            "or null"
         )
 
 
@@ -325,7 +499,7 @@ def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:
         raise MTError("model.share_embeddings needs tokenizer.joint: true (one vocabulary)")
     if tok_cfg.model_type not in ("unigram", "bpe"):
         raise MTError(f"tokenizer.model_type={tok_cfg.model_type!r}: expected unigram or bpe")
-    if tok_cfg.sample_alpha < 0 or (tok_cfg.model_type == "bpe" and tok_cfg.sample_alpha >= 1):
+    if tok_cfg.model_type == "bpe" and tok_cfg.sample_alpha >= 1:
         raise MTError(
             f"tokenizer.sample_alpha={tok_cfg.sample_alpha}: expected 0 (off) or more; below 1 "
             "for bpe"
@@ -334,18 +508,14 @@ def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:
         raise MTError(
             f"tokenizer.sample_nbest={tok_cfg.sample_nbest}: expected -1 (all) or at least 2"
         )
-    if tok_cfg.sample_draws < 1:
-        raise MTError(f"tokenizer.sample_draws={tok_cfg.sample_draws} must be at least 1")
 
 
 def _validate_train(train_cfg: TrainConfig, data_cfg: DataConfig) -> None:
+    check_device_name(train_cfg.device)
     if train_cfg.best_metric not in ("bleu", "loss"):
         raise MTError(f"train.best_metric={train_cfg.best_metric!r}: expected bleu or loss")
     if train_cfg.best_metric == "bleu" and not train_cfg.valid_bleu:
         raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
-    for key in ("max_steps", "batch_tokens", "accum_steps", "warmup_steps", "log_every"):
-        if getattr(train_cfg, key) < 1:
-            raise MTError(f"train.{key}={getattr(train_cfg, key)} must be at least 1")
     if train_cfg.lr_schedule not in ("noam", "linear"):
         raise MTError(f"train.lr_schedule={train_cfg.lr_schedule!r}: expected noam or linear")
     if train_cfg.precision not in ("fp32", "bf16", "fp16"):
@@ -360,17 +530,19 @@ def _validate_train(train_cfg: TrainConfig, data_cfg: DataConfig) -> None:
             f"train.average_last={train_cfg.average_last} must be between 0 and train.keep_last="
             f"{train_cfg.keep_last}: only kept step checkpoints can be averaged"
         )
-    if not 0.0 <= train_cfg.label_smoothing < 1.0:
-        raise MTError(f"train.label_smoothing={train_cfg.label_smoothing} must be in [0, 1)")
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Rebuild a Config from ``Config.to_dict()`` output (e.g. stored in a checkpoint)."""
     cfg = Config()
+    if not isinstance(raw, dict):
+        raise MTError("checkpoint config: expected a mapping of sections")
     for section, body in raw.items():
         if section == "name":
             cfg.name = _check_type(body, str, "name")
             continue
+        if not isinstance(body, dict):
+            raise MTError(f"checkpoint config: section {section!r} must be a mapping of keys")
         for key, value in body.items():
             _apply(cfg, section, key, value, "checkpoint config: ")
     return cfg

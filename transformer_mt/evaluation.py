@@ -47,6 +47,8 @@ def corpus_bleu(hyps: list[str], refs: list[str]) -> float:
 
 def score_all(hyps: list[str], refs: list[list[str]]) -> Scores:
     """BLEU, chrF and TER of ``hyps`` against one or more reference sets (each a list of lines)."""
+    if not hyps:
+        raise MTError("no lines to score")  # sacrebleu fails on empty input
     bleu, chrf, ter = BLEU(), CHRF(), TER()
     b = bleu.corpus_score(hyps, refs)
     c = chrf.corpus_score(hyps, refs)
@@ -62,10 +64,13 @@ def score_all(hyps: list[str], refs: list[list[str]]) -> Scores:
 
 
 def check_same_length(hyps: list[str], hyp_name: str, refs: list[list[str]], ref_names: list[str]):
-    """Raise naming both files and their line counts when a reference does not match."""
+    """Raise naming both files and their line counts when a reference does not match, or
+    when there is nothing to score."""
     for ref, name in zip(refs, ref_names, strict=True):
         if len(ref) != len(hyps):
             raise MTError(
                 f"line counts differ: {hyp_name} has {len(hyps)} lines, {name} has {len(ref)}; "
                 "each hypothesis needs one reference line"
             )
+    if not hyps:
+        raise MTError(f"{hyp_name} and {', '.join(ref_names)} are empty: nothing to score")

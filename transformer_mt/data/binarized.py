@@ -11,20 +11,27 @@ One directory per dataset split holds both sides of the parallel corpus::
 The ``key`` is a hash of the inputs and the settings (:func:`cache_key`): a cache whose key differs
 is stale and :func:`load_binarized` returns None, so the caller rebuilds. A build is written in a
 temporary directory beside ``out_dir``, with ``meta.json`` last, and renamed into place only when
-complete: an error or Ctrl-C leaves the old cache (or nothing), never a half-written one.
+complete: an error or Ctrl-C leaves the old cache (or nothing), never a half-written one. A full disk
+is one :class:`MTError` naming the directory and the space, and the temporary directory is removed;
+one left by a killed build (its process gone) is removed by the next build beside it.
 
 Neither building nor reading holds the token ids in memory: the writer appends them to the
 ``.bin`` files in chunks, and the reader maps them (``np.memmap``, mode ``"r"``), so a corpus larger
 than RAM works. Only the offsets (8 bytes a sentence) are needed in memory to batch by length.
+The writer never writes through a memory map: on a full disk a mapped write kills the process
+with SIGBUS, where a plain write raises ENOSPC.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import logging
 import operator
 import os
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +42,8 @@ import numpy as np
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import atomic_write
 
+log = logging.getLogger(__name__)
+
 # Bump when the layout changes: it is part of every key, so old caches are rebuilt, not misread.
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -42,6 +51,10 @@ SIDES = ("src", "trg")
 # Token ids buffered before a write to disk: 1 Mi ids is 2-4 MiB, small next to any model.
 CHUNK_TOKENS = 1 << 20
 HASH_CHUNK_BYTES = 1 << 20
+# Every file a build writes in its directory: a leftover build directory is deleted only when it
+# holds nothing else (the cache directory may be one the user shares with other files).
+_BUILD_FILES = re.compile(r"(src|trg)_(tokens\.bin|lengths\.tmp|offsets\.npy)|meta\.json|\..*\.tmp")
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _hash_part(part: Any) -> bytes:
@@ -124,12 +137,18 @@ class _SideWriter:
                     f"{self.side} token id {lo if lo < 0 else hi} outside the vocabulary "
                     f"[0, {self.vocab_size}) near sentence {self.count + len(self.lengths)}"
                 )
-            arr.astype(self.dtype).tofile(self.tokens_file)
+            # file.write, not ndarray.tofile: tofile reports a full disk without its errno.
+            self.tokens_file.write(arr.astype(self.dtype).tobytes())
             self.n_tokens += arr.size
         if self.lengths:
-            np.asarray(self.lengths, dtype=np.int64).tofile(self.lengths_file)
+            self.lengths_file.write(np.asarray(self.lengths, dtype=np.int64).tobytes())
             self.count += len(self.lengths)
         self.ids, self.lengths = [], []
+
+    def sizes(self) -> tuple[int, int]:
+        """Bytes of (token ids, lengths) of the sentences added so far, written or buffered."""
+        n_sentences = self.count + len(self.lengths)
+        return (self.n_tokens + len(self.ids)) * self.dtype.itemsize, 8 * n_sentences
 
     def close(self) -> None:
         """Close both files (also after an error, so the temporary directory can be removed)."""
@@ -144,17 +163,20 @@ class _SideWriter:
         self.close()
         lengths_path = self.directory / f"{self.side}_lengths.tmp"
         offsets_path = self.directory / f"{self.side}_offsets.npy"
-        offsets = np.lib.format.open_memmap(
-            offsets_path, mode="w+", dtype=np.int64, shape=(self.count + 1,)
-        )
-        offsets[0] = 0
-        if self.count:
-            # Both arrays are memory-mapped: the cumulative sum pages through them from disk.
-            lengths = np.memmap(lengths_path, dtype=np.int64, mode="r", shape=(self.count,))
-            np.cumsum(lengths, out=offsets[1:])
-            del lengths
-        offsets.flush()
-        del offsets
+        # The .npy file np.save would write, built a chunk of lengths at a time: the cumulative
+        # sum carries over between chunks, so memory stays bounded whatever the corpus.
+        descr = np.lib.format.dtype_to_descr(np.dtype(np.int64))
+        header = {"descr": descr, "fortran_order": False, "shape": (self.count + 1,)}
+        with offsets_path.open("wb") as out, lengths_path.open("rb") as lengths_file:
+            np.lib.format.write_array_header_1_0(out, header)
+            out.write(np.zeros(1, dtype=np.int64).tobytes())  # offsets[0]
+            total = 0
+            while chunk := lengths_file.read(CHUNK_TOKENS * 8):
+                offsets = np.cumsum(np.frombuffer(chunk, dtype=np.int64)) + total
+                out.write(offsets.tobytes())
+                total = int(offsets[-1])
+            out.flush()
+            os.fsync(out.fileno())
         lengths_path.unlink()
 
 
@@ -163,6 +185,80 @@ def _write_meta(path: Path, meta: dict[str, Any]) -> None:
     with atomic_write(path, "w", durable=True) as f:
         json.dump(meta, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_builds(parent: Path) -> list[Path]:
+    """Delete the ``<name>.tmp-<pid>`` / ``<name>.old-<pid>`` directories in ``parent`` that a
+    killed build left (its process no longer runs, or it had this process's id); return them.
+
+    A directory is deleted only if it holds nothing but a build's files, so that a cache
+    directory shared with other files loses nothing else. A build running on another machine
+    with the same cache directory would not be seen as running: build on one process only.
+    """
+    removed = []
+    for path in parent.iterdir() if parent.is_dir() else []:
+        match = re.fullmatch(r".+\.(?:tmp|old)-(\d+)", path.name)
+        if not match or not path.is_dir() or path.is_symlink():
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid() and _pid_alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            if all(_BUILD_FILES.fullmatch(p.name) and p.is_file() for p in path.iterdir()):
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
+def _space_needed(writers: list[_SideWriter]) -> int:
+    """The most disk space the build of the sentences added so far takes at once: every side's
+    ids, and while a side's offsets are written, its lengths too (the offsets' size plus one
+    int64 and the .npy header), with the lengths of the sides not yet finished."""
+    if not writers:
+        return 0
+    sizes = [w.sizes() for w in writers]
+    tokens = sum(t for t, _ in sizes)
+    offsets = [n + 8 + 128 for _, n in sizes]
+    peak = max(  # finishing side i: the offsets of sides <= i, the lengths of sides >= i
+        sum(offsets[: i + 1]) + sum(n for _, n in sizes[i:]) for i in range(len(sizes))
+    )
+    return tokens + peak
+
+
+def _disk_full_error(out_dir: Path, needed: int, complete: bool, exc: OSError) -> MTError:
+    """The one line for a full disk during a build: ``needed`` bytes for what it had read
+    (``complete``: the whole corpus), against what is free once its files are removed."""
+    try:
+        free = shutil.disk_usage(out_dir.parent).free
+    except OSError:  # pragma: no cover - the directory was there a moment ago
+        free = 0
+    need = f"about {_size(needed)}" if complete else f"more than {_size(needed)}"
+    return MTError(
+        f"{out_dir}: {os.strerror(exc.errno or errno.ENOSPC).lower()} while writing the binarized "
+        f"cache: it needs {need} there and {_size(free)} are free; free space or set "
+        "data.cache_dir to a larger disk"
+    )
+
+
+def _size(n_bytes: int) -> str:
+    """A byte count for people: ``512 B``, ``1.5 MiB``."""
+    size, unit = float(n_bytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def _publish(tmp_dir: Path, out_dir: Path) -> None:
@@ -198,28 +294,34 @@ def build_binarized(
     The files are written in ``<out_dir>.tmp-<pid>`` beside ``out_dir`` and renamed into place only
     after ``meta.json`` is written; an existing cache at ``out_dir`` is replaced. If anything
     raises (including the ``pairs`` iterator, e.g. a cleaning error found at the end of a file)
-    the temporary directory is removed and ``out_dir`` is left as it was.
+    the temporary directory is removed and ``out_dir`` is left as it was. Build directories that
+    killed runs left beside ``out_dir`` are removed first (:func:`remove_stale_builds`).
 
     Build on one process only (rank 0 in a distributed run, the others waiting and then calling
     :func:`load_binarized`): two builders racing to replace the same ``out_dir`` may fail.
 
     Raises:
+        MTError: the disk is full (naming ``out_dir`` and the space); nothing is left behind.
         ValueError: an id is outside ``[0, vocab_size)`` (a bug in the caller's encoding).
     """
     out_dir = Path(out_dir)
     dtype = dtype_for_vocab(vocab_size)
     tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale_builds(out_dir.parent):
+        log.info(f"removed {stale}, left by a build that was killed")
     if tmp_dir.exists():
         shutil.rmtree(tmp_dir)  # left by a killed earlier run that had the same pid
     tmp_dir.mkdir()
     writers: list[_SideWriter] = []
+    read_all = False  # whether every pair was read (the space needed is then known)
     try:
         writers = [_SideWriter(tmp_dir, side, dtype, vocab_size) for side in SIDES]
         src_writer, trg_writer = writers
         for src_ids, trg_ids in pairs:
             src_writer.add(src_ids)
             trg_writer.add(trg_ids)
+        read_all = True
         for writer in writers:
             writer.finish()
         meta = {
@@ -232,12 +334,14 @@ def build_binarized(
         }
         _write_meta(tmp_dir / META_FILE, meta)  # last: its presence marks a complete build
         _publish(tmp_dir, out_dir)
-    except BaseException:
+    except BaseException as exc:
         # BaseException: Ctrl-C during a long build must not leave the temporary directory.
         for writer in writers:
             with contextlib.suppress(OSError):
                 writer.close()
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            raise _disk_full_error(out_dir, _space_needed(writers), read_all, exc) from None
         raise
     loaded = load_binarized(out_dir, key)
     if loaded is None:  # pragma: no cover - only if another process replaced it meanwhile

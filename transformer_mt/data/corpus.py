@@ -79,10 +79,25 @@ def _read_lines(path: Path) -> Generator[bytes, None, None]:
                 lineno += 1
                 yield line
         except (OSError, EOFError, zlib.error) as exc:
+            kind = "gzip file" if isinstance(f, gzip.GzipFile) else "file"
             raise MTError(
-                f"{path}:{lineno + 1}: cannot read past this line ({exc}); the file is corrupt or "
-                "truncated, download or copy it again"
+                f"{path}:{lineno + 1}: cannot read past this line ({exc or type(exc).__name__}); "
+                f"the {kind} is corrupt or truncated, download or copy it again"
             ) from exc
+
+
+def _gzip_damage(path: Path) -> str | None:
+    """Why the gzip file ``path`` cannot be decompressed to its end; None if it can (or if it is
+    not gzip). Reads the whole file: only for an error that is about to be reported."""
+    try:
+        if not _is_gzip(path):
+            return None
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def _count_rest(lines: Iterator[bytes]) -> int:
@@ -184,7 +199,14 @@ def _decode(raw: bytes, lineno: int) -> tuple[str, bool]:
 
 
 def _utf8_error(path: Path, lineno: int, exc: UnicodeDecodeError) -> MTError:
-    """The one-line error for an invalid UTF-8 line."""
+    """The one-line error for an invalid UTF-8 line: in a damaged gzip file, the damage (a corrupt
+    deflate stream yields garbage bytes before its checksum is reached), else the line."""
+    damage = _gzip_damage(path)
+    if damage is not None:
+        return MTError(
+            f"{path}: the gzip file is corrupt or truncated ({damage}; line {lineno} already "
+            "decompresses to bytes that are not UTF-8); download or copy it again"
+        )
     return MTError(
         f"{path}:{lineno}: invalid UTF-8 ({exc.reason} at byte {exc.start} of the line); "
         "fix the file (e.g. iconv -f LATIN1 -t UTF-8) or set data.skip_bad_lines: true"

@@ -30,6 +30,7 @@ import urllib.request
 import zipfile
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
@@ -50,6 +51,25 @@ MARKER_DIR = ".mt-download"
 _USER_AGENT = f"transformer-mt/{__version__} (python urllib)"
 # Answers worth another try; any other 4xx (404, 403, ...) will not change by asking again.
 _RETRY_STATUS = frozenset({408, 425, 429})
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """How the messages name what a user can change: `mt download`'s options, or the config keys
+    when `mt prepare` / `mt train` download a corpus (they have no --base-url or --dest)."""
+
+    base_url: str  # the mirror setting
+    dest: str  # the destination directory setting
+
+    def set_mirror(self) -> str:
+        """The advice to use a mirror: "pass --base-url a mirror" or "set data.base_url to ..."."""
+        if self.base_url.startswith("--"):
+            return f"pass {self.base_url} a mirror"
+        return f"set {self.base_url} to a mirror"
+
+
+CLI_NAMES = SettingNames(base_url="--base-url", dest="--dest")
+CONFIG_NAMES = SettingNames(base_url="data.base_url", dest="data.download_dir")
 
 
 class _RetryableError(Exception):
@@ -73,7 +93,9 @@ def _content_range_start(value: str | None) -> int | None:
     return int(start) if start.isdigit() else None
 
 
-def _open(opener: urllib.request.OpenerDirector, url: str, part: Path, offset: int):
+def _open(
+    opener: urllib.request.OpenerDirector, url: str, part: Path, offset: int, names: SettingNames
+):
     """The HTTP response for ``url`` from byte ``offset`` on; failures worth another try raise
     :class:`_RetryableError`, the others :class:`MTError`."""
     headers = {"User-Agent": _USER_AGENT}
@@ -92,16 +114,18 @@ def _open(opener: urllib.request.OpenerDirector, url: str, part: Path, offset: i
             raise _RetryableError(f"HTTP {exc.code} {exc.reason}") from None
         raise MTError(
             f"{url} answered HTTP {exc.code} {exc.reason}; check the corpus name, "
-            "or pass --base-url a mirror that has this file"
+            f"or {names.set_mirror()} that has this file"
         ) from None
     except (OSError, http.client.HTTPException) as exc:  # URLError, refused, timeout, reset
         raise _RetryableError(str(getattr(exc, "reason", exc)) or type(exc).__name__) from None
 
 
-def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progress: bool) -> None:
+def _transfer(
+    opener: urllib.request.OpenerDirector, url: str, part: Path, progress: bool, names: SettingNames
+) -> None:
     """One try at bringing ``part`` up to the full file, resuming from its current length."""
     offset = part.stat().st_size if part.exists() else 0
-    with _open(opener, url, part, offset) as response:
+    with _open(opener, url, part, offset, names) as response:
         if offset and response.status == 206:
             start = _content_range_start(response.headers.get("Content-Range"))
             if start != offset:
@@ -124,14 +148,16 @@ def _transfer(opener: urllib.request.OpenerDirector, url: str, part: Path, progr
             disable=not progress,
         )
         with bar:
-            received = _copy_body(response, part, mode, bar)
+            received = _copy_body(response, part, mode, bar, names)
     # http.client returns b"" at a closed connection instead of raising, so a cut-off transfer
     # shows only as fewer bytes than Content-Length promised.
     if expected is not None and received < expected:
         raise _RetryableError(f"connection closed after {offset + received} of {total} bytes")
 
 
-def _copy_body(response: http.client.HTTPResponse, part: Path, mode: str, bar: tqdm) -> int:
+def _copy_body(
+    response: http.client.HTTPResponse, part: Path, mode: str, bar: tqdm, names: SettingNames
+) -> int:
     """Append (``"ab"``) or write (``"wb"``) the response body to ``part``; returns its bytes."""
     received = 0
     try:
@@ -148,7 +174,7 @@ def _copy_body(response: http.client.HTTPResponse, part: Path, mode: str, bar: t
                 bar.update(len(chunk))
     except OSError as exc:  # only the local file can raise it here: reads are caught above
         raise MTError(
-            f"cannot write {part}: {exc.strerror}; free disk space or choose another --dest"
+            f"cannot write {part}: {exc.strerror}; free disk space or choose another {names.dest}"
         ) from None
 
 
@@ -160,6 +186,7 @@ def fetch_file(
     retries: int = 4,
     backoff: float = 0.5,
     progress: bool = True,
+    names: SettingNames = CLI_NAMES,
 ) -> str:
     """Download ``url`` to ``target`` through ``target.part``; return the file's SHA-256.
 
@@ -168,7 +195,7 @@ def fetch_file(
     made the ``.part`` longer does not count against ``retries``, so a long download over a flaky
     link keeps going. A wrong checksum deletes the download and raises :class:`MTError`; an
     unknown one (``sha256=None``) logs a warning with the actual hash. ``target`` appears only
-    after the check, by an atomic rename.
+    after the check, by an atomic rename. ``names`` says how the errors name the settings.
     """
     if retries < 1:
         raise ValueError(f"retries must be at least 1, got {retries}")
@@ -179,7 +206,7 @@ def fetch_file(
     while True:
         before = part.stat().st_size if part.exists() else 0
         try:
-            _transfer(opener, url, part, progress)
+            _transfer(opener, url, part, progress, names)
             break
         except _RetryableError as exc:
             reason = str(exc)
@@ -189,7 +216,7 @@ def fetch_file(
             if failures >= retries:
                 raise MTError(
                     f"could not download {url} after {retries} failed tries: {reason}; "
-                    "check the network or pass --base-url a mirror"
+                    f"check the network or {names.set_mirror()}"
                 )
             time.sleep(backoff * 2 ** (failures - 1))
 
@@ -198,7 +225,8 @@ def fetch_file(
         part.unlink()
         raise MTError(
             f"{target.name}: SHA-256 mismatch, expected {sha256}, got {actual}; the download was "
-            "deleted: run again, and if it persists check that --base-url serves the original file"
+            f"deleted: run again, and if it persists check that {names.base_url} serves the "
+            "original file"
         )
     if sha256 is None:
         _warn_unverified(target.name, actual)
@@ -357,6 +385,7 @@ def ensure_file(
     retries: int = 4,
     backoff: float = 0.5,
     progress: bool = True,
+    names: SettingNames = CLI_NAMES,
 ) -> list[Path]:
     """Download, verify and unpack one corpus file into ``dest`` unless that is already done."""
     dest = dest.resolve()
@@ -380,7 +409,7 @@ def ensure_file(
             _warn_unverified(target.name, actual)
     if actual is None:
         actual = fetch_file(
-            url, target, f.sha256, retries=retries, backoff=backoff, progress=progress
+            url, target, f.sha256, retries=retries, backoff=backoff, progress=progress, names=names
         )
     outputs = unpack_file(target, f.unpack, dest)
     _write_marker(dest, f, url, actual, outputs)
@@ -396,27 +425,35 @@ def download_corpus(
     retries: int = 4,
     backoff: float = 0.5,
     progress: bool = True,
+    names: SettingNames = CLI_NAMES,
 ) -> list[Path]:
     """Download a corpus (a registry name or a :class:`Corpus`) into ``dest``; return its usable
     (unpacked) files.
 
     ``base_url`` replaces the registry's base (a mirror, or a loopback server in tests); ``only``
     keeps the files whose local name matches one of its glob patterns (``["train.*", "val.*"]``).
-    Running it again when everything is present and unchanged downloads nothing.
+    Running it again when everything is present and unchanged downloads nothing. ``names``: how
+    errors name the mirror and destination settings (:data:`CONFIG_NAMES` for a config's data).
     """
     corpus = get_corpus(corpus) if isinstance(corpus, str) else corpus
     base = base_url or corpus.base_url
     if urllib.parse.urlsplit(base).scheme not in ("http", "https"):
-        raise MTError(f"--base-url {base!r} is not an http(s) URL; pass e.g. http://host:port/")
+        raise MTError(
+            f"{names.base_url} {base!r} is not an http(s) URL; give one, e.g. http://host:port/"
+        )
     files = corpus.select(only)
     dest = Path(dest)
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise MTError(f"cannot create --dest {dest}: {exc.strerror}; choose another one") from None
+        raise MTError(
+            f"cannot create {names.dest} {dest}: {exc.strerror}; choose another one"
+        ) from None
     outputs: list[Path] = []
     for f in files:
         outputs.extend(
-            ensure_file(f, dest, base, retries=retries, backoff=backoff, progress=progress)
+            ensure_file(
+                f, dest, base, retries=retries, backoff=backoff, progress=progress, names=names
+            )
         )
     return outputs

@@ -135,13 +135,15 @@ def _check_languages(cfg: Config, corpus: Corpus) -> None:
 def _registry_files(cfg: Config, corpus: Corpus, progress: bool) -> SplitFiles:
     """Download (once) only the files the language pair needs, and return the unpacked ones."""
     # Imported here: urllib and tqdm are only needed when a corpus is downloaded.
-    from transformer_mt.data.download import download_corpus
+    from transformer_mt.data.download import CONFIG_NAMES, download_corpus
 
     langs = (cfg.data.src_lang, cfg.data.trg_lang)
     split_files = {s: [corpus.split_file(s, lang) for lang in langs] for s in TRAINING_SPLITS}
     names = [f.local_name for pair in split_files.values() for f in pair]
     dest = Path(cfg.data.download_dir) / corpus.name
-    outputs = download_corpus(corpus, dest, cfg.data.base_url, only=names, progress=progress)
+    outputs = download_corpus(
+        corpus, dest, cfg.data.base_url, only=names, progress=progress, names=CONFIG_NAMES
+    )
     by_name = {p.name: p for p in outputs}  # e.g. "train.de", gunzipped beside "train.de.gz"
     return {
         split: (by_name[src.unpacked_name], by_name[trg.unpacked_name])

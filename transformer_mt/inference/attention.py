@@ -6,6 +6,7 @@ which never materializes the weights; the pictures come from one extra teacher-f
 the chosen hypotheses, which gives the same weights.
 """
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ import torch
 from transformer_mt.data.batching import pad_batch
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding import DecodeResult, Hypothesis
+from transformer_mt.errors import MTError
+from transformer_mt.fileio import write_output
 from transformer_mt.model import Transformer
 
 
@@ -59,7 +62,9 @@ def plot_attention(
         ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    write_output(path, png.getvalue())
 
 
 class AttentionPictures:
@@ -78,6 +83,8 @@ class AttentionPictures:
             raise ValueError(f"attention_layer={layer} outside the model's {n_layers} layers")
         self.model, self.src_tok, self.trg_tok = model, src_tok, trg_tok
         self.out_dir, self.layer = Path(out_dir), layer
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise MTError(f"--attention-dir {out_dir} is a file; name a directory for the PNGs")
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, lines: list[int], src: torch.Tensor, decoded: list[DecodeResult]) -> None:

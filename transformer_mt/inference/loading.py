@@ -8,6 +8,7 @@ import torch
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
 
@@ -27,16 +28,54 @@ def load_for_inference(path: Path | str, device: str | torch.device = "cpu") -> 
 
     Loaded with ``weights_only=True``: a checkpoint from a stranger cannot run code.
     """
+    device = check_device(device)
     ckpt = load_checkpoint(path)
-    model = Transformer(**ckpt["model_args"])
-    model.load_state_dict(ckpt["model"])  # older parameter names are upgraded by the model
+    try:
+        model = Transformer(**ckpt["model_args"])
+        model.load_state_dict(ckpt["model"])  # older parameter names are upgraded by the model
+        src_tok = Tokenizer(ckpt["src_spm"])
+        trg_tok = src_tok if ckpt["trg_spm"] == ckpt["src_spm"] else Tokenizer(ckpt["trg_spm"])
+        config = config_from_dict(ckpt["config"])
+    except MTError as err:
+        raise MTError(f"{path}: {err}") from err
+    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise MTError(
+            f"{path}: a damaged checkpoint (its weights, model arguments or tokenizers do not "
+            f"fit together: {first[:200]}); use another checkpoint of the run"
+        ) from err
     model.to(device).eval()
-    src_tok = Tokenizer(ckpt["src_spm"])
-    trg_tok = src_tok if ckpt["trg_spm"] == ckpt["src_spm"] else Tokenizer(ckpt["trg_spm"])
     return LoadedModel(
         model=model,
         src_tok=src_tok,
         trg_tok=trg_tok,
-        config=config_from_dict(ckpt["config"]),
+        config=config,
         step=int(ckpt.get("step", 0)),
     )
+
+
+def check_device(name: str | torch.device) -> torch.device:
+    """``name`` as a torch device this process can use, or a one-line MTError saying why not."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise MTError(f"--device {name!r}: not a device name; use cpu, cuda, cuda:1, ...") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise MTError(
+                f"--device {name}: no CUDA GPU is visible to this process (torch.cuda.is_available()"
+                " is false); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise MTError(
+                f"--device {name}: only {count} GPU(s) visible (cuda:0 to cuda:{count - 1})"
+            )
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise MTError(
+                f"--device {name}: MPS is not available on this machine; use --device cpu"
+            )
+    elif device.type != "cpu":
+        raise MTError(f"--device {name}: expected cpu, cuda, cuda:N or mps")
+    return device

@@ -29,7 +29,7 @@ def setup_process(train_cfg: TrainConfig) -> tuple[torch.device, distributed.Dis
     (then the trainer hands the leftovers of each validation back; see host_memory).
     """
     device = resolve_device(train_cfg.device)
-    info = distributed.init_distributed(device.type)
+    info = distributed.init_distributed(device.type, train_cfg.collective_timeout_s)
     if device.type == "cuda" and info.enabled:
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)

@@ -6,11 +6,20 @@ on GPUs and gloo on CPU (the tests run two CPU processes with gloo).
 Every helper here is a collective: all ranks must call it, in the same order, or the ones that did
 wait for the others. The trainer keeps that promise by making every decision that ends a loop
 (max steps, early stopping, a stop signal, too many non-finite losses) from all-reduced numbers.
+
+Two process groups, two kinds of waiting. The ranks step in lockstep (the step's sums, DDP's
+gradients, validation): there a rank that does not answer within ``train.collective_timeout_s`` has
+hung or stopped, and the others stop with an :class:`MTError` naming it instead of waiting in
+silence. Waiting for rank 0's one-off work (:func:`main_first`: preparing the data, writing a
+checkpoint) can legitimately take an hour, so it uses the default group and its long timeout.
 """
 
+import datetime
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -20,6 +29,12 @@ from transformer_mt.errors import MTError
 
 T = TypeVar("T")
 
+# How long ranks wait for rank 0's one-off work in main_first (preparing a large corpus: tokenizer
+# training and binarizing can take an hour), and for the rendezvous.
+SETUP_TIMEOUT_S = 4 * 3600.0
+# After a step's collective timed out: how long the rank-naming check waits for the others.
+DIAGNOSE_TIMEOUT_S = 30.0
+
 
 @dataclass
 class DistInfo:
@@ -28,6 +43,9 @@ class DistInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    # The lockstep collectives' group and timeout (None: the default group, no timeout of ours).
+    step_group: Any = field(default=None, repr=False, compare=False)
+    timeout_s: float | None = None
 
     @property
     def is_main(self) -> bool:
@@ -38,33 +56,107 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device_type: str) -> DistInfo:
-    """Join the process group that torchrun set up, or return a single-process DistInfo."""
+def init_distributed(device_type: str, timeout_s: float = 300.0) -> DistInfo:
+    """Join the process group that torchrun set up, or return a single-process DistInfo.
+
+    The lockstep collectives get their own group whose operations time out after ``timeout_s``
+    seconds; the default group (main_first's waits) gets :data:`SETUP_TIMEOUT_S`.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return DistInfo()
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    return DistInfo(dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")), dist.get_world_size())
+        setup = datetime.timedelta(seconds=max(SETUP_TIMEOUT_S, timeout_s))
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=setup)
+    step_group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    return DistInfo(rank, local_rank, dist.get_world_size(), step_group, timeout_s)
 
 
 def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
-    """Sum a few numbers over all ranks (token counts, loss sums, stop flags)."""
+    """Sum a few numbers over all ranks (token counts, loss sums, stop flags); lockstep."""
     if not info.enabled:
         return values
     # float64: token counts of a large step stay exact and loss sums lose nothing in the sum.
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    with lockstep("the all-reduce of a step's sums", info):
+        dist.all_reduce(t, group=info.step_group)
     return t.tolist()
 
 
-def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process."""
+def all_gather_objects(obj: Any, info: DistInfo, *, lockstep_op: bool = True) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process.
+
+    A lockstep operation by default; ``lockstep_op=False`` waits in the default group instead
+    (for ranks that may be waiting for rank 0's long work)."""
     if not info.enabled:
         return [obj]
     out: list[Any] = [None] * info.world_size
-    dist.all_gather_object(out, obj)
+    if not lockstep_op:
+        dist.all_gather_object(out, obj)
+        return out
+    with lockstep("the gathering of the ranks' results", info):
+        dist.all_gather_object(out, obj, group=info.step_group)
     return out
+
+
+_COMM_ERROR = re.compile(
+    r"gloo|nccl|timed? ?out|connection (closed|reset)|pair closure|broken pipe", re.IGNORECASE
+)
+
+
+def is_communication_error(error: BaseException) -> bool:
+    """Whether ``error`` came from the process group (a peer timed out, stopped or died) rather
+    than from the computation: torch's DistError family, or gloo's / NCCL's RuntimeErrors."""
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(error, dist_error):
+        return True
+    return isinstance(error, RuntimeError) and bool(_COMM_ERROR.search(str(error)))
+
+
+@contextmanager
+def lockstep(what: str, info: DistInfo) -> Iterator[None]:
+    """Run a lockstep collective; a communication failure (a rank that did not answer within
+    ``train.collective_timeout_s``) becomes a one-line :class:`MTError` naming the rank(s) that
+    did not answer, where the backend can tell (gloo), else the operation and the timeout."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not (info.enabled and is_communication_error(err)):
+            raise
+        raise MTError(_timeout_message(what, info, err)) from err
+
+
+def _timeout_message(what: str, info: DistInfo, error: BaseException) -> str:
+    timeout = f"{info.timeout_s:g} s" if info.timeout_s is not None else "the timeout"
+    missing = _ranks_not_answering(info)
+    detail = re.sub(r"^\[[^\]]*\]:? *", "", _one_line(error))  # gloo's "[file.cc:78] " prefix
+    if missing:
+        who = f"rank{'s' if ',' in missing else ''} {missing}"
+    else:  # rank 0 names the rank(s) in its own message, unless it is the one that stopped
+        who = "another rank" if info.rank == 0 else "rank 0 or another rank"
+    return (
+        f"{who} did not answer {what} within {timeout} (train.collective_timeout_s; rank "
+        f"{info.rank} saw: {detail}); it hung, stopped or died: see its output, or raise "
+        "train.collective_timeout_s if it is only slow"
+    )
+
+
+def _ranks_not_answering(info: DistInfo) -> str | None:
+    """Which ranks do not answer a monitored barrier, asked by rank 0: e.g. "1" or "1, 3"; None
+    when unknown. Only gloo has one; it runs in the default group (the step group is broken after
+    a timeout). Only rank 0 asks: the other ranks' side of the barrier waits for rank 0 without
+    a timeout, which would hang for good when rank 0 is the one that stopped."""
+    if info.rank != 0 or dist.get_backend() != "gloo":
+        return None
+    wait = min(DIAGNOSE_TIMEOUT_S, info.timeout_s or DIAGNOSE_TIMEOUT_S)
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait), wait_all_ranks=True)
+    except RuntimeError as err:
+        text = str(err)
+        found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
+        return found.group(1).strip().rstrip(",") if found else None
+    return None
 
 
 def agree_on_error(error: BaseException | None, info: DistInfo) -> None:
@@ -75,7 +167,8 @@ def agree_on_error(error: BaseException | None, info: DistInfo) -> None:
     output the user reads, it names the real cause.
     """
     if info.enabled:
-        messages = all_gather_objects(None if error is None else _one_line(error), info)
+        message = None if error is None else _one_line(error)
+        messages = all_gather_objects(message, info, lockstep_op=False)
         failed = [(r, m) for r, m in enumerate(messages) if m is not None]
     else:
         failed = [] if error is None else [(0, _one_line(error))]

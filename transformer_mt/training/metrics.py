@@ -7,6 +7,7 @@ smoothed), ``nll``, ``lr``, ``grad_norm`` and ``tokens_per_s``; validation lines
 """
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,42 @@ from typing import Any
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file (blank lines skipped).
+
+    A process killed while appending can leave half a line at the end: an unparsable *last* line
+    is dropped with a warning. Anywhere else it is an MTError naming the line, since something
+    other than a crash has written it.
+    """
+    return [record for _, record in _parse(Path(path))]
+
+
+def _parse(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) pairs of :func:`read_records`."""
+    lines = path.read_bytes().split(b"\n")
+    records: list[tuple[str, dict[str, Any]]] = []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+            record = json.loads(text)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a JSON object with an integer step")
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if i == last:
+                log.warning(f"{path}:{i + 1}: ignoring a half-written last line (a killed run)")
+                continue
+            raise MTError(
+                f"{path}:{i + 1}: not a metrics record ({err}); delete or fix that line"
+            ) from err
+        records.append((text.rstrip("\r"), record))
+    return records
 
 
 @dataclass
@@ -83,11 +120,12 @@ class MetricsLog:
         self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
 
     def trim(self, last_step: int) -> None:
-        """On resume, drop the lines logged after the checkpoint: they will be logged again."""
+        """On resume, drop the lines logged after the checkpoint: they will be logged again (and
+        a half-written last line, see :func:`read_records`); a fresh run starts an empty log."""
         if not (self.enabled and self.path.is_file()):
             return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        keep = [line for line in lines if json.loads(line)["step"] <= last_step]
+        parsed = _parse(self.path) if last_step > 0 else []
+        keep = [line for line, record in parsed if record["step"] <= last_step]
         write_text_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:

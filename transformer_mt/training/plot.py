@@ -1,17 +1,47 @@
 """`mt plot`: training loss, learning rate and validation BLEU of one run or several (overlaid,
 one colour per run), in one PNG."""
 
+import io
 import json
+import logging
 from pathlib import Path
 
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import check_output, decode_utf8, write_output
+
+log = logging.getLogger(__name__)
+NEEDED = ("step", "nll", "lr")  # what a training line ("loss" in it) must carry to be drawn
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of RUN_DIR/metrics.jsonl. A half-written last line (a run killed while
+    logging) is skipped with a warning; a bad line elsewhere is an error naming it."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise MTError(f"no metrics.jsonl in {run_dir}; pass a run directory written by `mt train`")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    lines = decode_utf8(path.read_bytes(), path).split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if (
+            isinstance(record, dict)
+            and ("loss" not in record or all(k in record for k in NEEDED))
+            and isinstance(record.get("step"), int | float)
+        ):
+            records.append(record)
+        elif number == len(lines) or not any(x.strip() for x in lines[number:]):
+            log.warning(f"{path}:{number}: skipped a half-written last line")
+        else:
+            raise MTError(
+                f"{path}:{number}: not a metrics record of `mt train` (a JSON object with "
+                f"{', '.join(NEEDED)}); remove or repair that line"
+            )
+    return records
 
 
 def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
@@ -25,10 +55,17 @@ def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
         raise MTError("name at least one run directory to plot")
     if output is None and len(run_dirs) > 1:
         raise MTError(f"{len(run_dirs)} runs to plot: say where the PNG goes with --output")
+    out = Path(output) if output else Path(run_dirs[0]) / "metrics.png"
+    inputs = [Path(d) / "metrics.jsonl" for d in run_dirs]
     runs = [(Path(d).name, read_metrics(d)) for d in run_dirs]  # all read before drawing
+    check_output(out, inputs)
+    kind = out.suffix[1:].lower() or "png"  # as matplotlib's savefig(path) picks it
     timed = any("time_s" in r and "val_bleu" in r for _, records in runs for r in records)
     fig = Figure(figsize=(16 if timed else 12, 3.5))
-    FigureCanvasAgg(fig)
+    if kind not in FigureCanvasAgg(fig).get_supported_filetypes():
+        raise MTError(
+            f"--output {out}: unknown image type {kind!r}; use a .png (or .svg, .pdf) name"
+        )
     axes = fig.subplots(1, 4 if timed else 3)
     for i, (name, records) in enumerate(runs):
         colour = f"C{i}"
@@ -57,6 +94,7 @@ def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
     for ax in axes:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    out = Path(output) if output else Path(run_dirs[0]) / "metrics.png"
-    fig.savefig(out, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format=kind, dpi=100)
+    write_output(out, image.getvalue(), inputs=inputs)
     return out

@@ -1,16 +1,131 @@
 """The files of one training run, written by rank 0: config.yaml, the tokenizers, checkpoints
-(last.pt, best.pt, the newest ``keep_last`` step_N.pt, average.pt) and metrics.jsonl."""
+(last.pt, best.pt, the newest ``keep_last`` step_N.pt, average.pt) and metrics.jsonl; and the lock
+(RUN_DIR/.lock) that keeps a second `mt train` out of the directory while one runs."""
 
+import contextlib
+import datetime
+import fcntl
+import json
 import logging
+import os
+import re
+import socket
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from transformer_mt.checkpoint import average_checkpoints, save_checkpoint
 from transformer_mt.config import Config, save_config
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import MTError
 from transformer_mt.training.metrics import MetricsLog
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+# What fileio.atomic_write leaves beside the run's files when a process dies mid-write.
+_LEFTOVER = re.compile(
+    r"\.(last\.pt|best\.pt|average\.pt|step_\d+\.pt|metrics\.jsonl|config\.yaml"
+    r"|spm\.(src|trg)\.model)\..+\.tmp"
+)
+
+
+class RunLock:
+    """An exclusive ``flock`` on RUN_DIR/.lock, held for the whole run by one process (rank 0).
+
+    The kernel drops the lock when its holder exits, however it exits (SIGKILL, a crash, a power
+    cut), so no stale lock is ever left to clear by hand. The file names its holder (pid, host,
+    start time) for the error that a second process gets; it is removed when the run ends, and a
+    run directory that the lock itself created is removed again if nothing else was written.
+    """
+
+    def __init__(self, run_dir: Path, file: IO[str] | None, created_dir: bool) -> None:
+        self.run_dir, self._file, self._created_dir = run_dir, file, created_dir
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOCK_FILE
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> "RunLock":
+        """Lock ``run_dir`` (created if missing) or raise an MTError naming the holder; a second
+        process touches none of the run's files."""
+        run_dir = Path(run_dir)
+        created = not run_dir.exists()
+        if run_dir.exists() and not run_dir.is_dir():
+            raise MTError(f"run directory {run_dir} is not a directory; pass another --run-dir")
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise MTError(f"cannot create run directory {run_dir}: {err.strerror}") from err
+        path = run_dir / LOCK_FILE
+        while True:
+            try:
+                file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+            except OSError as err:
+                raise MTError(f"cannot open {path}: {err.strerror}") from err
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.seek(0)
+                holder = file.read()
+                file.close()
+                raise MTError(_in_use_message(run_dir, holder)) from None
+            except OSError as err:  # a file system without locks: run, but say so
+                log.warning(
+                    f"cannot lock {path} ({err.strerror}): nothing stops a second `mt train` "
+                    "on this run directory"
+                )
+                file.close()
+                return cls(run_dir, None, created)
+            # Its holder may have removed the file between our open and our flock: then this
+            # lock is on a file nobody else will see; lock the one that is there now.
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
+                    break
+            file.close()
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        file.truncate(0)
+        file.write(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
+        )
+        file.write("\n")
+        file.flush()
+        return cls(run_dir, file, created)
+
+    def release(self) -> None:
+        """Remove the lock file (while still holding it), then unlock; idempotent."""
+        if self._file is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self._file.close()
+        self._file = None
+        if self._created_dir:
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()  # only when empty: a run that failed before writing
+
+    def remove_leftovers(self) -> None:
+        """Delete the temporary files of writes that a killed process left (under the lock, so
+        that no live writer owns them)."""
+        removed = 0
+        for p in self.run_dir.iterdir():
+            if _LEFTOVER.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+                p.unlink()
+                removed += 1
+        if removed:
+            log.info(f"{self.run_dir}: removed {removed} temporary file(s) of an interrupted run")
+
+
+def _in_use_message(run_dir: Path, holder: str) -> str:
+    try:
+        info = json.loads(holder)
+        who = f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (ValueError, KeyError, TypeError):
+        who = "a process that is starting"
+    return (
+        f"run directory {run_dir} is in use by another `mt train` ({who}); wait for it to end, "
+        "or pass another --run-dir"
+    )
 
 
 class RunDirectory:

@@ -57,8 +57,23 @@ def rank_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
+class StoppedBySignal(Exception):
+    """A run stopped by Ctrl-C or SIGTERM, after saving its checkpoint: not a failure, but not a
+    finished run either, so `mt train` exits with the shell's code for the signal (130 for
+    SIGINT, 143 for SIGTERM) and `mt train && next` does not go on."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}")
+        self.signum, self.step = signum, step
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step.
+    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step;
+    ``signum`` remembers the first signal (for the exit code).
 
     A second signal stops at once (KeyboardInterrupt), but only once ``REPEAT_GRACE_S`` have
     passed since the first: under torchrun a Ctrl-C reaches each worker twice within moments (from
@@ -69,6 +84,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None  # the first signal received
         self._first_at = 0.0
         self._old: dict[int, Any] = {}
 
@@ -82,7 +98,7 @@ class StopFlag:
     def _handle(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
         if not self.requested:
-            self.requested, self._first_at = True, now
+            self.requested, self.signum, self._first_at = True, signum, now
         elif now - self._first_at > self.REPEAT_GRACE_S:  # the user insists: stop now
             raise KeyboardInterrupt
 

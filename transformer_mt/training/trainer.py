@@ -10,6 +10,10 @@ when to validate and checkpoint (:meth:`Trainer._validation_due`), and why to st
 (:meth:`Trainer._stop_reason`). Every way out (max_steps, the time budget, early stopping,
 Ctrl-C / SIGTERM) leaves the loop with a :class:`StopReason` and goes through one exit,
 :meth:`Trainer._finish`.
+
+One writer per run: rank 0 holds the run directory's lock (:class:`RunLock`) from before the data
+is prepared until the run ends, and a resume checks that the data and tokenizer are the ones the
+checkpoint was trained on (:mod:`transformer_mt.training.fingerprint`).
 """
 
 import enum
@@ -17,6 +21,7 @@ import inspect
 import logging
 import math
 import random
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -39,12 +44,20 @@ from transformer_mt.model import Transformer, model_args
 from transformer_mt.training import distributed
 from transformer_mt.training.batches import BatchStream
 from transformer_mt.training.device import autocast, autocast_dtype, setup_process
+from transformer_mt.training.fingerprint import check_fingerprint, data_fingerprint
 from transformer_mt.training.host_memory import release_freed_memory, resident_mib
 from transformer_mt.training.loss import linear_label_smoothed_nll
 from transformer_mt.training.metrics import MetricsWindow
-from transformer_mt.training.run_dir import RunDirectory
+from transformer_mt.training.run_dir import RunDirectory, RunLock
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
-from transformer_mt.training.state import StopFlag, TrainState, rank_seed, rng_state, set_rng_state
+from transformer_mt.training.state import (
+    StopFlag,
+    StoppedBySignal,
+    TrainState,
+    rank_seed,
+    rng_state,
+    set_rng_state,
+)
 from transformer_mt.training.validation import validate
 
 log = logging.getLogger(__name__)
@@ -82,13 +95,46 @@ class Trainer:
         resume: bool = True,
         progress: bool = True,
         data: PreparedData | None = None,
+        allow_data_change: bool = False,
     ) -> None:
         self.cfg, self.progress = cfg, progress
-        train_cfg = cfg.train
+        self.stop_signal: int | None = None  # the signal that stopped run(), if one did
         check_source(cfg)  # a wrong corpus name or file fails before any work or directory
-        self.device, self.info, self.kept_freed_memory = setup_process(train_cfg)
+        self.device, self.info, self.kept_freed_memory = setup_process(cfg.train)
+        # Rank 0 locks the run directory before any work: a second `mt train` on it stops here,
+        # before preparing data or touching the run's files.
+        lock = lambda: self._lock_run_dir(run_dir)  # noqa: E731
+        self.lock: RunLock | None = distributed.main_first(lock, self.info, lambda: None)
+        try:
+            self._setup(cfg, run_dir, resume, data, allow_data_change)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _lock_run_dir(run_dir: Path) -> RunLock:
+        lock = RunLock.acquire(run_dir)
+        lock.remove_leftovers()
+        return lock
+
+    def close(self) -> None:
+        """Release the run directory (run() does, when it ends); idempotent."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _setup(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        resume: bool,
+        data: PreparedData | None,
+        allow_data_change: bool,
+    ) -> None:
+        train_cfg = cfg.train
         self.autocast_dtype = autocast_dtype(train_cfg.precision, self.device)
         self.data = data if data is not None else self._prepare_data()
+        self.fingerprint = data_fingerprint(self.data)
         self.run_dir = RunDirectory(run_dir, cfg, self.info.is_main)
         torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
         random.seed(train_cfg.seed)
@@ -112,7 +158,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=train_cfg.precision == "fp16")
         self.state = TrainState()
         if resume and self.run_dir.last.is_file():
-            self._restore(self.run_dir.last)
+            self._restore(self.run_dir.last, allow_data_change)
         self.train_model = self._wrap_for_training(self.model)
 
     def _prepare_data(self) -> PreparedData:
@@ -140,7 +186,7 @@ class Trainer:
             if "forward_sync_buffers" in inspect.signature(DDP).parameters
             else {"broadcast_buffers": False}
         )
-        return DDP(wrapped, device_ids=ids, **no_sync)
+        return DDP(wrapped, device_ids=ids, process_group=self.info.step_group, **no_sync)
 
     # ----------------------------------------------------------------------------- checkpoints
     def _checkpoint(self, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,11 +206,13 @@ class Trainer:
                 "rng": rng_per_rank[0],
                 # Each rank draws its own dropout masks; an exact resume restores each stream.
                 "rng_per_rank": rng_per_rank,
+                "data_fingerprint": self.fingerprint,  # what it was trained on (fingerprint.py)
             },
         }
 
-    def _restore(self, path: Path) -> None:
+    def _restore(self, path: Path, allow_data_change: bool) -> None:
         ckpt = load_checkpoint(path, map_location=self.device)
+        check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
         if ckpt["model_args"] != self.model_args:
             raise MTError(
                 f"{path} was trained with another model shape or vocabulary; use a new --run-dir "
@@ -211,7 +259,8 @@ class Trainer:
             last = i == len(micro_batches) - 1
             # Gradients are all-reduced once per step, on its last micro-batch.
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
-            with sync:
+            gradients = distributed.lockstep("the all-reduce of the gradients", self.info)
+            with sync, gradients:
                 with autocast(self.device, self.autocast_dtype):
                     hidden = self.train_model(src, trg_in, features_only=True)  # (B, T, D)
                 # The output projection runs inside the loss, in blocks (no (B, T, V) logits).
@@ -306,8 +355,14 @@ class Trainer:
         )
 
     def run(self) -> TrainState:
-        """Train until ``train.max_steps``, the time budget, early stopping, or a stop signal;
-        returns the state."""
+        """Train until ``train.max_steps``, the time budget, early stopping, or a stop signal
+        (then ``stop_signal`` names it); returns the state. Releases the run directory."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> TrainState:
         train_cfg, state = self.cfg.train, self.state
         if not self._begin():
             return state
@@ -362,6 +417,9 @@ class Trainer:
                 reason = self._stop_reason(step, early_stop)
                 if reason is not None:
                     break
+        if reason is StopReason.SIGNAL:
+            # A rank stopped because another one was signalled reports SIGTERM.
+            self.stop_signal = stop_flag.signum or signal.SIGTERM
         bar.close()
         self._finish(reason, saved)
         return state
@@ -481,10 +539,29 @@ class Trainer:
         self.run_dir.metrics.close()
 
 
-def train(cfg: Config, run_dir: Path, *, resume: bool = True, progress: bool = True) -> TrainState:
-    """Prepare data, train, and write the run directory; the library entry of `mt train`."""
+def train(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    allow_data_change: bool = False,
+) -> TrainState:
+    """Prepare data, train, and write the run directory; the library entry of `mt train`.
+
+    Raises:
+        StoppedBySignal: Ctrl-C or SIGTERM stopped the run (after saving its checkpoint).
+        MTError: a user's mistake, another process training in ``run_dir``, a resume on changed
+            data (without ``allow_data_change``), a rank that stopped answering.
+    """
     try:
-        return Trainer(cfg, run_dir, resume=resume, progress=progress).run()
+        trainer = Trainer(
+            cfg, run_dir, resume=resume, progress=progress, allow_data_change=allow_data_change
+        )
+        state = trainer.run()
+        if trainer.stop_signal is not None:
+            raise StoppedBySignal(trainer.stop_signal, state.step)
+        return state
     finally:
         # Also when the constructor failed after joining the process group: a group left alive at
         # exit aborts the process (SIGABRT) instead of exiting with the error's code.

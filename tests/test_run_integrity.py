@@ -1,0 +1,237 @@
+"""One writer per run, resumes that never silently change the run, honest exit codes, no silent
+hangs: the run lock, the data fingerprint, 130/143 on a signal, the collective timeout, a
+half-written metrics line, leftover temporary files."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+from transformer_mt.config import load_config
+from transformer_mt.errors import MTError
+from transformer_mt.training.metrics import MetricsLog, read_records
+from transformer_mt.training.run_dir import LOCK_FILE, RunLock
+from transformer_mt.training.state import StopFlag, StoppedBySignal
+from transformer_mt.training.trainer import Trainer
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+FAST = ["train.valid_bleu=false", "train.best_metric=loss"]
+
+_HOLD_LOCK = """
+import sys
+from transformer_mt.training.run_dir import RunLock
+lock = RunLock.acquire(sys.argv[1])
+print("locked", flush=True)
+sys.stdin.read()  # hold it until killed
+"""
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in directory.iterdir()}
+
+
+def test_a_second_train_on_a_locked_run_dir_fails_naming_the_holder(tiny_config, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    (run / ".last.pt.abc123.tmp").write_bytes(b"a live writer's temporary file")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(run)], env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = _snapshot(run)
+        second = subprocess.run(
+            [sys.executable, "-m", "transformer_mt", "train", "--config", str(tiny_config),
+             "--run-dir", str(run), "--no-progress"],
+            env=ENV, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in second.stderr, second.stderr
+        assert f"in use by another `mt train` (pid {holder.pid} on " in errors[0]
+        assert "another --run-dir" in errors[0]
+        assert _snapshot(run) == before, "the second process touched the run's files"
+        assert not (tmp_path / "cache").exists(), "it failed before preparing any data"
+    finally:
+        holder.kill()  # SIGKILL: no chance to clean up
+        holder.wait()
+    # The kernel released the dead holder's lock: the next run takes it at once.
+    lock = RunLock.acquire(run)
+    holder_info = json.loads((run / LOCK_FILE).read_text())
+    assert holder_info["pid"] == os.getpid()
+    lock.release()
+    assert not (run / LOCK_FILE).exists()
+
+
+def test_the_lock_is_held_for_the_run_and_cleaned_up_after(tiny_config, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real_step = Trainer.train_step
+    seen = []
+
+    def probe(self, *args, **kwargs):
+        if not seen:  # mid-run, in this same process: a second lock is refused
+            with pytest.raises(MTError, match=f"in use .*pid {os.getpid()}"):
+                RunLock.acquire(run)
+            seen.append(True)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train_step", probe)
+    run.mkdir()
+    leftovers = [".last.pt.x1.tmp", ".step_10.pt.x2.tmp", ".metrics.jsonl.x3.tmp"]
+    for name in [*leftovers, ".notes.tmp", "notes.txt"]:
+        (run / name).write_text("x")
+    cfg = load_config(tiny_config, ["train.max_steps=2", *FAST])
+    Trainer(cfg, run, progress=False).run()
+    names = {p.name for p in run.iterdir()}
+    assert seen and not names & set(leftovers), "a killed run's temporary files are removed"
+    assert {".notes.tmp", "notes.txt", "last.pt"} <= names, "nothing else is"
+    assert LOCK_FILE not in names, "released at the end of the run"
+
+
+def test_a_run_that_fails_early_leaves_no_run_directory(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: False)  # fp16 "unsupported"
+    cfg = load_config(tiny_config, ["train.precision=fp16"])
+    with pytest.raises(MTError, match="not supported"):
+        Trainer(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_that_is_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "run").write_text("not a directory")
+    with pytest.raises(MTError, match="is not a directory"):
+        RunLock.acquire(tmp_path / "run")
+
+
+def test_resume_on_changed_data_is_refused_unless_allowed(tiny_config, tmp_path, caplog):
+    run = tmp_path / "run"
+    Trainer(load_config(tiny_config, ["train.max_steps=10", *FAST]), run, progress=False).run()
+    last = torch.load(run / "last.pt", weights_only=True)
+    assert set(last["train_state"]["data_fingerprint"]) == {
+        "src_tokenizer", "trg_tokenizer", "train_data", "valid_data"
+    }  # fmt: skip
+    before = _snapshot(run)
+
+    changed = load_config(tiny_config, ["train.max_steps=12", "data.toy_seed=2", *FAST])
+    with pytest.raises(MTError) as err:
+        Trainer(changed, run, progress=False)
+    message = str(err.value)
+    assert "trained on other data: the source tokenizer, the target tokenizer, the training" in (
+        message
+    )
+    assert "data.toy_seed 1234 -> 2" in message
+    assert "new --run-dir" in message and "--allow-data-change" in message
+    assert "\n" not in message
+    assert _snapshot(run) == before, "a refused resume leaves the run as it was"
+
+    # A crash mid-write left half a metrics line: resume drops it with a warning.
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "loss": 1.2')
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        state = Trainer(changed, run, progress=False, allow_data_change=True).run()
+    assert state.step == 12
+    assert "--allow-data-change" in caplog.text and "half-written last line" in caplog.text
+    assert [r["step"] for r in read_records(run / "metrics.jsonl") if "loss" in r] == list(
+        range(1, 13)
+    )
+    resumed = torch.load(run / "last.pt", weights_only=True)["train_state"]["data_fingerprint"]
+    assert resumed != last["train_state"]["data_fingerprint"], "it now records the new data"
+
+
+def test_a_checkpoint_without_a_fingerprint_resumes_with_a_note(tiny_config, tmp_path, caplog):
+    run = tmp_path / "run"
+    Trainer(load_config(tiny_config, ["train.max_steps=10", *FAST]), run, progress=False).run()
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    del ckpt["train_state"]["data_fingerprint"]  # as written before fingerprints
+    torch.save(ckpt, run / "last.pt")
+    cfg = load_config(tiny_config, ["train.max_steps=11", "data.toy_seed=2", *FAST])
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        assert Trainer(cfg, run, progress=False).run().step == 11
+    assert "records no fingerprint of its data" in caplog.text
+
+
+def test_metrics_trim_drops_a_half_written_last_line_and_names_a_bad_middle_one(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    good = ['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.5}', '{"step": 3, "loss": 1.0}']
+    path.write_text("\n".join(good) + '\n{"step": 4, "lo')
+    MetricsLog(tmp_path, enabled=True).trim(2)
+    assert path.read_text() == "\n".join(good[:2]) + "\n", "lines kept byte for byte"
+    path.write_text(good[0] + "\n" + '{"step": 2, "lo\n' + good[2] + "\n")
+    with pytest.raises(MTError, match=r"metrics\.jsonl:2: not a metrics record"):
+        MetricsLog(tmp_path, enabled=True).trim(3)
+    MetricsLog(tmp_path, enabled=True).trim(0)  # a fresh start: the old log goes, unread
+    assert path.read_text() == ""
+
+
+def test_stop_flag_remembers_the_first_signal_for_the_exit_code():
+    with StopFlag() as flag:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # within the grace period: the pair of torchrun
+    assert flag.requested and flag.signum == signal.SIGINT
+    assert StoppedBySignal(signal.SIGINT, 3).exit_code == 130
+    assert StoppedBySignal(signal.SIGTERM, 3).exit_code == 143
+
+
+def test_ctrl_c_saves_and_mt_train_exits_130(tiny_config, tmp_path, monkeypatch):
+    real_step = Trainer.train_step
+
+    def interrupted(self, *args, **kwargs):
+        if self.state.step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    run = tmp_path / "run"
+    args = ["train", "--config", str(tiny_config), "--run-dir", str(run), "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--set", "train.max_steps=50"])
+    assert result.exit_code == 130, result.output
+    assert torch.load(run / "last.pt", weights_only=True)["step"] == 3  # signalled in step 2
+
+
+_STALL_RANK_1 = """
+import signal, sys, time
+from transformer_mt.training.trainer import Trainer
+real_step = Trainer.train_step
+
+def stalled(self, *args, **kwargs):
+    if self.info.rank == 1 and self.state.step == 2:  # hangs before its third step
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's SIGTERM ends it at once
+        time.sleep(600)
+    return real_step(self, *args, **kwargs)
+
+Trainer.train_step = stalled
+from transformer_mt.cli import main
+sys.argv = ["mt", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_stalled_rank_is_named_after_the_collective_timeout(tmp_path):
+    from conftest import TINY_CONFIG
+
+    from transformer_mt.data.prepare import prepare
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=20))
+    prepare(load_config(config), progress=False)  # the cache both ranks then read
+    script = tmp_path / "stall.py"
+    script.write_text(_STALL_RANK_1)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), "train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+           "--no-progress", "--set", "train.collective_timeout_s=3", "--set", "model.drop_prob=0",
+           *[arg for item in FAST for arg in ("--set", item)]]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors, result.stderr
+    assert "error: rank 1 did not answer" in errors[0] and "collective_timeout_s" in errors[0]
+    assert took < 60, f"took {took:.0f} s"

@@ -126,3 +126,50 @@ def test_export_leaves_the_model_untouched(fixture_model, tmp_path):
     export_ctranslate2(fixture_model, tmp_path / "int8", quantization="int8")
     after = fixture_model.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "int8 quantized our weights"
+
+
+def test_export_never_replaces_a_directory_that_is_not_an_export(fixture_model, tmp_path):
+    from transformer_mt.errors import MTError
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(MTError, match="holds no exported model"):
+        export_ctranslate2(fixture_model, mine)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    export_ctranslate2(fixture_model, tmp_path / "ct2")
+    export_ctranslate2(fixture_model, tmp_path / "ct2", quantization="int8")  # replaces its own
+    assert "int8" in (tmp_path / "ct2" / "transformer_mt.json").read_text()
+
+
+def test_mt_export_then_translate_and_evaluate_with_the_ct2_engine(tmp_path):
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    runner = CliRunner()
+    ckpt, src = str(FIXTURE / "old_last.pt"), str(FIXTURE / "src.txt")
+    exported = tmp_path / "ct2"
+    done = runner.invoke(app, ["export", "-c", ckpt, "-o", str(exported), "--quantization", "int8"])
+    assert done.exit_code == 0, done.output
+    assert (exported / "model.bin").is_file() and "--engine ct2" in done.stderr
+    ours = runner.invoke(app, ["translate", "-c", ckpt, "-i", src, "--beam", "1"])
+    theirs = runner.invoke(
+        app, ["translate", "--engine", "ct2", "-c", str(exported), "-i", src, "--beam", "1"]
+    )
+    assert theirs.exit_code == 0, theirs.output
+    lines = theirs.stdout.split("\n")
+    assert len(lines) == len(ours.stdout.split("\n")) and lines[4] == "", "the line contract"
+    refs = tmp_path / "refs.txt"
+    refs.write_text(ours.stdout)  # score int8 against our own float32 output
+    scored = runner.invoke(
+        app, ["evaluate", "--engine", "ct2", "-c", str(exported), "--src", src, "--ref",
+              str(refs), "--beam", "1", "--json"],
+    )  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+    assert '"bleu"' in scored.stdout
+    pictures = runner.invoke(
+        app, ["translate", "--engine", "ct2", "-c", str(exported), "-i", src,
+              "--attention-dir", str(tmp_path / "png")],
+    )  # fmt: skip
+    assert pictures.exit_code == 1 and "--engine torch" in pictures.stderr

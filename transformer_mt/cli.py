@@ -83,6 +83,10 @@ BeamOpt = Annotated[
 LenPenaltyOpt = Annotated[
     float | None, typer.Option(help="GNMT length penalty alpha; default: the run's.")
 ]
+EngineOpt = Annotated[
+    str,
+    typer.Option(help="torch (a .pt checkpoint) or ct2 (a directory written by `mt export`)."),
+]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config
 
@@ -173,15 +177,47 @@ def _note(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def _decode_settings(loaded, **options):
-    """The checkpoint's decode settings with the options given on the command line (None keeps
-    the checkpoint's value), validated as the config is."""
+def _decode_settings(base, **options):
+    """The model's decode settings ``base`` with the options given on the command line (None
+    keeps the model's value), validated as the config is."""
     from transformer_mt.config import validate_decode
 
     changes = {key: value for key, value in options.items() if value is not None}
-    decode = dataclasses.replace(loaded.config.decode, **changes)
+    decode = dataclasses.replace(base, **changes)
     validate_decode(decode)
     return decode
+
+
+def _translate(engine: str, model_path: Path, device: str, lines: list[str], options: dict, **kw):
+    """Translate ``lines`` with the chosen engine: ``(results, decode settings)``.
+
+    ``torch``: ``model_path`` is a checkpoint; ``ct2``: a directory written by `mt export`.
+    ``options`` are decode options (None keeps the model's); ``kw`` goes to translate_lines
+    (progress, attention pictures), which only the torch engine draws.
+    """
+    if engine == "ct2":
+        from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
+
+        if kw.get("attention_dir") is not None:
+            raise MTError("--attention-dir needs --engine torch (the checkpoint, not an export)")
+        model = load_ct2(model_path, device)
+        decode = _decode_settings(model.decode, **options)
+        return translate_lines_ct2(model, lines, decode), decode
+    if engine != "torch":
+        raise MTError(f"--engine {engine!r}: expected torch or ct2")
+    from transformer_mt.inference import load_for_inference, translate_lines
+
+    loaded = load_for_inference(model_path, device)
+    n_layers = loaded.model.n_dec_layers
+    layer = kw.get("attention_layer")
+    if layer is not None and not -n_layers <= layer < n_layers:
+        raise MTError(
+            f"--attention-layer {layer}: the model's decoder layers are 0 to "
+            f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
+        )
+    decode = _decode_settings(loaded.config.decode, **options)
+    results = translate_lines(loaded.model, loaded.src_tok, loaded.trg_tok, lines, decode, **kw)
+    return results, decode
 
 
 @app.command()
@@ -288,14 +324,10 @@ def translate(
         float | None, typer.Option(help="With --sample: nucleus mass; 1 = all.")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="With --sample: seed of the draws.")] = None,
+    engine: EngineOpt = "torch",
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
-    from transformer_mt.inference import (
-        format_best,
-        format_nbest,
-        load_for_inference,
-        translate_lines,
-    )
+    from transformer_mt.inference import format_best, format_nbest
 
     if attention_layer is not None and attention_dir is None:
         raise MTError(
@@ -306,24 +338,14 @@ def translate(
         from transformer_mt.fileio import check_output
 
         check_output(output, [*inputs, checkpoint])  # before any work
-    loaded = load_for_inference(checkpoint, device)
-    n_layers = loaded.model.n_dec_layers
-    if attention_layer is not None and not -n_layers <= attention_layer < n_layers:
-        raise MTError(
-            f"--attention-layer {attention_layer}: the model's decoder layers are 0 to "
-            f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
-        )
-    sampling = {}
+    options = {"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
+               "batch_tokens": batch_tokens}  # fmt: skip
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
-        sampling = dict(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
-        sampling.update(sample_seed=seed, beam_size=beam or 1)
-    decode = _decode_settings(
-        loaded, **{"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
-                   "batch_tokens": batch_tokens, **sampling},
-    )  # fmt: skip
-    results = translate_lines(
-        loaded.model, loaded.src_tok, loaded.trg_tok, _read_input(input), decode,
-        progress=input is not None, attention_dir=attention_dir, attention_layer=attention_layer,
+        options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
+        options.update(sample_seed=seed, beam_size=beam or 1)
+    results, decode = _translate(
+        engine, checkpoint, device, _read_input(input), options, progress=input is not None,
+        attention_dir=attention_dir, attention_layer=attention_layer,
     )  # fmt: skip
     lines = format_nbest(results) if decode.nbest > 1 else format_best(results)
     _write_lines(output, lines, inputs=[*inputs, checkpoint])
@@ -369,6 +391,7 @@ def evaluate(
     len_penalty: LenPenaltyOpt = None,
     device: DeviceOpt = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    engine: EngineOpt = "torch",
 ) -> None:
     """BLEU, chrF and TER (sacrebleu, detokenized text) with their signatures.
 
@@ -385,15 +408,10 @@ def evaluate(
     else:
         if checkpoint is None:
             raise MTError("--src needs --checkpoint")
-        from transformer_mt.inference import load_for_inference, translate_lines
-
-        loaded = load_for_inference(checkpoint, device)
-        decode = _decode_settings(loaded, beam_size=beam, nbest=1, len_penalty=len_penalty)
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
-        results = translate_lines(
-            loaded.model, loaded.src_tok, loaded.trg_tok, sources, decode, progress=True
-        )
+        options = {"beam_size": beam, "nbest": 1, "len_penalty": len_penalty}
+        results, _ = _translate(engine, checkpoint, device, sources, options, progress=True)
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
     scores = score_all(hyps, refs)
@@ -426,6 +444,36 @@ def download(
     files = download_corpus(name, dest or Path("data") / name, base_url, only=only or None)
     for f in files:
         typer.echo(str(f))
+
+
+@app.command()
+@user_errors
+def export(
+    checkpoint: CheckpointOpt,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Directory to write.")],
+    format: Annotated[
+        str, typer.Option("--format", help="Export format: ctranslate2.")
+    ] = "ctranslate2",
+    quantization: Annotated[
+        str,
+        typer.Option(help="float32, int8, int8_float32, int8_bfloat16, bfloat16 or float16."),
+    ] = "float32",
+) -> None:
+    """Export a checkpoint for fast inference elsewhere (CTranslate2: int8 on CPUs).
+
+    Translate with it by `mt translate --engine ct2 -c DIR`, or with CTranslate2 directly; the
+    directory holds the sentencepiece models and the run's decode settings too.
+    """
+    from transformer_mt.inference import load_for_inference
+    from transformer_mt.inference.export import export_ctranslate2
+
+    if format != "ctranslate2":
+        raise MTError(f"--format {format!r}: the only export format is ctranslate2")
+    loaded = load_for_inference(checkpoint)
+    out = export_ctranslate2(loaded, output, quantization, source=str(checkpoint))
+    _note(
+        f"wrote {out} (CTranslate2, {quantization}); translate with: mt translate --engine ct2 -c {out}"
+    )
 
 
 @app.command()

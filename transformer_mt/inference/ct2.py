@@ -17,6 +17,7 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.text import Translation, encode_sources
 from transformer_mt.errors import MTError
 from transformer_mt.inference.export import SETTINGS_FILE, import_ctranslate2
+from transformer_mt.inference.loading import check_device
 
 
 @dataclass
@@ -33,6 +34,7 @@ class CT2Model:
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
     """Load a directory written by ``export_ctranslate2``."""
     directory = Path(directory)
+    device_type = check_device(device).type  # CTranslate2 takes "cpu" or "cuda"
     settings_path = directory / SETTINGS_FILE
     if not settings_path.is_file():
         raise MTError(f"{directory} is not a model exported by `mt export` (no {SETTINGS_FILE})")
@@ -45,7 +47,7 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
         else Tokenizer((directory / "spm.trg.model").read_bytes())
     )
     translator = ctranslate2.Translator(
-        str(directory), device=device, inter_threads=1, intra_threads=threads
+        str(directory), device=device_type, inter_threads=1, intra_threads=threads
     )
     decode = config_from_dict({"decode": settings["decode"]}).decode
     return CT2Model(translator, src_tok, trg_tok, decode, int(settings["max_len"]))

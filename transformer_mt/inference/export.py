@@ -53,7 +53,8 @@ def import_ctranslate2():
 def export_ctranslate2(
     loaded: LoadedModel, output: Path, quantization: str = "float32", source: str = ""
 ) -> Path:
-    """Write ``loaded`` as a CTranslate2 model directory at ``output`` (replaced if it exists).
+    """Write ``loaded`` as a CTranslate2 model directory at ``output``; an earlier export there is
+    replaced, any other non-empty directory refused.
 
     Built in a temporary directory beside ``output`` and renamed into place when complete, so a
     failure leaves no half-written model.
@@ -62,6 +63,8 @@ def export_ctranslate2(
         raise MTError(
             f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}"
         )
+    output = Path(output)
+    _check_replaceable(output)
     ctranslate2 = import_ctranslate2()
     spec = transformer_spec(loaded.model, ctranslate2.specs)
     spec.register_source_vocabulary(_pieces(loaded.src_tok, loaded.model.src_emb.num_embeddings))
@@ -70,7 +73,6 @@ def export_ctranslate2(
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     spec.validate()
     spec.optimize(quantization=quantization)
-    output = Path(output)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -97,6 +99,22 @@ def export_ctranslate2(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
+
+
+def _check_replaceable(output: Path) -> None:
+    """An existing ``output`` is replaced only when it is an earlier export or empty: never a
+    directory of the user's that happens to have the name."""
+    if not output.exists():
+        if not output.parent.is_dir():
+            raise MTError(f"--output {output}: {output.parent} is not a directory; create it first")
+        return
+    if not output.is_dir():
+        raise MTError(f"--output {output} is a file; name a directory for the exported model")
+    if any(output.iterdir()) and not (output / SETTINGS_FILE).is_file():
+        raise MTError(
+            f"--output {output} is a directory that holds no exported model; name a new or an "
+            "empty directory (an earlier export there is replaced)"
+        )
 
 
 def _pieces(tok, size: int) -> list[str]:

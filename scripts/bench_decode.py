@@ -1,9 +1,17 @@
-"""Decoding throughput on CPU: target tokens per second for greedy and beam search, with and
-without the key/value cache (median of several runs).
+"""Decoding throughput on CPU (median of several runs), in two modes.
+
+What users run: a trained checkpoint and a real source file, translated in batches of --batch
+lines by each engine in turn (alternating run by run), with BLEU beside tokens/s so that a faster
+search that translates worse shows: ours in fp32, and, where ctranslate2 is installed, the same
+weights exported to CTranslate2 float32 and int8:
+
+    python scripts/bench_decode.py --checkpoint runs/m30k/last.pt \
+        --src data/multi30k/test_2016_flickr.de --ref data/multi30k/test_2016_flickr.en --beam 4
+
+Random weights (no --src), greedy and beam search with and without the key/value cache:
 
     python scripts/bench_decode.py                      # random weights, batch 32, 32-piece sources
     python scripts/bench_decode.py --threads 1 --runs 7
-    python scripts/bench_decode.py --checkpoint runs/m30k/best.pt
 
 A random-weight model rarely emits EOS, so it decodes close to the length limit (a + b * source
 length); that is fine for throughput, and the table reports the tokens actually produced: those of
@@ -87,10 +95,18 @@ def main() -> None:
     parser.add_argument("--max-len-b", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--checkpoint", type=Path, help="a trained model instead of random weights")
+    parser.add_argument("--src", type=Path, help="with --checkpoint: a source file to translate")
+    parser.add_argument("--ref", type=Path, help="with --src: its references (BLEU)")
+    parser.add_argument("--no-ct2", action="store_true", help="leave out the CTranslate2 rows")
     args = parser.parse_args()
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.src is not None:
+        if args.checkpoint is None:
+            parser.error("--src needs --checkpoint")
+        real_data(args)
+        return
     model = load_checkpoint_model(args.checkpoint) if args.checkpoint else random_model(args)
     model = model.eval().cpu()
     vocab = model.src_emb.num_embeddings
@@ -116,6 +132,74 @@ def main() -> None:
             print(f"{name:<8} {cache:<6} {seconds:8.3f} {tokens:7d} {tokens / seconds:9.1f}")
     for name in ("greedy", f"beam {args.beam}"):
         print(f"cache speed-up, {name}: {speed[name, True] / speed[name, False]:.1f}x")
+
+
+def real_data(args: argparse.Namespace) -> None:
+    """Each engine translates ``args.src`` in batches of ``args.batch`` lines, in turn per run."""
+    import tempfile
+
+    from transformer_mt.evaluation import score_all
+    from transformer_mt.fileio import read_lines
+    from transformer_mt.inference import load_for_inference, translate_lines
+
+    loaded = load_for_inference(args.checkpoint)
+    lines = read_lines(args.src)
+    refs = read_lines(args.ref) if args.ref else None
+    # One batch per chunk of lines, for every engine: the chunks are the batches.
+    decode = dataclasses.replace(
+        loaded.config.decode, beam_size=args.beam, nbest=1, batch_tokens=10**9
+    )
+    chunks = [lines[i : i + args.batch] for i in range(0, len(lines), args.batch)]
+
+    def ours(chunk: list[str]) -> list[str]:
+        model, src_tok, trg_tok = loaded.model, loaded.src_tok, loaded.trg_tok
+        return [r[0][0] for r in translate_lines(model, src_tok, trg_tok, chunk, decode)]
+
+    engines: dict[str, Callable[[list[str]], list[str]]] = {"ours fp32": ours}
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_ct2:
+            engines.update(ct2_engines(loaded, Path(tmp), decode, torch.get_num_threads()))
+        seconds: dict[str, list[float]] = {name: [] for name in engines}
+        outputs: dict[str, list[str]] = {}
+        for _ in range(args.runs + 1):  # the first run of each engine is an untimed warm-up
+            for name, translate in engines.items():
+                start = time.perf_counter()
+                outputs[name] = [hyp for chunk in chunks for hyp in translate(chunk)]
+                seconds[name].append(time.perf_counter() - start)
+    print(
+        f"{args.checkpoint}, {args.src} ({len(lines)} lines), beam {args.beam}, batches of "
+        f"{args.batch} lines, CPU, {torch.get_num_threads()} threads, median of {args.runs} runs"
+    )
+    print(f"{'engine':<14} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'vs ours':>8} {'BLEU':>6}")
+    base = None
+    for name, times in seconds.items():
+        median = statistics.median(times[1:])
+        # Target pieces of each output plus its EOS, counted alike for every engine.
+        tokens = sum(len(loaded.trg_tok.encode(h)) + 1 for h in outputs[name] if h)
+        rate = tokens / median
+        base = base or rate
+        bleu = f"{score_all(outputs[name], [refs]).bleu:6.2f}" if refs else "     -"
+        print(f"{name:<14} {median:8.2f} {tokens:7d} {rate:9.1f} {rate / base:7.2f}x {bleu}")
+
+
+def ct2_engines(loaded, directory: Path, decode: DecodeConfig, threads: int) -> dict:
+    """CTranslate2 float32 and int8 exports of the same weights, as engines (none without it)."""
+    try:
+        from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
+        from transformer_mt.inference.export import export_ctranslate2, import_ctranslate2
+
+        import_ctranslate2()
+    except Exception as err:  # the ct2 extra is optional
+        print(f"(no CTranslate2 rows: {err})")
+        return {}
+    engines = {}
+    for quantization in ("float32", "int8"):
+        exported = export_ctranslate2(loaded, directory / quantization, quantization)
+        model = load_ct2(exported, threads=threads)
+        engines[f"ct2 {quantization}"] = lambda chunk, m=model: [
+            r[0][0] for r in translate_lines_ct2(m, chunk, decode)
+        ]
+    return engines
 
 
 if __name__ == "__main__":

@@ -3,16 +3,16 @@
 The line contract is the one of :func:`transformer_mt.decoding.text.translate_texts`: one result
 per input line, in order, empty in -> empty out, over-long lines truncated with a warning. Each
 sentence gets the same length budget as in our own search (``a + b * source length``, capped by the
-position table): sentences are grouped by their budget, which CTranslate2 takes per call.
+position table), and batches are cut by the same token budget.
 """
 
 import json
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.config import DecodeConfig, config_from_dict
+from transformer_mt.data.batching import longest_first_batches
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.text import Translation, encode_sources
 from transformer_mt.errors import MTError
@@ -58,33 +58,38 @@ def translate_lines_ct2(
 ) -> list[Translation]:
     """Translate ``lines`` with CTranslate2; per line, ``decode.nbest`` (text, score) pairs.
 
-    Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty``
-    (ours use GNMT's penalty), so they are comparable among one model's outputs only.
+    Batches are cut as ours are (longest first, ``decode.batch_tokens`` padded source tokens).
+    CTranslate2 takes one length limit per call, so each batch runs to its longest sentence's
+    budget and every hypothesis is then cut to its own (``a + b * source length``): exactly our
+    greedy output; for beam search a cut matters only for sentences that reach their budget.
+    Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
+    use GNMT's penalty), so they compare among one model's outputs only.
     """
     if decode.sampling:
         raise MTError("--engine ct2 does not sample here; use --engine torch for --sample")
     sources = encode_sources(model.src_tok, lines, model.max_len)
+    line_of = list(sources)
+    ids = list(sources.values())
+    budgets = [
+        min(max(math.floor(decode.max_len_a + decode.max_len_b * len(s)), 1), model.max_len)
+        for s in ids
+    ]
     results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
-    by_budget: dict[int, list[int]] = defaultdict(list)
-    for i, ids in sources.items():
-        budget = math.floor(decode.max_len_a + decode.max_len_b * len(ids))
-        by_budget[min(max(budget, 1), model.max_len)].append(i)
-    for budget, indices in sorted(by_budget.items()):
+    for batch in longest_first_batches([len(s) for s in ids], decode.batch_tokens):
+        positions = batch.tolist()
         # CTranslate2 appends EOS itself (add_source_eos): hand it the pieces without ours.
-        pieces = [model.src_tok.id_to_piece(sources[i][:-1]) for i in indices]
         outputs = model.translator.translate_batch(
-            pieces,
+            [model.src_tok.id_to_piece(ids[p][:-1]) for p in positions],
             beam_size=decode.beam_size,
             num_hypotheses=decode.nbest,
             length_penalty=decode.len_penalty,
-            max_decoding_length=budget,
-            max_batch_size=decode.batch_tokens,
-            batch_type="tokens",
+            max_decoding_length=max(budgets[p] for p in positions),
+            max_batch_size=len(positions),
             return_scores=True,
         )
-        for i, output in zip(indices, outputs, strict=True):
-            results[i] = [
-                (model.trg_tok.sp.decode_pieces(hyp), float(score))
+        for p, output in zip(positions, outputs, strict=True):
+            results[line_of[p]] = [
+                (model.trg_tok.sp.decode_pieces(hyp[: budgets[p]]), float(score))
                 for hyp, score in zip(output.hypotheses, output.scores, strict=True)
             ]
     return results

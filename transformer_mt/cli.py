@@ -87,6 +87,10 @@ EngineOpt = Annotated[
     str,
     typer.Option(help="torch (a .pt checkpoint) or ct2 (a directory written by `mt export`)."),
 ]
+QuantizeOpt = Annotated[
+    str | None,
+    typer.Option(help="int8: dynamic int8 quantization of the linear layers (CPU, torch engine)."),
+]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config
 
@@ -195,9 +199,14 @@ def _translate(engine: str, model_path: Path, device: str, lines: list[str], opt
     ``options`` are decode options (None keeps the model's); ``kw`` goes to translate_lines
     (progress, attention pictures), which only the torch engine draws.
     """
+    quantization = kw.pop("quantize", None)
     if engine == "ct2":
         from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
+        if quantization is not None:
+            raise MTError(
+                "--quantize is for --engine torch; CTranslate2 models are quantized by `mt export --quantization`"
+            )
         if kw.get("attention_dir") is not None:
             raise MTError("--attention-dir needs --engine torch (the checkpoint, not an export)")
         model = load_ct2(model_path, device)
@@ -206,8 +215,11 @@ def _translate(engine: str, model_path: Path, device: str, lines: list[str], opt
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
+    from transformer_mt.inference.loading import quantize
 
     loaded = load_for_inference(model_path, device)
+    if quantization is not None:
+        loaded.model = quantize(loaded.model, quantization)
     n_layers = loaded.model.n_dec_layers
     layer = kw.get("attention_layer")
     if layer is not None and not -n_layers <= layer < n_layers:
@@ -325,6 +337,7 @@ def translate(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="With --sample: seed of the draws.")] = None,
     engine: EngineOpt = "torch",
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
     from transformer_mt.inference import format_best, format_nbest
@@ -345,7 +358,7 @@ def translate(
         options.update(sample_seed=seed, beam_size=beam or 1)
     results, decode = _translate(
         engine, checkpoint, device, _read_input(input), options, progress=input is not None,
-        attention_dir=attention_dir, attention_layer=attention_layer,
+        attention_dir=attention_dir, attention_layer=attention_layer, quantize=quantize,
     )  # fmt: skip
     lines = format_nbest(results) if decode.nbest > 1 else format_best(results)
     _write_lines(output, lines, inputs=[*inputs, checkpoint])
@@ -392,6 +405,7 @@ def evaluate(
     device: DeviceOpt = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     engine: EngineOpt = "torch",
+    quantize: QuantizeOpt = None,
 ) -> None:
     """BLEU, chrF and TER (sacrebleu, detokenized text) with their signatures.
 
@@ -411,7 +425,9 @@ def evaluate(
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
         options = {"beam_size": beam, "nbest": 1, "len_penalty": len_penalty}
-        results, _ = _translate(engine, checkpoint, device, sources, options, progress=True)
+        results, _ = _translate(
+            engine, checkpoint, device, sources, options, progress=True, quantize=quantize
+        )
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
     scores = score_all(hyps, refs)
@@ -487,6 +503,60 @@ def average(
 
     average_checkpoints(checkpoints, output)  # refuses an output that is one of the inputs
     _note(f"wrote {output} (average of {len(checkpoints)} checkpoints)")
+
+
+@app.command()
+@user_errors
+def serve(
+    checkpoint: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint",
+            "-c",
+            help="A .pt file written by `mt train`; with --engine ct2, a directory written by "
+            "`mt export --format ctranslate2`.",
+        ),
+    ],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    engine: Annotated[
+        str, typer.Option(help="torch (our model) or ct2 (an exported one).")
+    ] = "torch",
+    device: DeviceOpt = "cpu",
+    batching: Annotated[
+        bool, typer.Option(help="Decode requests that arrive together as one batch.")
+    ] = True,
+    batch_window_ms: Annotated[
+        float, typer.Option(min=0.0, max=1000.0, help="How long a request waits for company.")
+    ] = 5.0,
+    max_lines: Annotated[int, typer.Option(min=1, help="Lines per request.")] = 64,
+    max_chars: Annotated[int, typer.Option(min=1, help="Characters per line.")] = 2000,
+    max_body_kib: Annotated[int, typer.Option(min=1, help="Request body size, KiB.")] = 1024,
+    max_beam: Annotated[
+        int, typer.Option(min=1, max=64, help="Largest beam a request may ask.")
+    ] = 16,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve the model over HTTP: LibreTranslate's POST /translate, POST /v1/translate (n-best,
+    attention), GET /v1/model, /health, API docs at /docs and a translation page at /.
+
+    Requests that arrive together are decoded as one batch. Ctrl-C or SIGTERM lets the requests
+    in flight finish, then stops.
+    """
+    from transformer_mt.inference.server import BatchSettings, Limits
+    from transformer_mt.inference.server import serve as serve_model
+
+    limits = Limits(
+        max_body_bytes=max_body_kib * 1024, max_lines=max_lines, max_chars=max_chars,
+        max_beam=max_beam,
+    )  # fmt: skip
+    settings = BatchSettings(enabled=batching, window_s=batch_window_ms / 1000)
+    serve_model(
+        checkpoint, engine=engine, device=device, host=host, port=port, limits=limits,
+        batching=settings, access_log=access_log,
+    )  # fmt: skip
 
 
 @app.command()

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
@@ -79,3 +80,25 @@ def check_device(name: str | torch.device) -> torch.device:
     elif device.type != "cpu":
         raise MTError(f"--device {name}: expected cpu, cuda, cuda:N or mps")
     return device
+
+
+QUANTIZATIONS = ("int8",)
+
+
+def quantize(model: Transformer, scheme: str) -> Transformer:
+    """The model with its linear layers quantized dynamically (``int8``: weights stored as int8,
+    activations quantized per batch; CPU only), through ``torch.ao.quantization.quantize_dynamic``.
+
+    Embeddings stay in fp32; the output projection, tied to the target embedding in training,
+    becomes an int8 copy. torch marks this API deprecated in favour of torchao, which is not a
+    dependency here; its warnings are silenced.
+    """
+    if scheme not in QUANTIZATIONS:
+        raise MTError(f"--quantize {scheme!r}: expected one of {', '.join(QUANTIZATIONS)}")
+    if next(model.parameters()).device.type != "cpu":
+        raise MTError("--quantize int8 runs on the CPU: drop --device or use --device cpu")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)

@@ -71,8 +71,8 @@ def _workdir(d: Path) -> None:
     (d / "goodrun" / "metrics.jsonl").write_text(good)
     bad = d / "badrun"
     bad.mkdir()
-    (bad / "metrics.jsonl").write_bytes(
-        b'{"step": 1, "loss": 5.0, "nll": 4.9, "lr": 1, "x": "\xff"}\n'
+    (bad / "metrics.jsonl").write_bytes(  # not UTF-8, and not the (maybe cut) last line
+        b'{"step": 1, "loss": 5.0, "nll": 4.9, "lr": 1, "x": "\xff"}\n' + good.encode()
     )
 
 
@@ -197,7 +197,7 @@ CASES = {
     # plot
     "plot missing run": (["plot", "nope"], None, "no metrics.jsonl in nope"),
     "plot bad metrics line": (["plot", "run", "--output", "m.png"], None, "metrics.jsonl:2"),
-    "plot metrics not UTF-8": (["plot", "badrun", "--output", "m.png"], None, "invalid UTF-8"),
+    "plot metrics not UTF-8": (["plot", "badrun", "--output", "m.png"], None, "utf-8"),
     "plot output is a directory": (["plot", "goodrun", "--output", "adir"], None, "is a directory"),
     "plot output type unknown": (["plot", "goodrun", "--output", "m.txt"], None, "image type"),
     "plot several runs, no output": (["plot", "run", "badrun"], None, "--output"),
@@ -354,6 +354,23 @@ def test_output_onto_dev_null(workdir, expected):
         before.st_mode,
         before.st_rdev,
     )
+
+
+def test_a_device_is_no_input_file_to_protect():
+    # `mt translate -o /dev/null < /dev/null`: the same inode on both sides, but nothing to lose.
+    from transformer_mt.fileio import check_output
+
+    assert check_output("/dev/null", [os.stat("/dev/null")]) == Path("/dev/null")
+
+
+def test_lines_are_split_as_wc_l_counts_them(tmp_path):
+    # Only "\n" ends a line (a lone CR stays inside it; CRs before the "\n" go): translating
+    # keeps one output line per line `wc -l` counts.
+    from transformer_mt.fileio import read_lines
+
+    path = tmp_path / "cr.txt"
+    path.write_bytes(b"a\rb\nc\r\r\nd\n")
+    assert read_lines(path) == ["a\rb", "c", "d"]
 
 
 def test_new_output_gets_mode_0644_under_umask_022(workdir, expected):

@@ -105,15 +105,17 @@ def read_lines(path: Path) -> list[str]:
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines as `wc -l` counts them: split on "\n" only (a trailing CR is dropped).
+    """Lines as `wc -l` counts them: split on "\n" only; the CRs that end a line go (CRLF
+    files), a lone CR inside a line stays in it.
 
-    ``str.splitlines`` would also break at form feeds, U+2028 and other separators that occur
-    inside real sentences, and then a translation would no longer match its input line for line.
+    ``str.splitlines`` (and Python's universal newlines) would also break at a lone CR, form
+    feeds, U+2028 and other separators that occur inside real sentences, and then a translation
+    would no longer match its input line for line.
     """
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return [line.rstrip("\r") for line in lines]
 
 
 @contextlib.contextmanager
@@ -215,6 +217,8 @@ def check_output(path: Path | str, inputs: Iterable[Path | str | os.stat_result]
         out = path.stat()
     except OSError:
         return target  # a new file cannot be an input
+    if not stat.S_ISREG(out.st_mode):
+        return target  # a FIFO or a device (/dev/null, a terminal) destroys no input file
     for given in inputs:
         try:
             st = given if isinstance(given, os.stat_result) else os.stat(given)

@@ -435,6 +435,12 @@ class BinarizedPair:
         return self._src_tokens[src_start:src_end], self._trg_tokens[trg_start:trg_end]
 
     @property
+    def sides(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """((source ids, source offsets), (target ids, target offsets)): the memory-mapped
+        arrays themselves, e.g. to hash what a model was trained on without a copy."""
+        return (self._src_tokens, self._src_offsets), (self._trg_tokens, self._trg_offsets)
+
+    @property
     def src_lengths(self) -> np.ndarray:
         """Source sentence lengths in tokens (int64, in memory: batching needs them all)."""
         if self._src_lengths is None:

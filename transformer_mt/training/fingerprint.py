@@ -12,7 +12,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from transformer_mt.config import Config
+from transformer_mt.data.binarized import BinarizedPair
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.errors import MTError
 
@@ -25,19 +28,31 @@ WHAT = {
     "train_data": "the training data",
     "valid_data": "the validation data",
 }
+_HASH_CHUNK = 1 << 22  # token ids hashed at a time
 # Config keys that change where files live, not what they hold.
 _NOT_DATA = {"cache_dir"}
 
 
 def data_fingerprint(data: PreparedData) -> dict[str, str]:
-    """Hashes of the tokenizer models and the binarized splits' cache keys (which cover the
-    corpus files' contents, the cleaning settings and the tokenizers)."""
+    """Hashes of the tokenizer models and of the binarized splits' token ids: what the model
+    reads, whatever the corpus files, cleaning or limits were, and independent of the cache's
+    own key (which also changes with the cache layout, not only with the data)."""
     return {
         "src_tokenizer": hashlib.sha256(data.src_tok.model_proto).hexdigest()[:16],
         "trg_tokenizer": hashlib.sha256(data.trg_tok.model_proto).hexdigest()[:16],
-        "train_data": data.train.key,
-        "valid_data": data.valid.key,
+        "train_data": _ids_digest(data.train),
+        "valid_data": _ids_digest(data.valid),
     }
+
+
+def _ids_digest(pair: BinarizedPair) -> str:
+    """SHA-256 of every sentence's ids, both sides, streamed from the memory-mapped cache."""
+    digest = hashlib.sha256()
+    for tokens, offsets in pair.sides:
+        digest.update(np.ascontiguousarray(offsets, dtype=np.int64).tobytes())
+        for start in range(0, len(tokens), _HASH_CHUNK):  # no whole copy of a large corpus
+            digest.update(np.asarray(tokens[start : start + _HASH_CHUNK], np.int64).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def check_fingerprint(

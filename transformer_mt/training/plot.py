@@ -2,44 +2,32 @@
 one colour per run), in one PNG."""
 
 import io
-import json
 import logging
 from pathlib import Path
 
 from transformer_mt.errors import MTError
-from transformer_mt.fileio import check_output, decode_utf8, write_output
+from transformer_mt.fileio import check_output, write_output
+from transformer_mt.training.metrics import read_records
 
 log = logging.getLogger(__name__)
 NEEDED = ("step", "nll", "lr")  # what a training line ("loss" in it) must carry to be drawn
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of RUN_DIR/metrics.jsonl. A half-written last line (a run killed while
-    logging) is skipped with a warning; a bad line elsewhere is an error naming it."""
+    """The records of RUN_DIR/metrics.jsonl, read as a resumed run reads them
+    (:func:`transformer_mt.training.metrics.read_records`: a half-written last line is skipped
+    with a warning, a bad line elsewhere is an error naming it); a training line without the
+    keys a plot draws is an error too."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise MTError(f"no metrics.jsonl in {run_dir}; pass a run directory written by `mt train`")
-    lines = decode_utf8(path.read_bytes(), path).split("\n")
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
-        if (
-            isinstance(record, dict)
-            and ("loss" not in record or all(k in record for k in NEEDED))
-            and isinstance(record.get("step"), int | float)
-        ):
-            records.append(record)
-        elif number == len(lines) or not any(x.strip() for x in lines[number:]):
-            log.warning(f"{path}:{number}: skipped a half-written last line")
-        else:
+    records = read_records(path)
+    for record in records:
+        missing = [k for k in NEEDED if "loss" in record and k not in record]
+        if missing:
             raise MTError(
-                f"{path}:{number}: not a metrics record of `mt train` (a JSON object with "
-                f"{', '.join(NEEDED)}); remove or repair that line"
+                f"{path}: the training line of step {record['step']} has no {', '.join(missing)}; "
+                "was it written by `mt train`?"
             )
     return records
 

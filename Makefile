@@ -17,7 +17,7 @@ M30K_DIR ?= runs/multi30k_de_en
 M30K_MINUTES ?= 60
 BASE_URL ?=
 
-.PHONY: train test test-slow multi30k lint format clean
+.PHONY: train test test-slow test-browser multi30k lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # The test set-up installs the optional extras too, so that their tests run.
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[dev,ct2]"
+	$(BIN)/pip install -q -e ".[dev,ct2,serve]"
 	touch $@
 
 train: $(VENV)/.installed
@@ -51,6 +51,22 @@ test: $(VENV)/.installed-dev
 
 test-slow: $(VENV)/.installed-dev
 	$(BIN)/pytest -q -m slow
+
+# The translation page in a real headless Chromium (tests/test_page.py; writes
+# docs/translation_page.png): Debian's chromium and chromium-driver, installed with apt-get when
+# missing and root, driven by selenium (no browser download). Without them the test skips, saying why.
+$(VENV)/.installed-browser: $(VENV)/.installed-dev
+	$(BIN)/pip install -q -e ".[dev,ct2,serve,browser]"
+	touch $@
+
+test-browser: $(VENV)/.installed-browser
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+				|| echo "apt-get could not install chromium: the browser test will skip"; \
+		else echo "no chromium/chromedriver (install them as root: apt-get install chromium chromium-driver)"; fi; \
+	fi
+	$(BIN)/pytest -q -m browser -rs
 
 # The CPU benchmark recipe (docs/BENCHMARKS.md): Multi30k de->en, M30K_MINUTES of training, then
 # test_2016_flickr BLEU (beam 5) of best.pt, last.pt and average.pt.

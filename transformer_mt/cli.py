@@ -436,6 +436,49 @@ def evaluate(
 
 @app.command()
 @user_errors
+def score(
+    checkpoint: CheckpointOpt,
+    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line.")],
+    trg: Annotated[Path, typer.Option("--trg", help="Their target sentences, one per line.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: stdout.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='One {"logprob", "tokens", "avg"} object per line.')
+    ] = False,
+    device: DeviceOpt = "cpu",
+    batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Padded tokens per batch; default: the run's decode.batch_tokens."
+        ),
+    ] = None,
+) -> None:
+    """Forced decoding: the model's log-probability of each target given its source.
+
+    One line per pair, in order: the summed log-probability of the target pieces and EOS, their
+    count, and the average per token, tab separated (e.g. -12.3456<TAB>9<TAB>-1.3717). A pair
+    with an empty source or target gives an empty line (with --json: {"logprob": null, "tokens":
+    0, "avg": null}). A side longer than the model's max_len is truncated with a warning.
+    """
+    from transformer_mt.fileio import read_lines
+    from transformer_mt.inference import load_for_inference
+    from transformer_mt.inference.score import check_pairs, format_scores, score_pairs
+
+    if output is not None:
+        from transformer_mt.fileio import check_output
+
+        check_output(output, [src, trg, checkpoint])  # before any work
+    sources, targets = read_lines(src), read_lines(trg)
+    check_pairs(sources, str(src), targets, str(trg))
+    loaded = load_for_inference(checkpoint, device)
+    scores = score_pairs(
+        loaded.model, loaded.src_tok, loaded.trg_tok, sources, targets,
+        batch_tokens=batch_tokens or loaded.config.decode.batch_tokens, progress=True,
+    )  # fmt: skip
+    _write_lines(output, format_scores(scores, as_json=as_json), inputs=[src, trg, checkpoint])
+
+
+@app.command()
+@user_errors
 def download(
     name: Annotated[str | None, typer.Argument(help="Corpus name (see --list).")] = None,
     dest: Annotated[Path | None, typer.Option(help="Destination; default data/<NAME>.")] = None,

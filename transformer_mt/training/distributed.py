@@ -17,6 +17,7 @@ checkpoint) can legitimately take an hour, so it uses the default group and its 
 import datetime
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -133,8 +134,8 @@ def _timeout_message(what: str, info: DistInfo, error: BaseException) -> str:
     detail = re.sub(r"^\[[^\]]*\]:? *", "", _one_line(error))  # gloo's "[file.cc:78] " prefix
     if missing:
         who = f"rank{'s' if ',' in missing else ''} {missing}"
-    else:  # rank 0 names the rank(s) in its own message, unless it is the one that stopped
-        who = "another rank" if info.rank == 0 else "rank 0 or another rank"
+    else:  # the store could not tell
+        who = "another rank"
     return (
         f"{who} did not answer {what} within {timeout} (train.collective_timeout_s; rank "
         f"{info.rank} saw: {detail}); it hung, stopped or died: see its output, or raise "
@@ -143,20 +144,40 @@ def _timeout_message(what: str, info: DistInfo, error: BaseException) -> str:
 
 
 def _ranks_not_answering(info: DistInfo) -> str | None:
-    """Which ranks do not answer a monitored barrier, asked by rank 0: e.g. "1" or "1, 3"; None
-    when unknown. Only gloo has one; it runs in the default group (the step group is broken after
-    a timeout). Only rank 0 asks: the other ranks' side of the barrier waits for rank 0 without
-    a timeout, which would hang for good when rank 0 is the one that stopped."""
-    if info.rank != 0 or dist.get_backend() != "gloo":
+    """Which ranks did not answer, e.g. "1" or "1, 3"; None when unknown.
+
+    Every rank that timed out says so in the process group's key-value store (which outlives the
+    broken collective), then waits up to ``DIAGNOSE_TIMEOUT_S`` for the others to do the same:
+    the ranks that never say so are the silent ones. So a healthy rank that merely waited with
+    this one is never blamed, and any rank can name the culprit, rank 0 included.
+    """
+    store = _store()
+    if store is None:
         return None
     wait = min(DIAGNOSE_TIMEOUT_S, info.timeout_s or DIAGNOSE_TIMEOUT_S)
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait), wait_all_ranks=True)
-    except RuntimeError as err:
-        text = str(err)
-        found = re.search(r"Ranks? ([\d, ]+) failed to pass", text)
-        return found.group(1).strip().rstrip(",") if found else None
-    return None
+        store.set(f"{_TIMED_OUT}{info.rank}", "1")
+        deadline = time.monotonic() + wait
+        while True:
+            silent = [r for r in range(info.world_size) if not store.check([f"{_TIMED_OUT}{r}"])]
+            if not silent or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+    except (RuntimeError, OSError):  # the store is gone too: nothing more to learn
+        return None
+    return ", ".join(map(str, silent)) or None
+
+
+_TIMED_OUT = "transformer_mt/timed_out/"  # store keys of the ranks that saw a collective time out
+
+
+def _store() -> Any:
+    """The default process group's key-value store (torchrun's), or None where torch does not
+    expose it."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 def agree_on_error(error: BaseException | None, info: DistInfo) -> None:

@@ -472,7 +472,7 @@ def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
     """`mt translate ... | head`: the reader went away; no traceback, no error, code 141."""
     code = "from transformer_mt.cli import main; main()"
     args = [sys.executable, "-c", code, T, "-c", str(FIXTURE / "old_last.pt"), "--beam", "1"]
-    src = (FIXTURE / "src.txt").read_text(encoding="utf-8") * 20
+    src = (FIXTURE / "src.txt").read_text(encoding="utf-8")
     proc = subprocess.Popen(
         args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
     )

@@ -132,10 +132,8 @@ def _timeout_message(what: str, info: DistInfo, error: BaseException) -> str:
     timeout = f"{info.timeout_s:g} s" if info.timeout_s is not None else "the timeout"
     missing = _ranks_not_answering(info)
     detail = re.sub(r"^\[[^\]]*\]:? *", "", _one_line(error))  # gloo's "[file.cc:78] " prefix
-    if missing:
-        who = f"rank{'s' if ',' in missing else ''} {missing}"
-    else:  # the store could not tell
-        who = "another rank"
+    # "another rank" where the store could not tell which.
+    who = f"rank{'s' if ',' in missing else ''} {missing}" if missing else "another rank"
     return (
         f"{who} did not answer {what} within {timeout} (train.collective_timeout_s; rank "
         f"{info.rank} saw: {detail}); it hung, stopped or died: see its output, or raise "

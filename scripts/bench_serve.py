@@ -1,0 +1,261 @@
+"""Load test of `mt serve`: N concurrent clients, each sending one sentence at a time.
+
+For each engine (torch: a checkpoint; ct2: an exported directory, or one exported here), a server
+is started as its own process on 127.0.0.1 (a free port), with dynamic batching on and then off;
+for each number of clients, ``--runs`` runs send the sentences of ``--src`` (in order, each
+sentence once per run, at most ``--requests`` of them, at most ``--max-seconds`` seconds). Prints
+sentences/s, target tokens/s (pieces of the translations, EOS not counted) and p50/p95/p99 latency,
+medians over the runs, beside the offline throughput of the same engine on the same sentences
+(``translate_lines`` / ``translate_lines_ct2``, one call, the model's decode settings).
+
+    python scripts/bench_serve.py --checkpoint runs/toy/best.pt --src test.src \\
+        --clients 32 8 --ct2-export int8 --runs 3
+
+Only loopback: the servers listen on 127.0.0.1 and the clients connect there.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`mt serve` in a child process on a free loopback port."""
+
+    def __init__(self, engine: str, path: Path, batching: bool, window_ms: float, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable, "-m", "transformer_mt", "serve", "-c", str(path), "--engine", engine,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--batching" if batching else "--no-batching", "--batch-window-ms", str(window_ms),
+        ]  # fmt: skip
+        self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                self.log.close()
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                raise SystemExit(f"the server exited ({self.proc.returncode}):\n{tail}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"the server did not start in 120 s; see {log}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+async def load_run(url: str, sentences: list[str], clients: int, max_seconds: float, count):
+    """Each client sends the next unsent sentence and waits for its answer; stops when all are
+    sent or ``max_seconds`` passed. Returns per request (latency s, target tokens)."""
+    next_index = 0
+    done: list[tuple[float, int]] = []
+    deadline = time.perf_counter() + max_seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def one_client() -> None:
+            nonlocal next_index
+            while next_index < len(sentences) and time.perf_counter() < deadline:
+                line = sentences[next_index]
+                next_index += 1
+                start = time.perf_counter()
+                reply = await client.post("/v1/translate", json={"text": [line]})
+                latency = time.perf_counter() - start
+                reply.raise_for_status()
+                done.append((latency, count(reply.json()["translations"][0]["text"])))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return done, elapsed
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summarize(done: list[tuple[float, int]], elapsed: float) -> dict[str, float]:
+    latencies = [lat for lat, _ in done]
+    return {
+        "sentences": len(done),
+        "sent_s": len(done) / elapsed,
+        "tok_s": sum(tok for _, tok in done) / elapsed,
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p95_ms": 1000 * percentile(latencies, 95),
+        "p99_ms": 1000 * percentile(latencies, 99),
+    }
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def offline(engine: str, path: Path, sentences: list[str], runs: int, count) -> dict[str, float]:
+    """The same sentences through the library in this process, one call (median of ``runs``)."""
+    results = []
+    if engine == "torch":
+        from transformer_mt.inference import load_for_inference, translate_lines
+
+        loaded = load_for_inference(path)
+        decode = loaded.config.decode
+        translate = lambda: [  # noqa: E731
+            r[0][0]
+            for r in translate_lines(
+                loaded.model, loaded.src_tok, loaded.trg_tok, sentences, decode
+            )
+        ]
+    else:
+        import dataclasses
+
+        from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
+
+        model = load_ct2(path)
+        decode = dataclasses.replace(model.decode, nbest=1, sampling=False)
+        translate = lambda: [r[0][0] for r in translate_lines_ct2(model, sentences, decode)]  # noqa: E731
+    translate()  # warm-up
+    for _ in range(runs):
+        start = time.perf_counter()
+        texts = translate()
+        elapsed = time.perf_counter() - start
+        results.append(
+            {
+                "sentences": len(texts),
+                "sent_s": len(texts) / elapsed,
+                "tok_s": sum(count(t) for t in texts) / elapsed,
+            }
+        )
+    return median_of(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a .pt from `mt train`")
+    parser.add_argument("--src", type=Path, required=True, help="sentences, one per line")
+    parser.add_argument("--clients", type=int, nargs="+", default=[32, 8])
+    parser.add_argument("--runs", type=int, default=3, help="runs per setting (medians shown)")
+    parser.add_argument("--requests", type=int, default=500, help="sentences per run, at most")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="per run, at most")
+    parser.add_argument("--window-ms", type=float, default=5.0, help="batching window")
+    parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "ct2"])
+    parser.add_argument("--ct2", type=Path, help="an exported directory for the ct2 engine")
+    parser.add_argument(
+        "--ct2-export",
+        metavar="QUANTIZATION",
+        help="export --checkpoint to a temporary directory with this quantization (e.g. int8) "
+        "for the ct2 engine",
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    if args.requests < 1 or args.max_seconds <= 0 or min(args.clients) < 1 or args.runs < 1:
+        parser.error("--requests, --max-seconds, --clients and --runs must be positive")
+
+    sentences = [
+        line.strip() for line in args.src.read_text(encoding="utf-8").splitlines() if line.strip()
+    ][: args.requests]
+    from transformer_mt.inference import load_for_inference
+
+    trg_tok = load_for_inference(args.checkpoint).trg_tok
+    count = lambda text: len(trg_tok.encode(text))  # noqa: E731
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench_serve_")
+    engines: list[tuple[str, Path]] = []
+    if "torch" in args.engines:
+        engines.append(("torch", args.checkpoint))
+    if args.ct2 or args.ct2_export:
+        ct2_dir = args.ct2
+        if ct2_dir is None:
+            from transformer_mt.inference.export import export_ctranslate2
+
+            loaded = load_for_inference(args.checkpoint)
+            ct2_dir = export_ctranslate2(loaded, Path(tmp.name) / "ct2", args.ct2_export)
+        engines.append(("ct2", ct2_dir))
+    log = Path(tmp.name) / "server.log"
+
+    print(
+        f"{len(sentences)} sentences from {args.src}; {args.runs} runs per setting (medians); "
+        f"batching window {args.window_ms:g} ms; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    header = f"{'engine':<7}{'mode':<13}{'clients':>8}{'sent/s':>9}{'tok/s':>9}"
+    header += f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'/offline':>10}{'/no-batch':>11}"
+    figures: dict = {"sentences": len(sentences), "runs": args.runs, "results": []}
+    for engine, path in engines:
+        base = offline(engine, path, sentences, args.runs, count)
+        print(f"\n{header}", flush=True)
+        print(
+            f"{engine:<7}{'offline':<13}{'-':>8}{base['sent_s']:>9.1f}{base['tok_s']:>9.0f}",
+            flush=True,
+        )
+        figures["results"].append({"engine": engine, "mode": "offline", **base})
+        served: dict[tuple[bool, int], dict] = {}
+        for batching in (True, False):
+            server = Server(engine, path, batching, args.window_ms, log)
+            try:
+                for clients in args.clients:
+                    asyncio.run(load_run(server.url, sentences[:clients], clients, 30, count))
+                    runs = [
+                        summarize(
+                            *asyncio.run(
+                                load_run(server.url, sentences, clients, args.max_seconds, count)
+                            )
+                        )
+                        for _ in range(args.runs)
+                    ]
+                    served[batching, clients] = median_of(runs)
+            finally:
+                server.stop()
+        for clients in args.clients:
+            for batching in (True, False):
+                m = served[batching, clients]
+                mode = "batching" if batching else "no-batching"
+                vs_off = m["sent_s"] / base["sent_s"]
+                vs_nb = m["sent_s"] / served[False, clients]["sent_s"]
+                print(
+                    f"{engine:<7}{mode:<13}{clients:>8}{m['sent_s']:>9.1f}{m['tok_s']:>9.0f}"
+                    f"{m['p50_ms']:>9.0f}{m['p95_ms']:>9.0f}{m['p99_ms']:>9.0f}"
+                    f"{vs_off:>9.2f}x{vs_nb:>10.2f}x",
+                    flush=True,
+                )
+                figures["results"].append({"engine": engine, "mode": mode, "clients": clients, **m})
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""`mt serve`: the HTTP API's contracts, its limits (each a 4xx JSON error, the server serving on),
+dynamic batching (32 concurrent requests get what `mt translate` gives), and SIGTERM with
+requests in flight. Servers listen on 127.0.0.1 only, on a free port.
+
+Skipped where FastAPI / uvicorn / httpx are missing (`make test` installs the `serve` extra).
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from transformer_mt.cli import app as cli_app  # noqa: E402
+from transformer_mt.config import DecodeConfig  # noqa: E402
+from transformer_mt.inference.batcher import Batcher, BatchSettings  # noqa: E402
+from transformer_mt.inference.engines import Engine, LineResult, TorchEngine  # noqa: E402
+from transformer_mt.inference.server import Limits, create_app  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+CKPT = FIXTURE / "old_last.pt"
+LIMITS = Limits(max_body_bytes=8192, max_lines=8, max_chars=300, max_beam=6)
+
+
+@contextmanager
+def running(app):
+    """``app`` on a real uvicorn in a thread, on a free loopback port; yields its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return TorchEngine(CKPT)
+
+
+@pytest.fixture(scope="module")
+def served(engine):
+    """The fixture model behind small limits and a wide gathering window (batching is sure)."""
+    app = create_app(engine, LIMITS, BatchSettings(window_s=0.05))
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        yield client, app
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    return (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+
+
+def test_v1_translate_contract_nbest_and_attention(served, engine, lines):
+    client, _ = served
+    text = [lines[0], "", lines[2]]
+    reply = client.post(
+        "/v1/translate", json={"text": text, "beam": 3, "nbest": 2, "attention": True}
+    )
+    assert reply.status_code == 200, reply.text
+    out = reply.json()["translations"]
+    assert len(out) == 3
+    empty = out[1]
+    assert empty["text"] == "" and len(empty["nbest"]) == 2
+    assert empty["attention"] == {"source": [], "target": [], "weights": []}
+    for line, t in zip(text, out, strict=True):
+        if not line:
+            continue
+        assert len(t["nbest"]) == 2 and t["nbest"][0] == {"text": t["text"], "score": t["score"]}
+        assert t["nbest"][0]["score"] >= t["nbest"][1]["score"]
+        attn = t["attention"]
+        assert attn["source"] == [*engine.src_tok.id_to_piece(engine.src_tok.encode(line)), "</s>"]
+        assert engine.trg_tok.sp.decode_pieces(attn["target"][:-1]) == t["text"]
+        assert len(attn["weights"]) == len(attn["target"])
+        assert all(len(row) == len(attn["source"]) for row in attn["weights"])
+        assert all(abs(sum(row) - 1) < 1e-3 for row in attn["weights"])
+    # Without "attention", none; defaults: the model's beam, one hypothesis.
+    plain = client.post("/v1/translate", json={"text": [lines[0]]}).json()["translations"][0]
+    assert "attention" not in plain and len(plain["nbest"]) == 1
+
+
+def test_libretranslate_contract(served, engine, lines):
+    client, _ = served
+    one = client.post("/translate", json={"q": lines[0], "source": "src", "target": "trg"})
+    assert one.status_code == 200 and isinstance(one.json()["translatedText"], str)
+    many = client.post(
+        "/translate", json={"q": [lines[0], "", lines[1]], "source": "auto", "target": "trg",
+                            "format": "text", "api_key": ""},
+    )  # fmt: skip
+    assert many.status_code == 200, many.text
+    texts = many.json()["translatedText"]
+    assert texts[0] == one.json()["translatedText"] and texts[1] == "" and len(texts) == 3
+    wrong = client.post("/translate", json={"q": "x", "source": "de", "target": "en"})
+    assert wrong.status_code == 400
+    assert "src -> trg" in wrong.json()["error"] and "'de'" in wrong.json()["error"]
+
+
+def test_health_model_and_docs(served):
+    client, _ = served
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/v1/model").json()
+    assert info["engine"] == "torch"
+    assert info["languages"] == {"source": "src", "target": "trg"}
+    assert info["vocabulary"]["source"] == info["model_args"]["enc_voc_size"] == 200
+    assert info["step"] == 1500 and info["validation"] is None  # the fixture has no history
+    assert info["limits"]["max_lines"] == LIMITS.max_lines
+    assert client.get("/openapi.json").json()["paths"]["/v1/translate"]["post"]["requestBody"]
+    assert client.get("/docs").status_code == 200
+
+
+BIG = "x" * 9000
+BAD_REQUESTS = [
+    # (what, path, body bytes or JSON, expected status, words the error must contain)
+    ("body size", "/v1/translate", {"text": [BIG[:250]] * 40}, 413, "max_body_bytes"),
+    ("lines", "/v1/translate", {"text": ["a"] * 9}, 413, "max_lines"),
+    ("characters", "/v1/translate", {"text": ["a", "b" * 301]}, 413, "max_chars"),
+    (
+        "libre lines",
+        "/translate",
+        {"q": ["a"] * 9, "source": "src", "target": "trg"},
+        413,
+        "max_lines",
+    ),
+    ("beam 0", "/v1/translate", {"text": ["a"], "beam": 0}, 400, "beam"),
+    ("beam too big", "/v1/translate", {"text": ["a"], "beam": 7}, 400, "max_beam"),
+    ("nbest 0", "/v1/translate", {"text": ["a"], "nbest": 0}, 400, "nbest"),
+    ("nbest > beam", "/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, 400, "nbest"),
+    ("len_penalty", "/v1/translate", {"text": ["a"], "len_penalty": -1}, 400, "len_penalty"),
+    ("unknown field", "/v1/translate", {"text": ["a"], "beam_size": 2}, 400, "beam_size"),
+    ("wrong type", "/v1/translate", {"text": ["a"], "beam": "4"}, 400, "beam"),
+    ("text a string", "/v1/translate", {"text": "a"}, 400, "text"),
+    ("missing field", "/translate", {"q": "a", "source": "src"}, 400, "target"),
+    (
+        "html",
+        "/translate",
+        {"q": "a", "source": "src", "target": "trg", "format": "html"},
+        400,
+        "format",
+    ),
+    ("not JSON", "/v1/translate", b"{text: [", 400, "JSON"),
+    ("undecodable", "/v1/translate", b'{"text": ["\xff\xfe"]}', 400, "JSON"),
+    ("lone surrogate", "/v1/translate", b'{"text": ["\\ud800"]}', 400, "JSON"),
+    ("NaN", "/v1/translate", b'{"text": ["a"], "len_penalty": NaN}', 400, "len_penalty"),
+    ("an array", "/v1/translate", b"[1, 2]", 400, "object"),
+    ("empty body", "/v1/translate", b"", 400, "empty"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_get_a_4xx_json_error_and_the_server_serves_on(served, case):
+    client, _ = served
+    _, path, body, status, words = case
+    if isinstance(body, bytes):
+        reply = client.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        reply = client.post(path, json=body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert words in error and "\n" not in error
+    after = client.post("/v1/translate", json={"text": ["The friend closed the woman."]})
+    assert after.status_code == 200 and after.json()["translations"][0]["text"]
+
+
+def test_chunked_body_over_the_limit_and_unknown_routes(served):
+    client, _ = served
+
+    def chunks():  # no content-length: the limit is counted while reading
+        for _ in range(10):
+            yield b" " * 1000
+
+    reply = client.post("/v1/translate", content=chunks())
+    assert reply.status_code == 413 and "max_body_bytes" in reply.json()["error"]
+    assert client.get("/v1/translate").status_code == 405
+    assert "error" in client.get("/no/such/page").json()
+    assert client.get("/health").json() == {"status": "ok"}
+
+
+def test_32_concurrent_requests_get_what_mt_translate_gives(served, lines):
+    client, app = served
+    lines = (lines * 2)[:32]
+    before = app.state.batcher.largest_batch
+    src = FIXTURE / "src.txt"
+    cli = CliRunner().invoke(cli_app, ["translate", "-c", str(CKPT), "-i", str(src), "--beam", "3", "--nbest", "2"])  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    rows = [row.split("\t") for row in cli.stdout.splitlines()]
+    expected = {
+        line: rows[2 * i : 2 * i + 2] for i, line in enumerate(src.read_text().splitlines())
+    }
+
+    def ask(line: str) -> dict:
+        reply = client.post("/v1/translate", json={"text": [line], "beam": 3, "nbest": 2})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["translations"][0]
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(ask, lines))
+    for line, answer in zip(lines, answers, strict=True):
+        want = expected[line]
+        assert [h["text"] for h in answer["nbest"]] == [text for text, _ in want], line
+        for h, (_, score) in zip(answer["nbest"], want, strict=True):
+            assert abs(h["score"] - float(score)) < 1e-3
+    assert app.state.batcher.largest_batch > 1 or before > 1, "no two requests shared a batch"
+
+
+class FakeEngine(Engine):
+    """Upper-cases lines; fails any call that carries the line "boom"; counts its calls."""
+
+    def __init__(self) -> None:
+        super().__init__("fake", None, None, DecodeConfig(beam_size=2), "src", "trg")
+        self.calls: list[list[str]] = []
+
+    def count_tokens(self, lines) -> int:
+        return sum(len(line.split()) + 1 for line in lines)
+
+    def translate(self, lines, decode, attention=False):
+        self.calls.append(list(lines))
+        if "boom" in lines:
+            raise RuntimeError("the engine failed")
+        return [
+            LineResult(s.upper(), float(decode.beam_size), [(s.upper(), 0.0)] * decode.nbest)
+            for s in lines
+        ]
+
+
+def _submit_together(batcher: Batcher, jobs) -> list:
+    futures = [batcher.submit(lines, decode) for lines, decode in jobs]
+    out = []
+    for f in futures:
+        try:
+            out.append([r.text for r in f.result(timeout=10)])
+        except RuntimeError as err:
+            out.append(err)
+    return out
+
+
+def test_batcher_groups_by_settings_and_a_failure_stays_with_its_request():
+    engine = FakeEngine()
+    batcher = Batcher(engine, BatchSettings(window_s=0.2)).start()
+    d2, d3 = DecodeConfig(beam_size=2), DecodeConfig(beam_size=3)
+    jobs = [(["a b", "c"], d2), (["boom"], d2), (["d"], d3), (["e"], d2)]
+    out = _submit_together(batcher, jobs)
+    batcher.close()
+    assert out[0] == ["A B", "C"] and out[2] == ["D"] and out[3] == ["E"]
+    assert isinstance(out[1], RuntimeError)
+    # One batch of the beam-2 requests (failed), each of them again alone, one beam-3 batch.
+    assert engine.calls[0] == ["a b", "c", "boom", "e"]
+    assert sorted(map(tuple, engine.calls[1:])) == [("a b", "c"), ("boom",), ("d",), ("e",)]
+
+
+def test_batching_off_decodes_one_request_at_a_time():
+    engine = FakeEngine()
+    batcher = Batcher(engine, BatchSettings(enabled=False)).start()
+    d2 = DecodeConfig(beam_size=2)
+    out = _submit_together(batcher, [([s], d2) for s in "abcde"])
+    batcher.close()
+    assert out == [[s.upper()] for s in "abcde"] and engine.calls == [[s] for s in "abcde"]
+    assert batcher.largest_batch == 1
+
+
+def test_a_failing_request_gets_a_json_error_the_others_their_answers():
+    engine = FakeEngine()
+    app = create_app(engine, LIMITS, BatchSettings(window_s=0.2))
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        with ThreadPoolExecutor(3) as pool:
+            bodies = [{"text": ["x"]}, {"text": ["boom"]}, {"text": ["y z"]}]
+            replies = list(pool.map(lambda b: client.post("/v1/translate", json=b), bodies))
+        assert [r.status_code for r in replies] == [200, 500, 200]
+        assert "the engine failed" in replies[1].json()["error"]
+        assert replies[2].json()["translations"][0]["text"] == "Y Z"
+        assert client.post("/v1/translate", json={"text": ["ok"]}).status_code == 200
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_lets_requests_in_flight_finish(lines):
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt", "serve", "-c", str(CKPT), "--port", str(port),
+         "--batch-window-ms", "800"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        with httpx.Client(base_url=url, timeout=30) as client, ThreadPoolExecutor(4) as pool:
+            futures = [
+                pool.submit(client.post, "/v1/translate", json={"text": [line]})
+                for line in lines[:4]
+            ]
+            time.sleep(0.3)  # the requests wait in the 800 ms gathering window
+            proc.send_signal(signal.SIGTERM)
+            replies = [f.result() for f in futures]
+        assert [r.status_code for r in replies] == [200] * 4
+        texts = [r.json()["translations"][0]["text"] for r in replies]
+        assert all(texts[i] for i in range(4) if lines[i])
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ct2_engine_serves_an_export(engine, lines, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+    from transformer_mt.inference import load_for_inference
+    from transformer_mt.inference.ct2 import translate_lines_ct2
+    from transformer_mt.inference.engines import load_engine
+    from transformer_mt.inference.export import export_ctranslate2
+
+    directory = export_ctranslate2(load_for_inference(CKPT), tmp_path / "ct2")
+    ct2 = load_engine("ct2", directory)
+    app = create_app(ct2, LIMITS)
+    text = [lines[0], "", lines[3]]
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/v1/model").json()["engine"] == "ct2"
+        reply = client.post(
+            "/v1/translate", json={"text": text, "beam": 2, "nbest": 2, "attention": True}
+        )
+        assert reply.status_code == 200, reply.text
+        out = reply.json()["translations"]
+        plain = client.post("/translate", json={"q": text, "source": "src", "target": "trg"})
+    decode = dataclasses.replace(ct2.decode, beam_size=2, nbest=2)
+    want = translate_lines_ct2(ct2.model, text, decode)
+    assert [[h["text"] for h in t["nbest"]] for t in out] == [[t for t, _ in w] for w in want]
+    assert plain.json()["translatedText"] == [
+        r[0][0] for r in translate_lines_ct2(ct2.model, text, ct2.decode)
+    ]
+    for line, t in ((text[0], out[0]), (text[2], out[2])):
+        attn = t["attention"]  # CTranslate2's: without the EOS column and row
+        assert attn["source"] == ct2.src_tok.id_to_piece(ct2.src_tok.encode(line))
+        assert len(attn["weights"]) == len(attn["target"]) > 0
+        assert all(len(row) == len(attn["source"]) for row in attn["weights"])
+
+
+def test_serve_command_errors():
+    runner = CliRunner()
+    missing = runner.invoke(cli_app, ["serve", "-c", "no/such.pt", "--port", "0"])
+    assert missing.exit_code == 1 and "no/such.pt" in missing.output
+    wrong = runner.invoke(cli_app, ["serve", "-c", str(CKPT), "--engine", "ct2"])
+    assert wrong.exit_code == 1 and "not a directory" in wrong.output
+    other = runner.invoke(cli_app, ["serve", "-c", str(CKPT), "--engine", "onnx"])
+    assert other.exit_code == 1 and "torch or ct2" in other.output
+    assert json.loads(json.dumps(dataclasses.asdict(Limits())))["max_lines"] == 64

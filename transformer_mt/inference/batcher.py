@@ -1,0 +1,217 @@
+"""Dynamic batching: requests that arrive together are decoded as one batch by one worker thread.
+
+Each request (a few lines and its decode settings) becomes a job on a queue. The worker takes the
+oldest job, waits a short gathering window (counted from that job's arrival) for more, and then
+decodes, as one engine call, the waiting jobs with the same settings (beam, n-best, length
+penalty, attention) in arrival order, up to a token budget (source pieces; the model's
+``decode.batch_tokens``). Each job's lines come back to its own request, in order. When a batch
+fails, each of its jobs is retried alone, so one bad request never fails the others. Jobs with
+other settings wait for the next round; a job is never starved, because the oldest job always
+chooses the settings of the next batch.
+
+Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
+and answering (errors, /health) while a batch decodes. ``close()`` lets every job already
+submitted finish before the worker ends.
+"""
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from transformer_mt.config import DecodeConfig
+from transformer_mt.inference.engines import Engine, LineResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How the decode worker gathers requests into batches."""
+
+    enabled: bool = True  # False: one request per batch, no waiting (the benchmark's baseline)
+    window_s: float = 0.005  # how long the oldest waiting request waits for company
+    max_tokens: int | None = None  # source pieces per batch; None: the model's decode.batch_tokens
+
+
+class Busy(Exception):
+    """Too many requests are waiting for the decode worker."""
+
+
+class Closed(Exception):
+    """The batcher is shutting down and takes no new work."""
+
+
+@dataclass
+class _Job:
+    lines: list[str]
+    decode: DecodeConfig
+    attention: bool
+    arrived: float
+    future: Future = field(default_factory=Future)
+    tokens: int = 0  # counted by the worker (the event loop does no tokenizing)
+
+    @property
+    def key(self) -> tuple:
+        """Jobs decode together only with equal settings."""
+        return (*dataclasses.astuple(self.decode), self.attention)
+
+
+_STOP = object()
+
+
+class Batcher:
+    """One decode worker over ``engine``; ``submit`` from any thread, ``translate`` from async."""
+
+    def __init__(
+        self, engine: Engine, settings: BatchSettings | None = None, max_waiting: int = 1024
+    ):
+        self.engine = engine
+        self.settings = settings or BatchSettings()
+        self.max_tokens = self.settings.max_tokens or engine.decode.batch_tokens
+        self.max_waiting = max_waiting
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0  # submitted and not yet answered
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        # Counters for tests and logs: engine calls, and the requests they carried.
+        self.batches = 0
+        self.requests = 0
+        self.largest_batch = 0
+
+    def start(self) -> "Batcher":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mt-decode", daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(self, lines: list[str], decode: DecodeConfig, attention: bool = False) -> Future:
+        """Queue a request; its future gets one :class:`LineResult` per line, in order."""
+        with self._lock:
+            if self._closed:
+                raise Closed("the server is shutting down")
+            if self._waiting >= self.max_waiting:
+                raise Busy(f"{self._waiting} requests are waiting (max_waiting); try again later")
+            self._waiting += 1
+            job = _Job(list(lines), decode, attention, time.monotonic())
+            job.future.add_done_callback(self._answered)
+            self._queue.put(job)  # under the lock: never behind the stop sign
+        return job.future
+
+    async def translate(
+        self, lines: list[str], decode: DecodeConfig, attention: bool = False
+    ) -> list[LineResult]:
+        return await asyncio.wrap_future(self.submit(lines, decode, attention))
+
+    def close(self, timeout: float | None = None) -> None:
+        """Take no new work, finish every submitted job, stop the worker."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _answered(self, _future: Future) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        pending: deque[_Job] = deque()
+        stopping = False
+        while True:
+            if not pending:
+                if stopping:
+                    return
+                item = self._queue.get()
+                if item is _STOP:
+                    return  # nothing pending, nothing queued before the stop
+                self._add(pending, item)
+            stopping = self._gather(pending) or stopping
+            self._decode(self._take_batch(pending))
+
+    def _add(self, pending: deque, job: _Job) -> None:
+        try:
+            job.tokens = self.engine.count_tokens(job.lines)
+        except Exception:  # the engine reports it to this job alone when it decodes
+            job.tokens = 0
+        pending.append(job)
+
+    def _gather(self, pending: deque) -> bool:
+        """Add queued jobs to ``pending`` until the oldest one's window closes or the budget is
+        full; returns whether the stop sign came (the jobs queued before it are all taken)."""
+        # Batching off: take what is already queued (to keep the order), wait for nothing.
+        deadline = pending[0].arrived + self.settings.window_s if self.settings.enabled else 0.0
+        budget = self.max_tokens
+        while sum(job.tokens for job in pending) < budget:
+            remaining = deadline - time.monotonic()
+            try:
+                item = (
+                    self._queue.get(timeout=remaining)
+                    if remaining > 0
+                    else self._queue.get_nowait()
+                )
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            self._add(pending, item)
+        return False
+
+    def _take_batch(self, pending: deque) -> list[_Job]:
+        """The oldest job and, batching on, the later ones with its settings within the budget."""
+        first = pending.popleft()
+        batch, tokens = [first], first.tokens
+        if not self.settings.enabled:
+            return batch
+        keep: deque[_Job] = deque()
+        while pending:
+            job = pending.popleft()
+            if job.key == first.key and tokens + job.tokens <= self.max_tokens:
+                batch.append(job)
+                tokens += job.tokens
+            else:
+                keep.append(job)
+        pending.extend(keep)
+        return batch
+
+    def _decode(self, batch: list[_Job]) -> None:
+        batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not batch:
+            return  # every client went away
+        lines = [line for job in batch for line in job.lines]
+        self.batches += 1
+        self.requests += len(batch)
+        self.largest_batch = max(self.largest_batch, len(batch))
+        try:
+            results = self.engine.translate(lines, batch[0].decode, batch[0].attention)
+        except Exception as err:
+            if len(batch) == 1:
+                batch[0].future.set_exception(err)
+                return
+            logger.warning(
+                "a batch of %d requests failed (%s); retrying each alone", len(batch), err
+            )
+            for job in batch:
+                self._decode_alone(job)
+            return
+        start = 0
+        for job in batch:
+            job.future.set_result(results[start : start + len(job.lines)])
+            start += len(job.lines)
+
+    def _decode_alone(self, job: _Job) -> None:
+        self.batches += 1
+        try:
+            job.future.set_result(self.engine.translate(job.lines, job.decode, job.attention))
+        except Exception as err:
+            job.future.set_exception(err)

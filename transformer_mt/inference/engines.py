@@ -1,0 +1,288 @@
+"""Engines: one interface over the ways a trained model can translate (our PyTorch model, or a
+CTranslate2 export), for the HTTP server and its benchmark.
+
+``engine.translate(lines, decode, attention)`` keeps the line contract of ``mt translate`` (one
+result per line, in order, empty in -> empty out) and returns, per line, the best text and score,
+the n-best list and, when asked, the cross-attention matrix with the pieces on both of its axes.
+"""
+
+import dataclasses
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import DecodeConfig
+from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
+from transformer_mt.decoding.text import encode_sources, translate_texts
+from transformer_mt.errors import MTError
+from transformer_mt.inference.attention import attention_matrices
+from transformer_mt.inference.loading import load_for_inference
+
+EOS_PIECE = "</s>"
+
+
+@dataclass
+class Attention:
+    """Cross-attention of one translation: ``weights[t][s]`` is how much target piece t looked at
+    source piece s (rows sum to 1)."""
+
+    source: list[str]  # source pieces, EOS included
+    target: list[str]  # target pieces, EOS included when the hypothesis ended with it
+    weights: list[list[float]]  # (len(target), len(source))
+
+
+@dataclass
+class LineResult:
+    """One input line, translated."""
+
+    text: str  # the best translation ("" for an empty line)
+    score: float  # its score (length-normalized log-probability)
+    nbest: list[tuple[str, float]]  # ``decode.nbest`` (text, score) pairs, best first
+    attention: Attention | None = None  # of the best hypothesis, only when asked
+
+
+@dataclass
+class Engine:
+    """What the server needs of a model: its languages, tokenizers, decode defaults, a
+    description, and ``translate``."""
+
+    name: str  # "torch" or "ct2"
+    src_tok: Tokenizer
+    trg_tok: Tokenizer
+    decode: DecodeConfig  # the model's decode defaults (beam, length penalty, batch tokens)
+    src_lang: str
+    trg_lang: str
+    info: dict[str, Any] = field(default_factory=dict)  # GET /v1/model, besides the above
+
+    def translate(
+        self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
+    ) -> list[LineResult]:
+        raise NotImplementedError
+
+    def count_tokens(self, lines: Sequence[str]) -> int:
+        """Source pieces of ``lines`` (EOS included): what a batch's token budget counts."""
+        texts = [line.strip() for line in lines]
+        return sum(len(ids) + 1 for ids in self.src_tok.encode_batch(texts) if ids)
+
+    def describe(self) -> dict[str, Any]:
+        """The body of GET /v1/model."""
+        return {
+            "engine": self.name,
+            "languages": {"source": self.src_lang, "target": self.trg_lang},
+            "vocabulary": {
+                "source": self.src_tok.vocab_size,
+                "target": self.trg_tok.vocab_size,
+                "joint": self.src_tok is self.trg_tok,
+            },
+            "decode": {
+                "beam_size": self.decode.beam_size,
+                "nbest": self.decode.nbest,
+                "len_penalty": self.decode.len_penalty,
+                "max_len_a": self.decode.max_len_a,
+                "max_len_b": self.decode.max_len_b,
+                "batch_tokens": self.decode.batch_tokens,
+            },
+            **self.info,
+        }
+
+
+def _empty(nbest: int, attention: bool) -> LineResult:
+    return LineResult("", 0.0, [("", 0.0)] * nbest, Attention([], [], []) if attention else None)
+
+
+def _result(nbest: list[tuple[str, float]], attn: Attention | None) -> LineResult:
+    return LineResult(nbest[0][0], float(nbest[0][1]), [(t, float(s)) for t, s in nbest], attn)
+
+
+class TorchEngine(Engine):
+    """Our own model and search: exactly what ``mt translate`` computes."""
+
+    def __init__(self, checkpoint: Path | str, device: str = "cpu") -> None:
+        loaded = load_for_inference(checkpoint, device)
+        self.model = loaded.model
+        saved = load_checkpoint(checkpoint)  # what loading drops: model args, training history
+        data = loaded.config.data
+        super().__init__(
+            name="torch",
+            src_tok=loaded.src_tok,
+            trg_tok=loaded.trg_tok,
+            decode=dataclasses.replace(loaded.config.decode, nbest=1, sampling=False),
+            src_lang=data.src_lang,
+            trg_lang=data.trg_lang,
+            info={
+                "device": str(torch.device(device)),
+                "model_args": _plain(saved.get("model_args")),
+                "step": loaded.step,
+                "validation": validation_bleu(saved.get("train_state"), loaded.step),
+            },
+        )
+
+    def translate(
+        self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
+    ) -> list[LineResult]:
+        lines = list(lines)
+        matrices: dict[int, Attention] = {}
+
+        def on_batch(batch_lines: list[int], src: torch.Tensor, decoded) -> None:
+            if not attention:
+                return
+            hyps = [res.nbest[0] for res in decoded]
+            weights = attention_matrices(self.model, src, hyps)
+            for line, hyp, ids, w in zip(batch_lines, hyps, src.tolist(), weights, strict=True):
+                matrices[line] = Attention(
+                    source=self.src_tok.id_to_piece(ids[: w.shape[1]]),
+                    target=self.trg_tok.id_to_piece([*hyp.tokens, EOS_ID][: w.shape[0]]),
+                    weights=w.tolist(),
+                )
+
+        results = translate_texts(
+            self.model, self.src_tok, self.trg_tok, lines, decode, on_batch=on_batch
+        )
+        out = []
+        for i, nbest in enumerate(results):
+            if attention and i not in matrices:  # nothing to translate on this line
+                out.append(_empty(decode.nbest, attention))
+            else:
+                out.append(_result(nbest, matrices.get(i)))
+        return out
+
+
+class CT2Engine(Engine):
+    """A directory written by ``mt export --format ctranslate2``: what ``mt translate --engine
+    ct2`` computes. Its attention is CTranslate2's alignment attention (the last decoder layer,
+    the heads the export chose: the first one by default), not our mean over layers and heads;
+    its matrices leave out the source's EOS column (rows sum to a little under 1) and the EOS row."""
+
+    def __init__(self, directory: Path | str, device: str = "cpu", threads: int = 0) -> None:
+        from transformer_mt.inference.ct2 import load_ct2
+        from transformer_mt.inference.export import SETTINGS_FILE
+
+        self.model = load_ct2(Path(directory), device=device, threads=threads)
+        settings = json.loads((Path(directory) / SETTINGS_FILE).read_text(encoding="utf-8"))
+        super().__init__(
+            name="ct2",
+            src_tok=self.model.src_tok,
+            trg_tok=self.model.trg_tok,
+            decode=dataclasses.replace(self.model.decode, nbest=1, sampling=False),
+            src_lang=str(settings.get("src_lang", "")),
+            trg_lang=str(settings.get("trg_lang", "")),
+            info={
+                "device": device,
+                "quantization": settings.get("quantization"),
+                "model_args": settings.get("model_args"),
+                "step": int(settings.get("step", 0)),
+                "validation": settings.get("validation"),
+            },
+        )
+
+    def translate(
+        self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
+    ) -> list[LineResult]:
+        from transformer_mt.inference.ct2 import translate_lines_ct2
+
+        lines = list(lines)
+        if not attention:
+            return [
+                _result(nbest, None) for nbest in translate_lines_ct2(self.model, lines, decode)
+            ]
+        return self._translate_with_attention(lines, decode)
+
+    def _translate_with_attention(self, lines: list[str], decode: DecodeConfig) -> list[LineResult]:
+        """``translate_lines_ct2`` with ``return_attention``: the same grouping by length budget."""
+        model = self.model
+        sources = encode_sources(model.src_tok, lines, model.max_len)
+        out = [_empty(decode.nbest, True) for _ in lines]
+        by_budget: dict[int, list[int]] = defaultdict(list)
+        for i, ids in sources.items():
+            budget = math.floor(decode.max_len_a + decode.max_len_b * len(ids))
+            by_budget[min(max(budget, 1), model.max_len)].append(i)
+        for budget, indices in sorted(by_budget.items()):
+            pieces = [model.src_tok.id_to_piece(sources[i][:-1]) for i in indices]
+            outputs = model.translator.translate_batch(
+                pieces,
+                beam_size=decode.beam_size,
+                num_hypotheses=decode.nbest,
+                length_penalty=decode.len_penalty,
+                max_decoding_length=budget,
+                max_batch_size=decode.batch_tokens,
+                batch_type="tokens",
+                return_scores=True,
+                return_attention=True,
+            )
+            for i, src_pieces, output in zip(indices, pieces, outputs, strict=True):
+                nbest = [
+                    (model.trg_tok.sp.decode_pieces(hyp), float(score))
+                    for hyp, score in zip(output.hypotheses, output.scores, strict=True)
+                ]
+                weights = [list(map(float, row)) for row in output.attention[0]]
+                width = len(weights[0]) if weights else 0
+                attn = Attention(
+                    source=[*src_pieces, EOS_PIECE][:width],
+                    target=[*output.hypotheses[0], EOS_PIECE][: len(weights)],
+                    weights=weights,
+                )
+                out[i] = _result(nbest, attn)
+        return out
+
+
+def load_engine(kind: str, path: Path | str, device: str = "cpu") -> Engine:
+    """``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory)."""
+    if kind == "torch":
+        if Path(path).is_dir():
+            raise MTError(
+                f"--checkpoint {path} is a directory: for a CTranslate2 export pass --engine ct2"
+            )
+        return TorchEngine(path, device)
+    if kind == "ct2":
+        if not Path(path).is_dir():
+            raise MTError(
+                f"--engine ct2 runs a directory written by `mt export --format ctranslate2`; "
+                f"{path} is not a directory"
+            )
+        return CT2Engine(path, device)
+    raise MTError(f"--engine {kind!r}: expected torch or ct2")
+
+
+def validation_bleu(train_state: Any, step: int) -> dict[str, Any] | None:
+    """The validation BLEU recorded when the checkpoint was saved (the history entry of its step,
+    else the latest one), with the signature of the sacrebleu BLEU that training computes; None
+    when the checkpoint holds no validation BLEU (averaged or old checkpoints)."""
+    if not isinstance(train_state, dict):
+        return None
+    history = (train_state.get("state") or {}).get("history") or []
+    scored = [h for h in history if isinstance(h, dict) and "val_bleu" in h]
+    if not scored:
+        return None
+    entry = next((h for h in reversed(scored) if h.get("step") == step), scored[-1])
+    return {
+        "step": int(entry.get("step", 0)),
+        "bleu": float(entry["val_bleu"]),
+        "signature": bleu_signature(),
+    }
+
+
+def bleu_signature() -> str:
+    """The signature of training's validation BLEU (sacrebleu defaults: cased, 13a, one ref)."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU()
+    bleu.corpus_score(["a"], [["a"]])  # the signature names the reference count once scored
+    return str(bleu.get_signature())
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy of model arguments (ints, floats, bools, strings, None)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)

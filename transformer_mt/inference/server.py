@@ -1,0 +1,326 @@
+"""`mt serve`: the model over HTTP (FastAPI + uvicorn), with a translation page at ``/``.
+
+Endpoints:
+
+- ``POST /translate``, LibreTranslate's shape: ``{"q": "text" | ["t1", ...], "source": "de",
+  "target": "en"}`` -> ``{"translatedText": "..." | [...]}``; the languages must be the model's
+  (``source`` may be "auto"); LibreTranslate's ``format`` ("text") and ``api_key`` are accepted.
+- ``POST /v1/translate``: ``{"text": [...], "beam": 4, "nbest": 1, "len_penalty": 1.0,
+  "attention": false}`` -> ``{"translations": [{"text", "score", "nbest": [{"text", "score"}],
+  "attention": {"source", "target", "weights"}}]}``, one per line, in order.
+- ``GET /health``, ``GET /v1/model``, FastAPI's ``/docs`` and ``/openapi.json``; the page at
+  ``/`` and ``/static/...`` (``inference/static/``).
+
+Every refused request gets a 4xx JSON ``{"error": "<one line naming the limit or field>"}``:
+the body is read and parsed here, not by FastAPI, so that invalid JSON, undecodable bytes, unknown
+fields and every limit of :class:`Limits` get our one-line message. Decoding goes through one
+:class:`~transformer_mt.inference.batcher.Batcher` worker (dynamic batching). On SIGTERM uvicorn
+stops accepting, lets the requests in flight finish, and the worker drains before the process ends.
+"""
+
+import dataclasses
+import logging
+import math
+import signal
+import threading
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from transformer_mt.config import validate_decode
+from transformer_mt.errors import MTError
+from transformer_mt.inference.batcher import Batcher, BatchSettings, Busy, Closed
+from transformer_mt.inference.engines import Engine, LineResult, load_engine
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import FileResponse, JSONResponse
+    from pydantic import BaseModel, ConfigDict, ValidationError
+    from starlette.exceptions import HTTPException
+    from starlette.staticfiles import StaticFiles
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise MTError(
+        f"`mt serve` needs FastAPI and uvicorn ({err.name} is missing): "
+        "pip install 'transformer-mt[serve]'"
+    ) from err
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; beyond it, a 4xx JSON error naming the limit."""
+
+    max_body_bytes: int = 1 << 20  # request body (1 MiB)
+    max_lines: int = 64  # lines per request
+    max_chars: int = 2000  # characters per line
+    max_beam: int = 16  # beam sizes 1..max_beam; n-best 1..beam
+    max_waiting: int = 1024  # requests waiting for the decode worker; more -> 503
+
+
+class ApiError(Exception):
+    """A refused request: its HTTP status and one line for ``{"error": ...}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class _Strict(BaseModel):
+    # No coercion ("4" is not a beam size), no NaN or infinity, no unknown fields.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class LibreRequest(_Strict):
+    q: str | list[str]  # one text, or several
+    source: str  # the model's source language, or "auto"
+    target: str  # the model's target language
+    format: Literal["text"] = "text"  # LibreTranslate's; only plain text here
+    api_key: str | None = None  # LibreTranslate's; ignored (no keys here)
+
+
+class TranslateRequest(_Strict):
+    text: list[str]  # lines to translate; an empty line gives an empty translation
+    beam: int | None = None  # default: the model's decode.beam_size
+    nbest: int = 1  # hypotheses per line, 1..beam
+    len_penalty: float | None = None  # GNMT alpha; default: the model's
+    attention: bool = False  # return the cross-attention of each best translation
+
+
+def create_app(
+    engine: Engine, limits: Limits | None = None, batching: BatchSettings | None = None
+) -> FastAPI:
+    """The FastAPI app over ``engine``; its decode worker runs while the app's lifespan does."""
+    limits = limits or Limits()
+    batcher = Batcher(engine, batching, max_waiting=limits.max_waiting)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        batcher.start()
+        try:
+            yield
+        finally:
+            batcher.close()  # every request already submitted gets its answer first
+
+    app = FastAPI(
+        title="transformer-mt",
+        summary=f"Translate {engine.src_lang} -> {engine.trg_lang} ({engine.name} engine)",
+        lifespan=lifespan,
+    )
+    app.state.engine, app.state.batcher, app.state.limits = engine, batcher, limits
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse({"error": err.message}, status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, err: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(err.detail)}, status_code=err.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": _first_error(err.errors())}, status_code=422)
+
+    @app.post("/translate", openapi_extra=_body_schema(LibreRequest))
+    async def libre_translate(request: Request) -> dict:
+        """LibreTranslate's endpoint: ``{"q", "source", "target"}`` -> ``{"translatedText"}``."""
+        req = await _read(request, LibreRequest, limits)
+        if req.source not in (engine.src_lang, "auto") or req.target != engine.trg_lang:
+            raise ApiError(
+                400,
+                f"this model translates {engine.src_lang} -> {engine.trg_lang}; "
+                f"got source {req.source!r} and target {req.target!r}",
+            )
+        lines = [req.q] if isinstance(req.q, str) else req.q
+        _check_lines(lines, limits, "q")
+        results = await _translate(batcher, lines, engine.decode, False)
+        texts = [r.text for r in results]
+        return {"translatedText": texts[0] if isinstance(req.q, str) else texts}
+
+    @app.post("/v1/translate", openapi_extra=_body_schema(TranslateRequest))
+    async def translate(request: Request) -> dict:
+        """Lines -> per line: text, score, n-best list, and on request the cross-attention."""
+        req = await _read(request, TranslateRequest, limits)
+        _check_lines(req.text, limits, "text")
+        decode = _decode_settings(engine, req, limits)
+        results = await _translate(batcher, req.text, decode, req.attention)
+        return {"translations": [_line_json(r) for r in results]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/model")
+    async def model_info() -> dict:
+        """Languages, vocabulary, model shape, training step, validation BLEU, engine, limits."""
+        return {
+            **engine.describe(),
+            "limits": dataclasses.asdict(limits),
+            "batching": {
+                "enabled": batcher.settings.enabled,
+                "window_ms": batcher.settings.window_s * 1000,
+                "max_tokens": batcher.max_tokens,
+            },
+        }
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        index = STATIC_DIR / "index.html"
+        if not index.is_file():
+            raise ApiError(404, "no translation page is installed (inference/static/index.html)")
+        return FileResponse(index)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
+    return app
+
+
+async def _read(request: Request, model: type[BaseModel], limits: Limits):
+    """The request body, size-checked and parsed into ``model`` (or an ApiError)."""
+    limit = limits.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {int(declared)} bytes exceeds max_body_bytes={limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body exceeds max_body_bytes={limit}")
+    if not body:
+        raise ApiError(400, "empty request body: send a JSON object")
+    try:
+        return model.model_validate_json(bytes(body))
+    except ValidationError as err:
+        raise ApiError(400, _first_error(err.errors())) from None
+
+
+def _first_error(errors: list) -> str:
+    """One line for the first of pydantic's errors, naming the field."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    kind, message = first.get("type", ""), first.get("msg", "invalid")
+    if kind == "json_invalid":
+        return f"the body is not valid UTF-8 JSON: {message.removeprefix('Invalid JSON: ')}"
+    if kind == "extra_forbidden":
+        return f"unknown field {where!r}"
+    if kind == "missing":
+        return f"missing field {where!r}"
+    if kind == "model_type":
+        return "the body must be a JSON object"
+    return f"field {where!r}: {message}" if where else message
+
+
+def _check_lines(lines: list[str], limits: Limits, field: str) -> None:
+    if len(lines) > limits.max_lines:
+        raise ApiError(
+            413, f"{field}: {len(lines)} lines exceed max_lines={limits.max_lines} per request"
+        )
+    for i, line in enumerate(lines):
+        if len(line) > limits.max_chars:
+            raise ApiError(
+                413,
+                f"{field}[{i}]: {len(line)} characters exceed max_chars={limits.max_chars} per line",
+            )
+
+
+def _decode_settings(engine: Engine, req: TranslateRequest, limits: Limits):
+    beam = req.beam if req.beam is not None else min(engine.decode.beam_size, limits.max_beam)
+    if not 1 <= beam <= limits.max_beam:
+        raise ApiError(400, f"beam is {beam}; it must be between 1 and max_beam={limits.max_beam}")
+    if not 1 <= req.nbest <= beam:
+        raise ApiError(400, f"nbest is {req.nbest}; it must be between 1 and the beam ({beam})")
+    len_penalty = engine.decode.len_penalty if req.len_penalty is None else req.len_penalty
+    if not 0.0 <= len_penalty <= 10.0:
+        raise ApiError(400, f"len_penalty is {len_penalty:g}; it must be between 0 and 10")
+    decode = dataclasses.replace(
+        engine.decode, beam_size=beam, nbest=req.nbest, len_penalty=len_penalty
+    )
+    try:
+        validate_decode(decode)
+    except MTError as err:
+        raise ApiError(400, str(err)) from None
+    return decode
+
+
+async def _translate(batcher: Batcher, lines: list[str], decode, attention: bool):
+    try:
+        return await batcher.translate(lines, decode, attention)
+    except Busy as err:
+        raise ApiError(503, f"server busy: {err}") from None
+    except Closed as err:
+        raise ApiError(503, str(err)) from None
+    except MTError as err:
+        raise ApiError(400, str(err)) from None
+    except Exception as err:
+        logger.exception("translation failed")
+        raise ApiError(500, f"translation failed: {type(err).__name__}: {err}") from None
+
+
+def _number(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # JSON has no infinity
+
+
+def _line_json(result: LineResult) -> dict:
+    out = {
+        "text": result.text,
+        "score": _number(result.score),
+        "nbest": [{"text": text, "score": _number(score)} for text, score in result.nbest],
+    }
+    if result.attention is not None:
+        out["attention"] = {
+            "source": result.attention.source,
+            "target": result.attention.target,
+            "weights": [[round(w, 6) for w in row] for row in result.attention.weights],
+        }
+    return out
+
+
+def _body_schema(model: type[BaseModel]) -> dict:
+    """The request body as OpenAPI shows it (the handlers parse it themselves)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+def serve(
+    path: Path | str,
+    *,
+    engine: str = "torch",
+    device: str = "cpu",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: Limits | None = None,
+    batching: BatchSettings | None = None,
+    access_log: bool = False,
+) -> None:
+    """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first)."""
+    import uvicorn
+
+    model = load_engine(engine, path, device)
+    app = create_app(model, limits, batching)
+    logger.info(
+        "loaded %s -> %s (%s engine); serving on http://%s:%d (API docs at /docs)",
+        model.src_lang, model.trg_lang, model.name, host, port,
+    )  # fmt: skip
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
+    # handler it found: a quiet one here, so that a requested stop ends with exit code 0.
+    quiet = threading.current_thread() is threading.main_thread()
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, _stopped) for sig in stops} if quiet else {}
+    try:
+        uvicorn.run(app, host=host, port=port, access_log=access_log, log_level="info")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(signum: int, _frame) -> None:
+    logger.info("stopped (%s); every request in flight was answered", signal.Signals(signum).name)

@@ -1,7 +1,8 @@
 """Search invariants: beam 1 equals greedy, the KV cache changes nothing, a batch equals its sentences
 one at a time, n-best lists are sorted and distinct, top-k 1 sampling equals greedy, and the length
 limit holds; ``search`` runs what the DecodeConfig asks for, and ``decode_sources`` batches within
-its budget and answers in input order. Checked on a random-weight model and on a tiny model trained
+its budget and answers in input order. Forced target prefixes start every hypothesis and keep those
+invariants (an empty prefix changes nothing; their log-probs count in the score). Checked on a random-weight model and on a tiny model trained
 to reverse sequences (so that beam search really ends hypotheses with EOS)."""
 
 from __future__ import annotations
@@ -295,3 +296,108 @@ def test_decode_sources_sampling_is_seeded_by_the_config(random_model, random_sr
     assert _toks(decode_sources(random_model, sources, decode)) == first
     generator = torch.Generator().manual_seed(4)
     assert _toks(decode_sources(random_model, sources, decode, generator=generator)) == first
+
+
+# Target prefixes: per sentence, possibly empty; the fifth is longer than the length rule allows
+# for its 5-piece source (2 + 1 * 5 = 7 tokens), so its budget grows to hold it and one more.
+PREFIXES = [[5, 6], [], [7, 7, 7], [9], [4, 5, 6, 7, 8, 9, 10, 11], [], [12], [13, 14]]
+
+
+def _starts_with_prefixes(results: list[DecodeResult], prefixes) -> bool:
+    return all(
+        h.tokens[: len(p)] == p for r, p in zip(results, prefixes, strict=True) for h in r.nbest
+    )
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam", "sampling"])
+def test_prefix_starts_every_hypothesis(kind, random_model, random_src):
+    decode = {"greedy": LEN, "beam": _beam(4, 4), "sampling": _sampling(top_k=8)}[kind]
+    results = search(
+        random_model, random_src, decode, generator=torch.Generator().manual_seed(1),
+        prefixes=PREFIXES,
+    )  # fmt: skip
+    assert _starts_with_prefixes(results, PREFIXES)
+    # The over-long prefix: its budget is the prefix and one more token.
+    assert all(len(h.tokens) <= 9 for h in results[4].nbest)
+    assert any(
+        len(h.tokens) > len(p) for r, p in zip(results, PREFIXES, strict=True) for h in r.nbest
+    )
+
+
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_beam_one_with_prefix_equals_greedy_with_it(
+    which, random_model, reverse_model, random_src, reverse_src
+):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    prefixes = (PREFIXES * 3)[: src.size(0)]
+    greedy = greedy_search(model, src, LEN, prefixes=prefixes)
+    beam = beam_search(model, src, _beam(1), prefixes=prefixes)
+    assert _toks(beam) == _toks(greedy)
+    assert [r.score for r in beam] == pytest.approx([r.score for r in greedy], abs=1e-5)
+
+
+@pytest.mark.parametrize("search_kind", ["greedy", "beam"])
+def test_prefix_cache_equals_no_cache(search_kind, reverse_model, reverse_src):
+    prefixes = (PREFIXES * 3)[:24]
+    run = greedy_search if search_kind == "greedy" else beam_search
+    decode = LEN if search_kind == "greedy" else _beam(4, 4)
+    cached = run(reverse_model, reverse_src, decode, prefixes=prefixes)
+    full = run(reverse_model, reverse_src, decode, use_cache=False, prefixes=prefixes)
+    assert _toks(cached) == _toks(full)
+    assert [h.score for r in cached for h in r.nbest] == pytest.approx(
+        [h.score for r in full for h in r.nbest], abs=1e-4
+    )
+
+
+@pytest.mark.parametrize("search_kind", ["greedy", "beam"])
+def test_empty_prefix_changes_nothing(search_kind, random_model, random_src):
+    run = greedy_search if search_kind == "greedy" else beam_search
+    decode = LEN if search_kind == "greedy" else _beam(3, 3)
+    plain = run(random_model, random_src, decode)
+    empty = run(random_model, random_src, decode, prefixes=[[]] * 8)
+    mixed = run(random_model, random_src, decode, prefixes=PREFIXES)
+    assert _toks(empty) == _toks(plain)
+    assert [h.score for r in empty for h in r.nbest] == [h.score for r in plain for h in r.nbest]
+    for i, prefix in enumerate(PREFIXES):
+        if not prefix:  # the other sentences' prefixes do not touch this one
+            assert _toks(mixed[i : i + 1]) == _toks(plain[i : i + 1])
+
+
+def test_prefix_score_counts_its_log_probs(random_model, random_src):
+    """Greedy with a prefix, alpha 0: the score is the teacher-forced sum over all its tokens."""
+    results = greedy_search(
+        random_model, random_src, dataclasses.replace(LEN, len_penalty=0.0), prefixes=PREFIXES
+    )
+    for i, res in enumerate(results):
+        hyp = res.nbest[0]
+        out = [*hyp.tokens, EOS_ID] if hyp.finished else hyp.tokens
+        with torch.inference_mode():
+            logits = random_model(random_src[i : i + 1], torch.tensor([[BOS_ID, *out[:-1]]]))
+        log_probs = functional.log_softmax(logits[0].float(), dim=-1)  # (T, V)
+        want = log_probs.gather(1, torch.tensor(out)[:, None]).sum().item()
+        assert hyp.score == pytest.approx(want, abs=1e-4)
+
+
+def test_prefix_batch_equals_one_at_a_time(random_model, random_src):
+    batched = beam_search(random_model, random_src, _beam(3, 2), prefixes=PREFIXES)
+    for i, row in enumerate(random_src):
+        alone = beam_search(
+            random_model, row[row != PAD_ID][None], _beam(3, 2), prefixes=[PREFIXES[i]]
+        )
+        assert _toks(alone) == _toks(batched[i : i + 1])
+    sources = _sources(random_src)
+    via_batches = decode_sources(
+        random_model, sources, _beam(3, 2, batch_tokens=30), prefixes=PREFIXES
+    )
+    assert _toks(via_batches) == _toks(batched)
+
+
+def test_bad_prefixes_are_refused(random_model, random_src):
+    with pytest.raises(ValueError, match="2 prefixes for 8 sentences"):
+        greedy_search(random_model, random_src, LEN, prefixes=[[5], [6]])
+    with pytest.raises(ValueError, match="prefix 1 holds PAD, BOS or EOS"):
+        beam_search(random_model, random_src, _beam(2), prefixes=[[5], [6, EOS_ID]] + [[]] * 6)
+    with pytest.raises(ValueError, match=r"prefix 0: 64 ids leave no room .* at most 63"):
+        greedy_search(random_model, random_src[:1], LEN, prefixes=[[5] * 64])
+    with pytest.raises(ValueError, match="3 prefixes for 8 sources"):
+        decode_sources(random_model, _sources(random_src), LEN, prefixes=[[]] * 3)

@@ -151,3 +151,30 @@ def test_attention_pictures_one_png_per_sentence(model, tok, tmp_path):
     assert (tmp_path / "l1" / "000001.png").is_file()
     with pytest.raises(ValueError, match="attention_layer=2"):
         translate_lines(model, tok, tok, ["dog"], attention_dir=out, attention_layer=2)
+
+
+PREFIX_LINES = ["the cat sat on the red house", "", "a dog ran far away", "dog", "the big garden"]
+PREFIX_TEXTS = ["the red", "house", "", "a small dog ran", "garden"]
+
+
+@pytest.mark.parametrize("decode", [FAST, _decode(beam_size=4, nbest=3)])
+def test_prefix_starts_every_translation(decode, model, tok):
+    results = translate_lines(model, tok, tok, PREFIX_LINES, decode, prefixes=PREFIX_TEXTS)
+    assert len(results) == len(PREFIX_LINES)
+    assert results[1] == [("", 0.0)] * decode.nbest  # empty in, empty out, whatever the prefix
+    for line, prefix, nbest in zip(PREFIX_LINES, PREFIX_TEXTS, results, strict=True):
+        if line:
+            assert len(nbest) == decode.nbest
+            assert all(text.startswith(prefix) for text, _ in nbest)
+    plain = translate_lines(model, tok, tok, PREFIX_LINES, decode)
+    assert results[2] == plain[2]  # an empty prefix changes nothing
+    assert translate_lines(model, tok, tok, PREFIX_LINES, decode, prefixes=[""] * 5) == plain
+
+
+def test_prefix_count_and_length_checked(model, tok):
+    with pytest.raises(MTError, match="2 prefixes for 5 input lines"):
+        translate_lines(model, tok, tok, PREFIX_LINES, FAST, prefixes=["a", "b"])
+    long_prefix = " ".join(WORDS * 4)  # more target pieces than the 48 positions
+    with pytest.warns(UserWarning, match=r"line 2: a prefix of \d+ target pieces"):
+        results = translate_lines(model, tok, tok, ["dog", "cat"], FAST, prefixes=["", long_prefix])
+    assert results[1][0][0].startswith(" ".join(WORDS[:4]))

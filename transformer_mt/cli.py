@@ -64,6 +64,15 @@ app = typer.Typer(
 CheckpointOpt = Annotated[
     Path, typer.Option("--checkpoint", "-c", help="A .pt file written by `mt train`.")
 ]
+CheckpointsOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="A .pt file written by `mt train`; repeat it for an ensemble (same tokenizers); "
+        "with --engine ct2, a directory written by `mt export`.",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
@@ -192,44 +201,64 @@ def _decode_settings(base, **options):
     return decode
 
 
-def _translate(engine: str, model_path: Path, device: str, lines: list[str], options: dict, **kw):
+def _translate(
+    engine: str, model_paths: list[Path], device: str, lines: list[str], options: dict, **kw
+):
     """Translate ``lines`` with the chosen engine: ``(results, decode settings)``.
 
-    ``torch``: ``model_path`` is a checkpoint; ``ct2``: a directory written by `mt export`.
-    ``options`` are decode options (None keeps the model's); ``kw`` goes to translate_lines
-    (progress, attention pictures), which only the torch engine draws.
+    ``torch``: ``model_paths`` are checkpoints (several: an ensemble averaging their next-token
+    log-probabilities; decode defaults from the first); ``ct2``: one directory written by
+    `mt export`. ``options`` are decode options (None keeps the model's); ``kw`` goes to
+    translate_lines (progress, attention pictures, prefixes), which the torch engine handles.
     """
     quantization = kw.pop("quantize", None)
     if engine == "ct2":
         from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
-        if quantization is not None:
-            raise MTError(
-                "--quantize is for --engine torch; CTranslate2 models are quantized by `mt export --quantization`"
-            )
-        if kw.get("attention_dir") is not None:
-            raise MTError("--attention-dir needs --engine torch (the checkpoint, not an export)")
-        model = load_ct2(model_path, device)
+        for option, given in (("--quantize", quantization), ("--attention-dir", kw.get("attention_dir")),
+                              ("--prefix-file", kw.get("prefixes")),
+                              ("several --checkpoint", model_paths[1:] or None)):  # fmt: skip
+            if given is not None:
+                raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
+        model = load_ct2(model_paths[0], device)
         decode = _decode_settings(model.decode, **options)
         return translate_lines_ct2(model, lines, decode), decode
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
     from transformer_mt.inference.loading import quantize
+    from transformer_mt.inference.translate import ensemble_model
 
-    loaded = load_for_inference(model_path, device)
-    if quantization is not None:
-        loaded.model = quantize(loaded.model, quantization)
-    n_layers = loaded.model.n_dec_layers
+    loaded = [load_for_inference(path, device) for path in model_paths]
+    for one in loaded if quantization is not None else ():
+        one.model = quantize(one.model, quantization)
+    first = loaded[0]
+    n_layers = first.model.n_dec_layers
     layer = kw.get("attention_layer")
     if layer is not None and not -n_layers <= layer < n_layers:
         raise MTError(
             f"--attention-layer {layer}: the model's decoder layers are 0 to "
             f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
         )
-    decode = _decode_settings(loaded.config.decode, **options)
-    results = translate_lines(loaded.model, loaded.src_tok, loaded.trg_tok, lines, decode, **kw)
+    model = ensemble_model(loaded, [str(path) for path in model_paths])
+    decode = _decode_settings(first.config.decode, **options)
+    results = translate_lines(model, first.src_tok, first.trg_tok, lines, decode, **kw)
     return results, decode
+
+
+def _read_prefixes(path: Path | None, lines: list[str], input_name: str) -> list[str] | None:
+    """One target prefix per input line (`--prefix-file`), or None."""
+    if path is None:
+        return None
+    from transformer_mt.fileio import read_lines
+
+    prefixes = read_lines(path)
+    if len(prefixes) != len(lines):
+        raise MTError(
+            f"{path} has {len(prefixes)} lines, {input_name} has {len(lines)}: give one prefix "
+            "per input line (an empty line for none)"
+        )
+    return prefixes
 
 
 @app.command()
@@ -307,7 +336,7 @@ def _stdin_stat() -> list[os.stat_result]:
 @app.command()
 @user_errors
 def translate(
-    checkpoint: CheckpointOpt,
+    checkpoints: CheckpointsOpt,
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Default: stdin.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: stdout.")] = None,
     beam: BeamOpt = None,
@@ -336,32 +365,55 @@ def translate(
         float | None, typer.Option(help="With --sample: nucleus mass; 1 = all.")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="With --sample: seed of the draws.")] = None,
+    prefix_file: Annotated[
+        Path | None,
+        typer.Option(help="One target prefix per input line (empty: none); outputs start with it."),
+    ] = None,
     engine: EngineOpt = "torch",
     quantize: QuantizeOpt = None,
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
     from transformer_mt.inference import format_best, format_nbest
 
-    if attention_layer is not None and attention_dir is None:
-        raise MTError(
-            "--attention-layer chooses the layer of the heatmaps: add --attention-dir DIR"
-        )
-    inputs = [input] if input is not None else _stdin_stat()
-    if output is not None:
-        from transformer_mt.fileio import check_output
-
-        check_output(output, [*inputs, checkpoint])  # before any work
+    inputs = _check_translate_paths(input, output, checkpoints, prefix_file, attention_dir,
+                                    attention_layer)  # fmt: skip
     options = {"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
                "batch_tokens": batch_tokens}  # fmt: skip
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
         options.update(sample_seed=seed, beam_size=beam or 1)
+    lines = _read_input(input)
+    prefixes = _read_prefixes(prefix_file, lines, str(input or "stdin"))
     results, decode = _translate(
-        engine, checkpoint, device, _read_input(input), options, progress=input is not None,
+        engine, checkpoints, device, lines, options, progress=input is not None,
         attention_dir=attention_dir, attention_layer=attention_layer, quantize=quantize,
+        prefixes=prefixes,
     )  # fmt: skip
-    lines = format_nbest(results) if decode.nbest > 1 else format_best(results)
-    _write_lines(output, lines, inputs=[*inputs, checkpoint])
+    out = format_nbest(results) if decode.nbest > 1 else format_best(results)
+    _write_lines(output, out, inputs=inputs)
+
+
+def _check_translate_paths(
+    input: Path | None,
+    output: Path | None,
+    checkpoints: list[Path],
+    prefix_file: Path | None,
+    attention_dir: Path | None,
+    attention_layer: int | None,
+) -> list:
+    """The option checks of `mt translate` that need no model, before any work; returns the
+    inputs an output must not overwrite."""
+    if attention_layer is not None and attention_dir is None:
+        raise MTError(
+            "--attention-layer chooses the layer of the heatmaps: add --attention-dir DIR"
+        )
+    inputs = [input] if input is not None else _stdin_stat()
+    inputs += [*checkpoints, *([prefix_file] if prefix_file is not None else [])]
+    if output is not None:
+        from transformer_mt.fileio import check_output
+
+        check_output(output, inputs)
+    return inputs
 
 
 def _write_lines(output: Path | None, lines: Iterable[str], inputs: Iterable = ()) -> None:
@@ -398,7 +450,10 @@ def evaluate(
     hyp: Annotated[Path | None, typer.Option(help="Score this file of translations.")] = None,
     src: Annotated[Path | None, typer.Option(help="Translate this file with --checkpoint.")] = None,
     checkpoint: Annotated[
-        Path | None, typer.Option("--checkpoint", "-c", help="Model to translate --src with.")
+        list[Path] | None,
+        typer.Option(
+            "--checkpoint", "-c", help="Model to translate --src with (repeat: an ensemble)."
+        ),
     ] = None,
     beam: BeamOpt = None,
     len_penalty: LenPenaltyOpt = None,
@@ -420,7 +475,7 @@ def evaluate(
     if hyp is not None:
         hyps, hyp_name = read_lines(hyp), str(hyp)
     else:
-        if checkpoint is None:
+        if not checkpoint:
             raise MTError("--src needs --checkpoint")
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])

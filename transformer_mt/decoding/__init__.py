@@ -1,8 +1,11 @@
 """Search over a trained Transformer, token ids in, token ids out: greedy, beam search and
-sampling (:mod:`~transformer_mt.decoding.search`), and many sources at once in length-sorted
-batches (:mod:`~transformer_mt.decoding.batched`). No file I/O, no tokenizers."""
+sampling (:mod:`~transformer_mt.decoding.search`), optionally from forced target prefixes, over
+one model or an ensemble (:mod:`~transformer_mt.decoding.ensemble`), and many sources at once in
+length-sorted batches (:mod:`~transformer_mt.decoding.batched`). No file I/O."""
 
 from transformer_mt.decoding.batched import BatchCallback, decode_sources
+from transformer_mt.decoding.ensemble import Ensemble, SearchModel, check_ensemble
+from transformer_mt.decoding.prefixes import Prefixes
 from transformer_mt.decoding.search import (
     DecodeResult,
     Hypothesis,
@@ -18,8 +21,12 @@ from transformer_mt.decoding.search import (
 __all__ = [
     "BatchCallback",
     "DecodeResult",
+    "Ensemble",
     "Hypothesis",
+    "Prefixes",
+    "SearchModel",
     "beam_search",
+    "check_ensemble",
     "decode_sources",
     "filter_logits",
     "greedy_search",

@@ -10,8 +10,8 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.batching import longest_first_batches, pad_batch
+from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult, search
-from transformer_mt.model import Transformer
 
 # Called after each batch with the batch's positions in ``sources``, its padded source tensor
 # (B, S) on the model's device, and its results in the same order.
@@ -19,17 +19,19 @@ BatchCallback = Callable[[list[int], torch.Tensor, list[DecodeResult]], None]
 
 
 def decode_sources(
-    model: Transformer,
+    model: SearchModel,
     sources: Sequence[Sequence[int]],
     decode: DecodeConfig,
     *,
     generator: torch.Generator | None = None,
     on_batch: BatchCallback | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[DecodeResult]:
     """Search every source with the settings of ``decode``; one result per source, in input order.
 
     Args:
-        model: the Transformer in eval mode; batches go to the device of its parameters.
+        model: the Transformer (or :class:`~transformer_mt.decoding.ensemble.Ensemble`) in eval
+            mode; batches go to the device of its (first model's) parameters.
         sources: token ids, each non-empty and ending with EOS.
         decode: the search (beam size, n-best, sampling), length rule and ``batch_tokens``, the
             budget of padded source tokens per batch (a longer source gets a batch of its own).
@@ -37,7 +39,11 @@ def decode_sources(
             model's device seeded with ``decode.sample_seed`` (same input and seed, same output).
         on_batch: called after each batch (progress bars, attention pictures), see
             :data:`BatchCallback`.
+        prefixes: target ids (no BOS/EOS, possibly empty) that each source's output must start
+            with, one per source (see :mod:`~transformer_mt.decoding.search`); None: none.
     """
+    if prefixes is not None and len(prefixes) != len(sources):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(sources)} sources: one each")
     device = next(model.parameters()).device
     if decode.sampling and generator is None:
         generator = torch.Generator(device=device)
@@ -46,7 +52,8 @@ def decode_sources(
     for batch in longest_first_batches([len(ids) for ids in sources], decode.batch_tokens):
         positions = batch.tolist()
         src = pad_batch([sources[i] for i in positions], model.src_pad_idx).to(device)  # (B, S)
-        decoded = search(model, src, decode, generator=generator)
+        forced = None if prefixes is None else [prefixes[i] for i in positions]
+        decoded = search(model, src, decode, generator=generator, prefixes=forced)
         for i, result in zip(positions, decoded, strict=True):
             results[i] = result
         if on_batch is not None:

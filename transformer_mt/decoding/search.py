@@ -20,17 +20,28 @@ cut at that length has ``finished=False``.
 
 Scores are sums of token log-probabilities (EOS included) divided by the GNMT length penalty
 ``((5 + length) / 6) ** alpha`` (Wu et al., 2016), length counting EOS; ``alpha=0`` gives raw sums.
+
+Ensembles: wherever a Transformer goes, an :class:`~transformer_mt.decoding.ensemble.Ensemble`
+may go too; its token log-probs are the mean of its models'. Search reaches the model only
+through a decoder state (:mod:`~transformer_mt.decoding.state`), so each search exists once.
+
+Target prefixes: ``prefixes`` (one list of target ids per sentence, no BOS/EOS, possibly empty)
+forces each output to start with its prefix; search continues from there. A forced token adds
+its log-probability to the score like any other, and counts toward the length budget, which is
+raised to ``len(prefix) + 1`` where the prefix alone would reach it (within the position table),
+so every hypothesis holds the whole prefix. All n-best hypotheses start with it.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID
-from transformer_mt.model import DecoderCache, Transformer
+from transformer_mt.decoding.ensemble import Ensemble, SearchModel
+from transformer_mt.decoding.prefixes import ForcedPrefixes, Prefixes
+from transformer_mt.decoding.state import DecoderState, ModelState
 
 
 @dataclass(frozen=True)
@@ -63,69 +74,73 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def max_target_lengths(
-    model: Transformer, src: torch.Tensor, max_len_a: float, max_len_b: float
+    model: SearchModel,
+    src: torch.Tensor,
+    max_len_a: float,
+    max_len_b: float,
+    min_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-sentence token budget ``a + b * source length``, in [1, position table size]; (B,)."""
+    """Per-sentence token budget ``a + b * source length``, at least ``min_lens`` (B,) if given
+    (a forced prefix and one more token), in [1, position table size]; (B,)."""
     src_len = (src != model.src_pad_idx).sum(dim=1).double()  # (B,)
     limit = torch.floor(max_len_a + max_len_b * src_len).long()
+    if min_lens is not None:
+        limit = torch.maximum(limit, min_lens.to(limit.device))
     # Target positions 0 .. n-1 feed the decoder to produce n tokens: n may reach the table size.
     return limit.clamp(1, model.positions.max_len)
 
 
-def _check_model(model: Transformer) -> None:
+def _check_model(model: SearchModel) -> None:
     if model.training:
         raise ValueError("decoding needs model.eval(): dropout would make the search random")
 
 
-def _next_log_probs(
-    model: Transformer,
-    tokens: torch.Tensor,
-    memory: torch.Tensor,
-    src_mask: torch.Tensor,
-    cache: DecoderCache | None,
-) -> torch.Tensor:
-    """Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t), -inf for
-    the ids search must never emit."""
-    if cache is None:
-        # Reference path: the whole prefix again, every step.
-        logits = model.decode(tokens, memory, src_mask)[:, -1]  # (R, V)
-    else:
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (R, V)
-    log_probs = functional.log_softmax(logits.float(), dim=-1)
-    # Never emit PAD or BOS: a PAD inside a prefix would be masked as padding by the uncached path
-    # (and by any later teacher-forced pass), so the two paths would disagree.
-    log_probs[:, model.trg_pad_idx] = float("-inf")
-    log_probs[:, model.trg_sos_idx] = float("-inf")
-    return log_probs
+def _start_state(model: SearchModel, src: torch.Tensor, use_cache: bool) -> DecoderState:
+    """The decoder state of a source batch (B, S): one row per sentence."""
+    if isinstance(model, Ensemble):
+        return model.start(src, use_cache)
+    return ModelState.start(model, src, use_cache)
 
 
-def _hypothesis(prefix: list[int], logp: float, eos: bool, alpha: float) -> Hypothesis:
-    """``prefix``: generated ids (no BOS; EOS, if any, already dropped)."""
-    return Hypothesis(prefix, logp / length_penalty(len(prefix) + int(eos), alpha), eos)
+def _forced(
+    model: SearchModel, prefixes: Prefixes | None, src: torch.Tensor, eos_idx: int
+) -> ForcedPrefixes | None:
+    """The checked prefixes of the batch ``src`` (B, S), None when no sentence has one."""
+    banned = {model.trg_pad_idx, model.trg_sos_idx, eos_idx}
+    return ForcedPrefixes.of(prefixes, src, banned=banned, table=model.positions.max_len)
+
+
+def _hypothesis(ids: list[int], logp: float, eos: bool, alpha: float) -> Hypothesis:
+    """``ids``: generated ids (no BOS; EOS, if any, already dropped)."""
+    return Hypothesis(ids, logp / length_penalty(len(ids) + int(eos), alpha), eos)
 
 
 def _sequential_search(
-    model: Transformer,
+    model: SearchModel,
     src: torch.Tensor,
     choose: Callable[[torch.Tensor], torch.Tensor],
     decode: DecodeConfig,
     use_cache: bool,
     eos_idx: int,
+    prefixes: Prefixes | None,
 ) -> list[DecodeResult]:
     """One hypothesis per sentence, extended by ``choose(log_probs (R, V)) -> ids (R,)``."""
     _check_model(model)
     n_sent = src.size(0)
-    max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b)  # (B,)
+    forced = _forced(model, prefixes, src, eos_idx)
+    min_lens = None if forced is None else forced.min_lens()
+    max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b, min_lens)  # (B,)
     max_lens = max_lens.to(src.device)
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    state = _start_state(model, src, use_cache)
     sent = torch.arange(n_sent, device=src.device)  # sentence index of each active row
     tokens = torch.full((n_sent, 1), model.trg_sos_idx, dtype=torch.long, device=src.device)
     logp_sum = torch.zeros(n_sent, device=src.device)  # (R,)
-    cache = model.new_cache() if use_cache else None
     results: list[DecodeResult | None] = [None] * n_sent
 
     for step in range(int(max_lens.max())):
-        log_probs = _next_log_probs(model, tokens, memory, src_mask, cache)  # (R, V)
+        log_probs = state.log_probs(tokens)  # (R, V)
+        if forced is not None:
+            log_probs = forced.force(log_probs, sent, step)
         nxt = choose(log_probs)  # (R,)
         logp_sum += log_probs.gather(1, nxt[:, None]).squeeze(1)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (R, step + 2)
@@ -149,26 +164,26 @@ def _sequential_search(
             break
         # Finished rows leave every tensor, so later steps compute only what is still open.
         tokens, logp_sum, sent, max_lens = tokens[keep], logp_sum[keep], sent[keep], max_lens[keep]
-        memory, src_mask = memory.index_select(0, keep), src_mask.index_select(0, keep)
-        if cache is not None:
-            cache.select(keep)
+        state.select(keep)
     assert all(r is not None for r in results)
     return results  # type: ignore[return-value]
 
 
 @torch.inference_mode()
 def greedy_search(
-    model: Transformer,
+    model: SearchModel,
     src: torch.Tensor,
     decode: DecodeConfig,
     *,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
+    prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
-    """Pick the most probable token at each step. Uses the length rule and the length penalty of
-    ``decode`` (the penalty only scales the reported score); ignores the beam settings."""
+    """Pick the most probable token at each step (after the forced ``prefixes``, if any). Uses
+    the length rule and the length penalty of ``decode`` (the penalty only scales the reported
+    score); ignores the beam settings."""
     return _sequential_search(
-        model, src, lambda log_probs: log_probs.argmax(dim=-1), decode, use_cache, eos_idx
+        model, src, lambda log_probs: log_probs.argmax(dim=-1), decode, use_cache, eos_idx, prefixes
     )
 
 
@@ -190,25 +205,27 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 @torch.inference_mode()
 def sample(
-    model: Transformer,
+    model: SearchModel,
     src: torch.Tensor,
     decode: DecodeConfig,
     *,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
+    prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
     """Draw each token from softmax(logits / temperature), optionally top-k / top-p filtered
     (back-translation), with ``decode.temperature``, ``top_k`` and ``top_p``. The score is the
     model's own log-probability of the draw (temperature 1, unfiltered). Pass a seeded
-    ``generator`` for reproducible draws (None: torch's global generator)."""
+    ``generator`` for reproducible draws (None: torch's global generator). Forced ``prefixes``
+    draw nothing: their tokens are the only ones with probability."""
     temperature, top_k, top_p = decode.temperature, decode.top_k, decode.top_p
 
     def choose(log_probs: torch.Tensor) -> torch.Tensor:
         probs = filter_logits(log_probs / temperature, top_k, top_p).softmax(dim=-1)  # (R, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (R,)
 
-    return _sequential_search(model, src, choose, decode, use_cache, eos_idx)
+    return _sequential_search(model, src, choose, decode, use_cache, eos_idx, prefixes)
 
 
 @dataclass
@@ -220,23 +237,37 @@ class _Beams:
     max_lens: torch.Tensor  # (n,) token budget of each
     scores: torch.Tensor  # (n, K) summed log-probs of each beam
     tokens: torch.Tensor  # (n*K, t) BOS and the generated ids of each beam
-    memory: torch.Tensor  # (n*K, S, D) encoder output, repeated per beam
-    src_mask: torch.Tensor  # (n*K, 1, 1, S)
+    state: DecoderState  # the model(s)' memory and caches, n*K rows
+    forced: ForcedPrefixes | None  # target prefixes, by original sentence index
 
     @classmethod
-    def start(cls, model: Transformer, src: torch.Tensor, decode: DecodeConfig) -> "_Beams":
+    def start(
+        cls,
+        model: SearchModel,
+        src: torch.Tensor,
+        decode: DecodeConfig,
+        use_cache: bool,
+        forced: ForcedPrefixes | None,
+    ) -> "_Beams":
         k, n, dev = decode.beam_size, src.size(0), src.device
-        max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b).to(dev)
-        memory, src_mask = model.encode(src)  # (n, S, D), (n, 1, 1, S)
-        memory = memory.repeat_interleave(k, dim=0)  # (n*K, S, D)
-        src_mask = src_mask.repeat_interleave(k, dim=0)  # (n*K, 1, 1, S)
+        min_lens = None if forced is None else forced.min_lens()
+        max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b, min_lens)
+        state = _start_state(model, src, use_cache)  # n rows
+        state.repeat_beams(k)  # n*K rows
         tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
         # All K beams start as the same BOS: only beam 0 may expand at first, else the beam would
-        # fill with copies of one hypothesis.
+        # fill with copies of one hypothesis. (After a forced prefix, the same holds again.)
         scores = torch.full((n, k), float("-inf"), device=dev)  # (n, K)
         scores[:, 0] = 0.0
         sent = torch.arange(n, device=dev)
-        return cls(k, sent, max_lens, scores, tokens, memory, src_mask)
+        return cls(k, sent, max_lens.to(dev), scores, tokens, state, forced)
+
+    def log_probs(self, step: int) -> torch.Tensor:
+        """Next-token log-probs (n*K, V) of every beam, prefixes forced."""
+        log_probs = self.state.log_probs(self.tokens)
+        if self.forced is None:
+            return log_probs
+        return self.forced.force(log_probs, self.sent.repeat_interleave(self.k), step)
 
     def rows(self, sentences: torch.Tensor) -> torch.Tensor:
         """The rows (m*K,) of the beams of active sentences (m,)."""
@@ -262,25 +293,34 @@ class _Beams:
         self.scores = live_scores
         return reorder
 
-    def keep(self, sentences: torch.Tensor) -> torch.Tensor:
-        """Keep only the active sentences (n',); returns the rows (n'*K,) kept."""
-        rows = self.rows(sentences)
+    def follow(self, reorder: torch.Tensor, done: torch.Tensor) -> bool:
+        """Move the decoder state's rows as :meth:`advance` moved the beams (``reorder`` (n*K,))
+        and drop the ``done`` (n,) sentences everywhere; False when none is left."""
+        if not bool(done.any()):
+            # Beams move only within their sentence: memory and cross-attention stay as they are.
+            self.state.reorder_beams(reorder)
+            return True
+        keep = (~done).nonzero().squeeze(1)  # (n',)
+        if keep.numel() == 0:
+            return False
+        rows = self.rows(keep)  # (n'*K,)
         self.tokens = self.tokens.index_select(0, rows)
-        self.memory = self.memory.index_select(0, rows)
-        self.src_mask = self.src_mask.index_select(0, rows)
-        self.scores = self.scores[sentences]
-        self.sent, self.max_lens = self.sent[sentences], self.max_lens[sentences]
-        return rows
+        self.scores = self.scores[keep]
+        self.sent, self.max_lens = self.sent[keep], self.max_lens[keep]
+        # One gather both reorders the beams and drops the done sentences.
+        self.state.select(reorder.index_select(0, rows))
+        return True
 
 
 @torch.inference_mode()
 def beam_search(
-    model: Transformer,
+    model: SearchModel,
     src: torch.Tensor,
     decode: DecodeConfig,
     *,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
+    prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
     """Beam search over all sentences at once: rows are (sentence, beam) pairs, (B*K, t).
 
@@ -289,16 +329,16 @@ def beam_search(
     sentence is done when it holds K (``decode.beam_size``) ended hypotheses or reaches its maximum
     length (then its live beams end unfinished); done sentences leave the batch. Returns the
     ``decode.nbest`` best of each sentence by length-penalized score, best first; they are distinct
-    token sequences because every beam is a distinct path.
+    token sequences because every beam is a distinct path. While a sentence's forced prefix lasts,
+    its prefix token is the only candidate of every beam.
     """
     _check_model(model)
     k, len_penalty = decode.beam_size, decode.len_penalty
-    beams = _Beams.start(model, src, decode)
-    cache = model.new_cache() if use_cache else None
+    beams = _Beams.start(model, src, decode, use_cache, _forced(model, prefixes, src, eos_idx))
     ended: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
 
     for step in range(int(beams.max_lens.max())):
-        log_probs = _next_log_probs(model, beams.tokens, beams.memory, beams.src_mask, cache)
+        log_probs = beams.log_probs(step)  # (n*K, V)
         top_scores, top_beam, top_tok = _top_candidates(beams.scores, log_probs, k)  # (n, 2K)
         is_eos = top_tok == eos_idx
 
@@ -307,8 +347,8 @@ def beam_search(
         if bool(end_mask.any()):
             i_idx, j_idx = end_mask.nonzero(as_tuple=True)
             rows = i_idx * k + top_beam[i_idx, j_idx]
-            prefixes, logp = beams.tokens[rows, 1:], top_scores[i_idx, j_idx]
-            _end_hypotheses(ended, beams.sent[i_idx], logp, prefixes, True, len_penalty)
+            ids, logp = beams.tokens[rows, 1:], top_scores[i_idx, j_idx]
+            _end_hypotheses(ended, beams.sent[i_idx], logp, ids, True, len_penalty)
 
         reorder = beams.advance(top_scores, top_beam, top_tok, is_eos)  # (n*K,)
 
@@ -316,23 +356,12 @@ def beam_search(
         if bool(at_max.any()):
             i_idx = at_max.nonzero().squeeze(1)
             rows = beams.rows(i_idx)  # (m*K,)
-            prefixes, logp = beams.tokens[rows, 1:], beams.scores[i_idx].view(-1)
+            ids, logp = beams.tokens[rows, 1:], beams.scores[i_idx].view(-1)
             sentences = beams.sent[i_idx].repeat_interleave(k)
-            _end_hypotheses(ended, sentences, logp, prefixes, False, len_penalty)
+            _end_hypotheses(ended, sentences, logp, ids, False, len_penalty)
         n_ended = torch.tensor([len(ended[s]) for s in beams.sent.tolist()], device=src.device)
-        done = at_max | (n_ended >= k)  # (n,)
-
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)  # (n',)
-            if keep.numel() == 0:
-                break
-            reorder = reorder.index_select(0, beams.keep(keep))
-            if cache is not None:
-                # One gather both reorders the beams and drops the done sentences.
-                cache.select(reorder)
-        elif cache is not None:
-            # Beams move only within their sentence: cross-attention keys/values stay as they are.
-            cache.reorder_beams(reorder)
+        if not beams.follow(reorder, at_max | (n_ended >= k)):
+            break
 
     return [_best(hyps, decode.nbest) for hyps in ended]
 
@@ -355,16 +384,16 @@ def _end_hypotheses(
     ended: list[list[Hypothesis]],
     sentences: torch.Tensor,
     logp_sums: torch.Tensor,
-    prefixes: torch.Tensor,
+    ids: torch.Tensor,
     finished: bool,
     alpha: float,
 ) -> None:
     """Add to ``ended[sentence]`` one hypothesis per row: sentence indices (m,), summed log-probs
-    (m,), generated ids without BOS (m, t); ``finished``: ended with EOS (not in ``prefixes``)."""
-    for sentence, logp, prefix in zip(
-        sentences.tolist(), logp_sums.tolist(), prefixes.tolist(), strict=True
+    (m,), generated ids without BOS (m, t); ``finished``: ended with EOS (not in ``ids``)."""
+    for sentence, logp, row in zip(
+        sentences.tolist(), logp_sums.tolist(), ids.tolist(), strict=True
     ):
-        ended[sentence].append(_hypothesis(prefix, logp, finished, alpha))
+        ended[sentence].append(_hypothesis(row, logp, finished, alpha))
 
 
 def _best(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
@@ -375,17 +404,21 @@ def _best(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
 
 
 def search(
-    model: Transformer,
+    model: SearchModel,
     src: torch.Tensor,
     decode: DecodeConfig,
     *,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
     """The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (drawing with
-    ``generator``), :func:`greedy_search` at beam size 1, else :func:`beam_search`."""
+    ``generator``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each output
+    starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of ``src``)."""
     if decode.sampling:
-        return sample(model, src, decode, generator=generator, use_cache=use_cache)
+        return sample(
+            model, src, decode, generator=generator, use_cache=use_cache, prefixes=prefixes
+        )
     if decode.beam_size == 1:
-        return greedy_search(model, src, decode, use_cache=use_cache)
-    return beam_search(model, src, decode, use_cache=use_cache)
+        return greedy_search(model, src, decode, use_cache=use_cache, prefixes=prefixes)
+    return beam_search(model, src, decode, use_cache=use_cache, prefixes=prefixes)

@@ -5,13 +5,19 @@ translation without running the model; an over-long line is truncated (with a wa
 line number), never dropped. Inside, sentences are sorted by length and batched by a token budget
 (:func:`transformer_mt.decoding.batched.decode_sources`), so a batch carries little padding.
 
+Target prefixes (optional, one text per input line, possibly empty) are tokenized with the target
+tokenizer (no EOS): each translation then starts with the prefix's pieces, so with its text as that
+tokenizer normalizes it. The search may continue the prefix's last word: "the ca" may become "the cat
+sat", and "the cat" may become "the cats sat".
+A line with nothing to translate still gives an empty translation, whatever its prefix.
+
 Used by `mt translate` / `mt evaluate` (through :mod:`transformer_mt.inference`) and by the
 validation BLEU of training: both translate the same way.
 """
 
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -19,8 +25,9 @@ from tqdm import tqdm
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding.batched import BatchCallback, decode_sources
+from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult
-from transformer_mt.model import Transformer
+from transformer_mt.errors import MTError
 
 Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
 OnBatch = BatchCallback
@@ -42,7 +49,7 @@ def encode_sources(src_tok: Tokenizer, lines: list[str], max_src_len: int) -> di
         if len(ids) + 1 > max_src_len:
             warnings.warn(
                 f"line {i + 1}: {len(ids) + 1} source pieces (with EOS) exceed "
-                f"max_src_len={max_src_len}; translating its first {max_src_len - 1} pieces only",
+                f"max_src_len={max_src_len}; using its first {max_src_len - 1} pieces only",
                 stacklevel=3,
             )
             ids = ids[: max_src_len - 1]
@@ -50,8 +57,26 @@ def encode_sources(src_tok: Tokenizer, lines: list[str], max_src_len: int) -> di
     return sources
 
 
+def encode_prefixes(
+    trg_tok: Tokenizer, prefixes: Sequence[str], lines: list[int], max_pieces: int
+) -> list[list[int]]:
+    """Target ids (no EOS) of the prefixes of input lines ``lines`` (indices into ``prefixes``),
+    in that order. Surrounding whitespace is ignored; a prefix longer than ``max_pieces`` keeps
+    its first ``max_pieces`` pieces, with a warning naming its line."""
+    encoded = trg_tok.encode_batch([prefixes[i].strip() for i in lines])
+    for i, ids in zip(lines, encoded, strict=True):
+        if len(ids) > max_pieces:
+            warnings.warn(
+                f"line {i + 1}: a prefix of {len(ids)} target pieces leaves no room in the "
+                f"model's {max_pieces + 1} target positions; forcing its first {max_pieces} only",
+                stacklevel=3,
+            )
+            del ids[max_pieces:]
+    return encoded
+
+
 def translate_texts(
-    model: Transformer,
+    model: SearchModel,
     src_tok: Tokenizer,
     trg_tok: Tokenizer,
     lines: Iterable[str],
@@ -60,26 +85,39 @@ def translate_texts(
     max_src_len: int | None = None,
     progress: bool = False,
     on_batch: OnBatch | None = None,
+    prefixes: Sequence[str] | None = None,
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0).
 
     Args:
-        model: the Transformer in eval mode; it runs where its parameters are.
+        model: the Transformer, or an :class:`~transformer_mt.decoding.ensemble.Ensemble`
+            (tokenizers checked with ``check_ensemble``), in eval mode; it runs where its
+            parameters are.
         src_tok, trg_tok: source and target tokenizers (the same object for a joint vocabulary).
         decode: the search and its limits (validated with the config).
         max_src_len: longest source in pieces, EOS included (default and cap: the model's
             position table); longer lines are truncated with a warning.
         progress: a tqdm bar (sentences) on stderr.
         on_batch: see :data:`OnBatch` (e.g. attention pictures).
+        prefixes: one target text per line (empty: none) that its translations must start with;
+            its tokens count toward the length budget and their log-probs toward the score. A
+            prefix is cut (with a warning) to leave one of the model's target positions free.
+            A count other than the lines' is an MTError.
     """
     table = model.positions.max_len
     limit = table if max_src_len is None else min(max_src_len, table)
     if limit < 2:
         raise ValueError(f"max_src_len must be >= 2 (a piece and EOS), got {limit}")
     lines = list(lines)
+    if prefixes is not None and len(prefixes) != len(lines):
+        raise MTError(
+            f"{len(prefixes)} prefixes for {len(lines)} input lines: give one prefix per input "
+            "line (an empty line for none)"
+        )
     sources = encode_sources(src_tok, lines, limit)
     line_of = list(sources)  # position in the batch input -> line index
+    forced = None if prefixes is None else encode_prefixes(trg_tok, prefixes, line_of, table - 1)
     # Lines with nothing to translate are answered now, without the model.
     results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
 
@@ -93,5 +131,5 @@ def translate_texts(
                 on_batch(batch_lines, src, decoded)
             bar.update(len(positions))
 
-        decode_sources(model, list(sources.values()), decode, on_batch=finished)
+        decode_sources(model, list(sources.values()), decode, on_batch=finished, prefixes=forced)
     return results

@@ -5,18 +5,35 @@ truncated with a warning) is kept by :func:`transformer_mt.decoding.text.transla
 training's validation uses too; this module adds the pictures and the output formats.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.decoding.ensemble import Ensemble, SearchModel, check_ensemble
 from transformer_mt.decoding.text import Translation, translate_texts
+from transformer_mt.errors import MTError
 from transformer_mt.inference.attention import AttentionPictures
+from transformer_mt.inference.loading import LoadedModel
 from transformer_mt.model import Transformer
 
 
+def ensemble_model(loaded: Sequence[LoadedModel], names: Sequence[str]) -> SearchModel:
+    """The model to translate with from one or more loaded checkpoints (``names``: their paths,
+    for messages): the model itself for one, else an :class:`Ensemble` of them all, after
+    :func:`check_ensemble` (a one-line MTError when their tokenizers or vocabularies differ).
+    Translate with the first checkpoint's tokenizers and decoding settings."""
+    if len(loaded) == 1:
+        return loaded[0].model
+    models = [one.model for one in loaded]
+    check_ensemble(
+        list(names), models, [one.src_tok for one in loaded], [one.trg_tok for one in loaded]
+    )
+    return Ensemble(models)
+
+
 def translate_lines(
-    model: Transformer,
+    model: SearchModel,
     src_tok: Tokenizer,
     trg_tok: Tokenizer,
     lines: Iterable[str],
@@ -26,12 +43,14 @@ def translate_lines(
     progress: bool = False,
     attention_dir: Path | None = None,
     attention_layer: int | None = None,
+    prefixes: Sequence[str] | None = None,
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first.
 
     Args:
-        model: the Transformer in eval mode; it runs where its parameters are.
+        model: the Transformer in eval mode, or an :class:`Ensemble` (see
+            :func:`ensemble_model`); it runs where its parameters are.
         src_tok, trg_tok: source and target tokenizers (the same object for a joint vocabulary).
         lines: input sentences; trailing newlines and surrounding whitespace are ignored.
         decode: beam, n-best, length penalty, length limits, batch size or sampling (validated
@@ -43,9 +62,14 @@ def translate_lines(
             (line numbers start at 1, zero-padded to 6 digits).
         attention_layer: decoder layer for the pictures (negative counts from the end); None
             averages all layers.
+        prefixes: one target text per input line (empty: none) that its translations start with;
+            the prefix's tokens count toward the length budget and their log-probs toward the
+            score (see :func:`transformer_mt.decoding.text.translate_texts`).
     """
     pictures = None
     if attention_dir is not None:
+        if not isinstance(model, Transformer):
+            raise MTError("attention pictures need one checkpoint, not an ensemble")
         pictures = AttentionPictures(model, src_tok, trg_tok, Path(attention_dir), attention_layer)
     return translate_texts(
         model,
@@ -56,6 +80,7 @@ def translate_lines(
         max_src_len=max_src_len,
         progress=progress,
         on_batch=pictures,
+        prefixes=prefixes,
     )
 
 

@@ -1,0 +1,93 @@
+"""What search keeps of a model between steps: its encoder output, source mask and KV cache.
+
+Search code never touches memory or caches itself: it asks a decoder state for the next-token
+log-probabilities of its rows and tells it when rows move (:meth:`ModelState.select`,
+:meth:`ModelState.reorder_beams`). One model gives a :class:`ModelState`; an ensemble
+(:mod:`~transformer_mt.decoding.ensemble`) gives one state per model behind the same methods, so
+greedy, beam search and sampling exist once for both.
+"""
+
+from typing import Protocol
+
+import torch
+from torch.nn import functional
+
+from transformer_mt.model import DecoderCache, Transformer
+
+
+class DecoderState(Protocol):
+    """The search's view of one or more models over R active rows."""
+
+    def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t)."""
+        ...
+
+    def repeat_beams(self, k: int) -> None:
+        """Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1)."""
+        ...
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep or reorder rows ``index`` (R',), everywhere."""
+        ...
+
+    def reorder_beams(self, index: torch.Tensor) -> None:
+        """Reorder rows ``index`` (R,) that only move beams within their sentence."""
+        ...
+
+
+class ModelState:
+    """One Transformer's side of a search: memory (R, S, D), source mask (R, 1, 1, S) and, when
+    cached, its :class:`~transformer_mt.model.DecoderCache`, for the R rows search works on."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None,
+    ) -> None:
+        self.model = model
+        self.memory = memory  # (R, S, D)
+        self.src_mask = src_mask  # (R, 1, 1, S)
+        self.cache = cache  # None: the uncached reference path (whole prefix every step)
+
+    @classmethod
+    def start(cls, model: Transformer, src: torch.Tensor, use_cache: bool) -> "ModelState":
+        """Encode the source batch (B, S); one row per sentence."""
+        memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+        return cls(model, memory, src_mask, model.new_cache() if use_cache else None)
+
+    def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t) (BOS
+        first), -inf for the ids search must never emit. With a cache only the last position
+        is fed (the cache holds the earlier ones)."""
+        model = self.model
+        if self.cache is None:
+            # Reference path: the whole prefix again, every step.
+            logits = model.decode(tokens, self.memory, self.src_mask)[:, -1]  # (R, V)
+        else:
+            logits = model.decode(tokens[:, -1:], self.memory, self.src_mask, self.cache)[:, -1]
+        log_probs = functional.log_softmax(logits.float(), dim=-1)  # (R, V)
+        # Never emit PAD or BOS: a PAD inside a prefix would be masked as padding by the uncached
+        # path (and by any later teacher-forced pass), so the two paths would disagree.
+        log_probs[:, model.trg_pad_idx] = float("-inf")
+        log_probs[:, model.trg_sos_idx] = float("-inf")
+        return log_probs
+
+    def repeat_beams(self, k: int) -> None:
+        """K copies of each row, before the first step (the cache is still empty)."""
+        self.memory = self.memory.repeat_interleave(k, dim=0)  # (R*K, S, D)
+        self.src_mask = self.src_mask.repeat_interleave(k, dim=0)  # (R*K, 1, 1, S)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep or reorder rows ``index`` (R',): memory, mask and cache."""
+        self.memory = self.memory.index_select(0, index)  # (R', S, D)
+        self.src_mask = self.src_mask.index_select(0, index)  # (R', 1, 1, S)
+        if self.cache is not None:
+            self.cache.select(index)
+
+    def reorder_beams(self, index: torch.Tensor) -> None:
+        """Reorder rows ``index`` (R,) within their sentences: the beams of a sentence share its
+        memory and cross-attention keys/values, so only the self-attention cache moves."""
+        if self.cache is not None:
+            self.cache.reorder_beams(index)

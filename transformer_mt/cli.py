@@ -204,25 +204,25 @@ def _decode_settings(base, **options):
 def _translate(
     engine: str, model_paths: list[Path], device: str, lines: list[str], options: dict, **kw
 ):
-    """Translate ``lines`` with the chosen engine: ``(results, decode settings)``.
+    """Translate ``lines`` with the chosen engine: ``(results, decode settings)``; see
+    :func:`_translator`."""
+    translate, decode = _translator(engine, model_paths, device, options, kw.pop("quantize", None))
+    return translate(lines, **kw), decode
+
+
+def _translator(
+    engine: str, model_paths: list[Path], device: str, options: dict, quantization: str | None
+):
+    """Load the model(s) once: ``(translate(lines, **kw) -> results, decode settings)``.
 
     ``torch``: ``model_paths`` are checkpoints (several: an ensemble averaging their next-token
     log-probabilities; decode defaults from the first); ``ct2``: one directory written by
-    `mt export`. ``options`` are decode options (None keeps the model's); ``kw`` goes to
-    translate_lines (progress, attention pictures, prefixes), which the torch engine handles.
+    `mt export`. ``options`` are decode options (None keeps the model's); ``kw`` of ``translate``
+    goes to translate_lines (progress, attention pictures, prefixes), which the torch engine
+    handles.
     """
-    quantization = kw.pop("quantize", None)
     if engine == "ct2":
-        from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
-
-        for option, given in (("--quantize", quantization), ("--attention-dir", kw.get("attention_dir")),
-                              ("--prefix-file", kw.get("prefixes")),
-                              ("several --checkpoint", model_paths[1:] or None)):  # fmt: skip
-            if given is not None:
-                raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
-        model = load_ct2(model_paths[0], device)
-        decode = _decode_settings(model.decode, **options)
-        return translate_lines_ct2(model, lines, decode), decode
+        return _ct2_translator(model_paths, device, options, quantization)
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
@@ -233,17 +233,38 @@ def _translate(
     for one in loaded if quantization is not None else ():
         one.model = quantize(one.model, quantization)
     first = loaded[0]
-    n_layers = first.model.n_dec_layers
-    layer = kw.get("attention_layer")
-    if layer is not None and not -n_layers <= layer < n_layers:
-        raise MTError(
-            f"--attention-layer {layer}: the model's decoder layers are 0 to "
-            f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
-        )
     model = ensemble_model(loaded, [str(path) for path in model_paths])
     decode = _decode_settings(first.config.decode, **options)
-    results = translate_lines(model, first.src_tok, first.trg_tok, lines, decode, **kw)
-    return results, decode
+
+    def translate(lines: list[str], **kw):
+        layer, n_layers = kw.get("attention_layer"), first.model.n_dec_layers
+        if layer is not None and not -n_layers <= layer < n_layers:
+            raise MTError(
+                f"--attention-layer {layer}: the model's decoder layers are 0 to "
+                f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
+            )
+        return translate_lines(model, first.src_tok, first.trg_tok, lines, decode, **kw)
+
+    return translate, decode
+
+
+def _ct2_translator(model_paths: list[Path], device: str, options: dict, quantization):
+    """:func:`_translator` for a CTranslate2 export."""
+    from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
+
+    for option, given in (("--quantize", quantization), ("several --checkpoint", model_paths[1:])):
+        if given:
+            raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
+    model = load_ct2(model_paths[0], device)
+    decode = _decode_settings(model.decode, **options)
+
+    def translate(lines: list[str], **kw):
+        for option, key in (("--attention-dir", "attention_dir"), ("--prefix-file", "prefixes")):
+            if kw.get(key) is not None:
+                raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
+        return translate_lines_ct2(model, lines, decode)
+
+    return translate, decode
 
 
 def _read_prefixes(path: Path | None, lines: list[str], input_name: str) -> list[str] | None:
@@ -371,6 +392,13 @@ def translate(
     ] = None,
     engine: EngineOpt = "torch",
     quantize: QuantizeOpt = None,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            help="Answer each line as soon as it is read (the default when stdin is a terminal).",
+        ),
+    ] = False,
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
     from transformer_mt.inference import format_best, format_nbest
@@ -382,6 +410,10 @@ def translate(
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
         options.update(sample_seed=seed, beam_size=beam or 1)
+    if interactive or (input is None and prefix_file is None and sys.stdin.isatty()):
+        translate, decode = _translator(engine, checkpoints, device, options, quantize)
+        _translate_interactively(translate, decode.nbest, output, attention_dir, attention_layer)
+        return
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix_file, lines, str(input or "stdin"))
     results, decode = _translate(
@@ -391,6 +423,25 @@ def translate(
     )  # fmt: skip
     out = format_nbest(results) if decode.nbest > 1 else format_best(results)
     _write_lines(output, out, inputs=inputs)
+
+
+def _translate_interactively(translate, nbest: int, output, attention_dir, attention_layer) -> None:
+    """Read a line, translate it, write and flush its answer, then read the next (a terminal,
+    or `--interactive` on a pipe); the model is loaded once. Ends at the end of the input."""
+    from transformer_mt.inference import format_best, format_nbest
+
+    if output is not None:
+        raise MTError("--interactive answers on stdout: drop --output")
+    stream = getattr(sys.stdin, "buffer", None)
+    number = 0
+    while raw := (stream.readline() if stream is not None else sys.stdin.readline().encode()):
+        number += 1
+        try:
+            line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
+        except UnicodeDecodeError:
+            raise MTError(f"stdin:{number}: invalid UTF-8; type or pipe UTF-8 text") from None
+        results = translate([line], attention_dir=attention_dir, attention_layer=attention_layer)
+        _write_lines(None, format_nbest(results) if nbest > 1 else format_best(results))
 
 
 def _check_translate_paths(

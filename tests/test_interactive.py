@@ -1,0 +1,36 @@
+"""`mt translate --interactive`: each line is answered before the next one is written."""
+
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+
+
+def _read_line(stream, timeout_s: float) -> bytes:
+    """One line from ``stream`` within ``timeout_s`` seconds, or b"" when none came."""
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    return stream.readline() if ready else b""
+
+
+def test_interactive_answers_the_first_line_before_the_second_is_written():
+    lines = (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+    expected = (FIXTURE / "expected.beam1.txt").read_text(encoding="utf-8").splitlines()
+    cmd = [sys.executable, "-m", "transformer_mt", "translate", "-c", str(FIXTURE / "old_last.pt"),
+           "--beam", "1", "--interactive"]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        for i in (0, 1, 4):  # line 5 (index 4) is empty: empty in, empty out
+            proc.stdin.write((lines[i] + "\n").encode())
+            proc.stdin.flush()  # the pipe stays open: a batching reader would wait for more
+            answer = _read_line(proc.stdout, timeout_s=60)
+            assert answer.decode().rstrip("\n") == expected[i], (i, answer)
+    finally:
+        proc.stdin.close()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert proc.stdout.read() == b"", "nothing more after the end of the input"

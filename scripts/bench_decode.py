@@ -155,7 +155,18 @@ def real_data(args: argparse.Namespace) -> None:
         model, src_tok, trg_tok = loaded.model, loaded.src_tok, loaded.trg_tok
         return [r[0][0] for r in translate_lines(model, src_tok, trg_tok, chunk, decode)]
 
-    engines: dict[str, Callable[[list[str]], list[str]]] = {"ours fp32": ours}
+    from transformer_mt.inference.loading import quantize
+
+    int8_model = quantize(loaded.model, "int8")
+
+    def ours_int8(chunk: list[str]) -> list[str]:
+        src_tok, trg_tok = loaded.src_tok, loaded.trg_tok
+        return [r[0][0] for r in translate_lines(int8_model, src_tok, trg_tok, chunk, decode)]
+
+    engines: dict[str, Callable[[list[str]], list[str]]] = {
+        "ours fp32": ours,
+        "ours int8": ours_int8,  # --quantize int8: dynamic int8 linear layers
+    }
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_ct2:
             engines.update(ct2_engines(loaded, Path(tmp), decode, torch.get_num_threads()))

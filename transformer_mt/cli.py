@@ -218,8 +218,8 @@ def _translator(
     ``torch``: ``model_paths`` are checkpoints (several: an ensemble averaging their next-token
     log-probabilities; decode defaults from the first); ``ct2``: one directory written by
     `mt export`. ``options`` are decode options (None keeps the model's); ``kw`` of ``translate``
-    goes to translate_lines (progress, attention pictures, prefixes), which the torch engine
-    handles.
+    goes to translate_lines (progress, attention pictures, prefixes, alignments), which the
+    torch engine handles.
     """
     if engine == "ct2":
         return _ct2_translator(model_paths, device, options, quantization)
@@ -237,12 +237,15 @@ def _translator(
     decode = _decode_settings(first.config.decode, **options)
 
     def translate(lines: list[str], **kw):
-        layer, n_layers = kw.get("attention_layer"), first.model.n_dec_layers
-        if layer is not None and not -n_layers <= layer < n_layers:
-            raise MTError(
-                f"--attention-layer {layer}: the model's decoder layers are 0 to "
-                f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
-            )
+        n_layers = first.model.n_dec_layers
+        for key in ("attention_layer", "alignment_layer"):
+            layer = kw.get(key)
+            if layer is not None and not -n_layers <= layer < n_layers:
+                option = "--" + key.replace("_", "-")
+                raise MTError(
+                    f"{option} {layer}: the model's decoder layers are 0 to "
+                    f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
+                )
         return translate_lines(model, first.src_tok, first.trg_tok, lines, decode, **kw)
 
     return translate, decode
@@ -259,7 +262,8 @@ def _ct2_translator(model_paths: list[Path], device: str, options: dict, quantiz
     decode = _decode_settings(model.decode, **options)
 
     def translate(lines: list[str], **kw):
-        for option, key in (("--attention-dir", "attention_dir"), ("--prefix-file", "prefixes")):
+        for option, key in (("--attention-dir", "attention_dir"), ("--prefix-file", "prefixes"),
+                            ("--alignments", "alignments")):  # fmt: skip
             if kw.get(key) is not None:
                 raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
         return translate_lines_ct2(model, lines, decode)
@@ -399,12 +403,38 @@ def translate(
             help="Answer each line as soon as it is read (the default when stdin is a terminal).",
         ),
     ] = False,
+    alignments: Annotated[
+        bool,
+        typer.Option(
+            "--alignments",
+            help="After each output line (with --nbest, after its score): a tab and the word "
+            "alignment in fast_align/Pharaoh format, space-separated 0-based 'i-j' pairs, i a "
+            "source and j a target index; each target piece aligned to the source piece its "
+            "cross-attention (mean of heads) weighs most. Indices count sentencepiece pieces, "
+            "EOS excluded (or words: --alignment-units). An empty line gives just the tab. "
+            "One checkpoint, --engine torch.",
+        ),
+    ] = False,
+    alignment_layer: Annotated[
+        int | None,
+        typer.Option(help="Decoder layer for --alignments; default: average of all layers."),
+    ] = None,
+    alignment_units: Annotated[
+        str | None,
+        typer.Option(
+            help="What --alignments indices count: 'pieces' (default; every target piece "
+            "appears once) or 'words' (whitespace words, by the '▁' word-start marker; piece "
+            "links mapped to word links, duplicates dropped).",
+        ),
+    ] = None,
 ) -> None:
     """Translate text, one output line per input line, in order (empty in, empty out)."""
     from transformer_mt.inference import format_best, format_nbest
 
     inputs = _check_translate_paths(input, output, checkpoints, prefix_file, attention_dir,
-                                    attention_layer)  # fmt: skip
+                                    attention_layer, alignments, alignment_layer,
+                                    alignment_units)  # fmt: skip
+    align_kw = {"alignment_layer": alignment_layer, "alignment_units": alignment_units or "pieces"}
     options = {"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
                "batch_tokens": batch_tokens}  # fmt: skip
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
@@ -412,22 +442,26 @@ def translate(
         options.update(sample_seed=seed, beam_size=beam or 1)
     if interactive or (input is None and prefix_file is None and sys.stdin.isatty()):
         translate, decode = _translator(engine, checkpoints, device, options, quantize)
-        _translate_interactively(translate, decode.nbest, output, attention_dir, attention_layer)
+        _translate_interactively(translate, decode.nbest, output, alignments,
+                                 attention_dir=attention_dir, attention_layer=attention_layer,
+                                 **align_kw)  # fmt: skip
         return
     lines = _read_input(input)
     prefixes = _read_prefixes(prefix_file, lines, str(input or "stdin"))
+    aligned = [] if alignments else None
     results, decode = _translate(
         engine, checkpoints, device, lines, options, progress=input is not None,
         attention_dir=attention_dir, attention_layer=attention_layer, quantize=quantize,
-        prefixes=prefixes,
+        prefixes=prefixes, alignments=aligned, **align_kw,
     )  # fmt: skip
-    out = format_nbest(results) if decode.nbest > 1 else format_best(results)
+    out = format_nbest(results, aligned) if decode.nbest > 1 else format_best(results, aligned)
     _write_lines(output, out, inputs=inputs)
 
 
-def _translate_interactively(translate, nbest: int, output, attention_dir, attention_layer) -> None:
+def _translate_interactively(translate, nbest: int, output, alignments: bool, **kw) -> None:
     """Read a line, translate it, write and flush its answer, then read the next (a terminal,
-    or `--interactive` on a pipe); the model is loaded once. Ends at the end of the input."""
+    or `--interactive` on a pipe); the model is loaded once. Ends at the end of the input.
+    ``kw`` goes to ``translate`` (attention pictures, alignment settings)."""
     from transformer_mt.inference import format_best, format_nbest
 
     if output is not None:
@@ -440,8 +474,10 @@ def _translate_interactively(translate, nbest: int, output, attention_dir, atten
             line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
         except UnicodeDecodeError:
             raise MTError(f"stdin:{number}: invalid UTF-8; type or pipe UTF-8 text") from None
-        results = translate([line], attention_dir=attention_dir, attention_layer=attention_layer)
-        _write_lines(None, format_nbest(results) if nbest > 1 else format_best(results))
+        aligned = [] if alignments else None
+        results = translate([line], alignments=aligned, **kw)
+        formats = format_nbest if nbest > 1 else format_best
+        _write_lines(None, formats(results, aligned))
 
 
 def _check_translate_paths(
@@ -451,6 +487,9 @@ def _check_translate_paths(
     prefix_file: Path | None,
     attention_dir: Path | None,
     attention_layer: int | None,
+    alignments: bool = False,
+    alignment_layer: int | None = None,
+    alignment_units: str | None = None,
 ) -> list:
     """The option checks of `mt translate` that need no model, before any work; returns the
     inputs an output must not overwrite."""
@@ -458,6 +497,12 @@ def _check_translate_paths(
         raise MTError(
             "--attention-layer chooses the layer of the heatmaps: add --attention-dir DIR"
         )
+    for option, given in (("--alignment-layer", alignment_layer),
+                          ("--alignment-units", alignment_units)):  # fmt: skip
+        if given is not None and not alignments:
+            raise MTError(f"{option} is a setting of --alignments: add --alignments")
+    if alignment_units not in (None, "pieces", "words"):
+        raise MTError(f"--alignment-units {alignment_units!r}: expected pieces or words")
     inputs = [input] if input is not None else _stdin_stat()
     inputs += [*checkpoints, *([prefix_file] if prefix_file is not None else [])]
     if output is not None:

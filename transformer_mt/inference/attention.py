@@ -1,9 +1,28 @@
-"""Cross-attention pictures: what the decoder looked at while writing each target piece.
+"""Cross-attention pictures and word alignments: what the decoder looked at while writing each
+target piece.
 
-One PNG heatmap per sentence, source pieces on x, target pieces on y, for one decoder layer or the
-average of all layers (always averaged over heads). Search runs on the fused attention kernel,
-which never materializes the weights; the pictures come from one extra teacher-forced pass over
-the chosen hypotheses, which gives the same weights.
+Pictures: one PNG heatmap per sentence, source pieces on x, target pieces on y, for one decoder
+layer or the average of all layers (always averaged over heads). Search runs on the fused
+attention kernel, which never materializes the weights; the pictures come from one extra
+teacher-forced pass over the chosen hypotheses, which gives the same weights.
+
+Alignments (`mt translate --alignments`): the same matrices, read as a word alignment in the
+fast_align / Pharaoh format: space-separated ``i-j`` pairs, 0-based, ``i`` a source index and
+``j`` a target index. Each target piece ``j`` is aligned to the one source piece ``i`` it
+attends to most (the argmax of its row; the first on a tie), so with ``units="pieces"`` every
+target index 0..T-1 appears exactly once, in order. What the indices count:
+
+- ``pieces`` (default): the sentencepiece pieces of the source as the model read it (after any
+  truncation of an over-long line), EOS excluded, and the pieces of the target hypothesis, EOS
+  excluded (an ``<unk>`` piece, which the detokenized text drops, still counts). The column of
+  the source EOS is left out of the argmax; the row that predicts the target EOS is dropped.
+- ``words``: whitespace words, as the tokenizer's word-start marker "▁" delimits them: a piece
+  starting with "▁" starts a new word (a first piece without it is word 0). Piece pairs are
+  mapped to word pairs and deduplicated, sorted by target then source word: a target word may
+  then be aligned to several source words, and every target word appears at least once. These
+  are the words of the text the tokenizer normalized (usually the input split on whitespace).
+
+A line with nothing to translate, or a hypothesis with no pieces, has the empty alignment.
 """
 
 import io
@@ -18,6 +37,11 @@ from transformer_mt.decoding import DecodeResult, Hypothesis
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_output
 from transformer_mt.model import Transformer
+
+Alignment = list[tuple[int, int]]
+"""(source index, target index) pairs, 0-based, in target order; see the module's docstring."""
+ALIGNMENT_UNITS = ("pieces", "words")
+WORD_START = "\u2581"  # sentencepiece's "▁": the piece starts a whitespace word
 
 
 @torch.inference_mode()
@@ -97,3 +121,83 @@ class AttentionPictures:
             title = f"line {line + 1}, cross-attention, {which}, mean of heads"
             path = self.out_dir / f"{line + 1:06d}.png"
             plot_attention(weights, src_pieces, trg_pieces, path, title)
+
+
+def alignment(weights: np.ndarray, n_src: int, n_trg: int) -> Alignment:
+    """The piece alignment of one (T, S) attention matrix: ``(i, j)`` for each target piece
+    ``j < n_trg``, ``i`` the source piece ``< n_src`` with the highest weight in row ``j``
+    (the first on a tie). ``n_src``/``n_trg``: the pieces without EOS (the EOS column and the
+    rows past ``n_trg`` are ignored); empty when either is 0."""
+    if n_src <= 0 or n_trg <= 0:
+        return []
+    best = weights[:n_trg, :n_src].argmax(axis=1)
+    return [(int(i), j) for j, i in enumerate(best.tolist())]
+
+
+def word_indices(pieces: list[str]) -> list[int]:
+    """The whitespace word of each piece: a new word at every piece starting with "▁"."""
+    words, word = [], -1
+    for piece in pieces:
+        if piece.startswith(WORD_START) or word < 0:
+            word += 1
+        words.append(word)
+    return words
+
+
+def to_words(pairs: Alignment, src_pieces: list[str], trg_pieces: list[str]) -> Alignment:
+    """A piece alignment as a word alignment (see the module's docstring): each pair mapped to
+    its words, duplicates dropped, sorted by target then source word."""
+    src_word, trg_word = word_indices(src_pieces), word_indices(trg_pieces)
+    words = {(src_word[i], trg_word[j]) for i, j in pairs}
+    return sorted(words, key=lambda pair: (pair[1], pair[0]))
+
+
+def format_alignment(pairs: Alignment) -> str:
+    """Pharaoh format: ``"0-0 1-2 ..."``; "" for no pairs."""
+    return " ".join(f"{i}-{j}" for i, j in pairs)
+
+
+class Alignments:
+    """Collects the word alignment of each translated line (an ``on_batch`` callback, see
+    :func:`transformer_mt.decoding.text.translate_texts`): of every n-best hypothesis, from one
+    teacher-forced pass per batch (:func:`attention_matrices`, mean over heads; ``layer``: one
+    decoder layer, negative counts from the end; None: the mean of all layers)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        src_tok: Tokenizer,
+        trg_tok: Tokenizer,
+        layer: int | None = None,
+        units: str = "pieces",
+    ) -> None:
+        n_layers = model.n_dec_layers
+        if layer is not None and not -n_layers <= layer < n_layers:
+            raise ValueError(f"alignment layer={layer} outside the model's {n_layers} layers")
+        if units not in ALIGNMENT_UNITS:
+            raise ValueError(f"alignment units {units!r}: expected one of {ALIGNMENT_UNITS}")
+        self.model, self.src_tok, self.trg_tok = model, src_tok, trg_tok
+        self.layer, self.units = layer, units
+        self.by_line: dict[int, list[Alignment]] = {}  # line index -> one per n-best hypothesis
+
+    def __call__(self, lines: list[int], src: torch.Tensor, decoded: list[DecodeResult]) -> None:
+        counts = [len(res.nbest) for res in decoded]
+        hyps = [hyp for res in decoded for hyp in res.nbest]
+        rows = torch.repeat_interleave(torch.arange(len(decoded)), torch.tensor(counts))
+        matrices = iter(attention_matrices(self.model, src[rows.to(src.device)], hyps, self.layer))
+        for line, ids, res in zip(lines, src.tolist(), decoded, strict=True):
+            found = []
+            for hyp in res.nbest:
+                weights = next(matrices)
+                n_src = weights.shape[1] - 1  # without the source's EOS
+                pairs = alignment(weights, n_src, len(hyp.tokens))
+                if self.units == "words" and pairs:
+                    src_pieces = self.src_tok.id_to_piece(ids[:n_src])
+                    pairs = to_words(pairs, src_pieces, self.trg_tok.id_to_piece(hyp.tokens))
+                found.append(pairs)
+            self.by_line[line] = found
+
+    def per_line(self, n_lines: int, nbest: int) -> list[list[Alignment]]:
+        """One entry per input line, each ``nbest`` alignments (empty for a line that had
+        nothing to translate)."""
+        return [self.by_line.get(i, [[] for _ in range(nbest)]) for i in range(n_lines)]

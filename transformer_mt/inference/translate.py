@@ -1,8 +1,9 @@
-"""`mt translate` as a library call: lines in, n-best translations out, optional attention pictures.
+"""`mt translate` as a library call: lines in, n-best translations out, optional attention pictures
+and word alignments.
 
 The line contract (one result per input line, in order; empty in, empty out; over-long lines
 truncated with a warning) is kept by :func:`transformer_mt.decoding.text.translate_texts`, which
-training's validation uses too; this module adds the pictures and the output formats.
+training's validation uses too; this module adds the pictures, the alignments and the output formats.
 """
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -13,7 +14,12 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.ensemble import Ensemble, SearchModel, check_ensemble
 from transformer_mt.decoding.text import Translation, translate_texts
 from transformer_mt.errors import MTError
-from transformer_mt.inference.attention import AttentionPictures
+from transformer_mt.inference.attention import (
+    Alignment,
+    Alignments,
+    AttentionPictures,
+    format_alignment,
+)
 from transformer_mt.inference.loading import LoadedModel
 from transformer_mt.model import Transformer
 
@@ -44,6 +50,9 @@ def translate_lines(
     attention_dir: Path | None = None,
     attention_layer: int | None = None,
     prefixes: Sequence[str] | None = None,
+    alignments: list[list[Alignment]] | None = None,
+    alignment_layer: int | None = None,
+    alignment_units: str = "pieces",
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first.
@@ -65,39 +74,80 @@ def translate_lines(
         prefixes: one target text per input line (empty: none) that its translations start with;
             the prefix's tokens count toward the length budget and their log-probs toward the
             score (see :func:`transformer_mt.decoding.text.translate_texts`).
+        alignments: an out-parameter: if a list is given, it is replaced by the word alignments,
+            per input line and in input order, one :data:`Alignment` per n-best translation
+            (the same count as the results; empty for an empty line). See
+            :mod:`transformer_mt.inference.attention` for what the indices count.
+        alignment_layer: decoder layer for the alignments (negative counts from the end); None
+            averages all layers.
+        alignment_units: "pieces" (sentencepiece pieces, EOS excluded) or "words".
     """
-    pictures = None
+    callbacks: list = []
     if attention_dir is not None:
         if not isinstance(model, Transformer):
             raise MTError("attention pictures need one checkpoint, not an ensemble")
-        pictures = AttentionPictures(model, src_tok, trg_tok, Path(attention_dir), attention_layer)
-    return translate_texts(
+        callbacks.append(
+            AttentionPictures(model, src_tok, trg_tok, Path(attention_dir), attention_layer)
+        )
+    aligner = None
+    if alignments is not None:
+        if not isinstance(model, Transformer):
+            raise MTError("alignments need one checkpoint, not an ensemble")
+        aligner = Alignments(model, src_tok, trg_tok, alignment_layer, alignment_units)
+        callbacks.append(aligner)
+
+    def on_batch(*args) -> None:
+        for callback in callbacks:
+            callback(*args)
+
+    lines = list(lines)
+    decode = decode or DecodeConfig()
+    results = translate_texts(
         model,
         src_tok,
         trg_tok,
         lines,
-        decode or DecodeConfig(),
+        decode,
         max_src_len=max_src_len,
         progress=progress,
-        on_batch=pictures,
+        on_batch=on_batch if callbacks else None,
         prefixes=prefixes,
     )
+    if aligner is not None:
+        alignments[:] = aligner.per_line(len(lines), decode.nbest)
+    return results
 
 
-def format_nbest(results: Iterable[Translation]) -> Iterator[str]:
-    """Output lines for n-best results: K lines per input, ``translation<TAB>score``.
+def format_nbest(
+    results: Iterable[Translation], alignments: Iterable[list[Alignment]] | None = None
+) -> Iterator[str]:
+    """Output lines for n-best results: K lines per input, ``translation<TAB>score``, and
+    ``<TAB>alignment`` (Pharaoh format, possibly empty) after each when ``alignments`` (one
+    list per input, as :func:`translate_lines` fills it) are given.
 
     Tabs and line breaks inside a translation become spaces, so the line count always holds.
     """
-    for nbest in results:
-        for text, score in nbest:
-            yield f"{_one_line(text)}\t{score:.4f}"
+    if alignments is None:
+        for nbest in results:
+            for text, score in nbest:
+                yield f"{_one_line(text)}\t{score:.4f}"
+        return
+    for nbest, links in zip(results, alignments, strict=True):
+        for (text, score), pairs in zip(nbest, links, strict=True):
+            yield f"{_one_line(text)}\t{score:.4f}\t{format_alignment(pairs)}"
 
 
-def format_best(results: Iterable[Translation]) -> Iterator[str]:
-    """Output lines with the best translation only: one line per input."""
-    for nbest in results:
-        yield _one_line(nbest[0][0])
+def format_best(
+    results: Iterable[Translation], alignments: Iterable[list[Alignment]] | None = None
+) -> Iterator[str]:
+    """Output lines with the best translation only: one line per input; with ``alignments``,
+    ``translation<TAB>alignment`` (an empty line gives a line holding only the tab)."""
+    if alignments is None:
+        for nbest in results:
+            yield _one_line(nbest[0][0])
+        return
+    for nbest, links in zip(results, alignments, strict=True):
+        yield f"{_one_line(nbest[0][0])}\t{format_alignment(links[0])}"
 
 
 def _one_line(text: str) -> str:

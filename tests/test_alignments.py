@@ -1,0 +1,148 @@
+"""`mt translate --alignments`: Pharaoh-format word alignments from cross-attention.
+
+On the old-checkpoint fixture (31 lines, line 5 empty): the text before the tab is plain
+`mt translate` output; after it, 0-based ``i-j`` pairs with every target piece exactly once and
+every source index in range; an empty line gives just the tab; the pairs are the argmax of the
+matrices of :func:`attention_matrices`, computed here independently.
+"""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+from transformer_mt.data.tokenizer import EOS_ID
+from transformer_mt.decoding import greedy_search
+from transformer_mt.inference import load_for_inference, translate_lines
+from transformer_mt.inference.attention import attention_matrices, to_words, word_indices
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+CKPT, SRC = str(FIXTURE / "old_last.pt"), str(FIXTURE / "src.txt")
+PHARAOH = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_for_inference(FIXTURE / "old_last.pt")
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    return (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+
+
+def _translate(tmp_path, *options: str) -> list[str]:
+    out = tmp_path / "out.txt"
+    result = runner.invoke(app, ["translate", "-c", CKPT, "-i", SRC, "-o", str(out), *options])
+    assert result.exit_code == 0, result.output
+    return out.read_text(encoding="utf-8").splitlines()
+
+
+def _pairs(field: str) -> list[tuple[int, int]]:
+    assert PHARAOH.match(field), field
+    return [tuple(map(int, pair.split("-"))) for pair in field.split()]
+
+
+def _greedy(loaded, line: str):
+    src_ids = [*loaded.src_tok.encode(line.strip()), EOS_ID]
+    decode = dataclasses.replace(loaded.config.decode, beam_size=1, nbest=1)
+    hyp = greedy_search(loaded.model, torch.tensor([src_ids]), decode)[0].nbest[0]
+    return src_ids, hyp
+
+
+def test_piece_alignments_format_and_line_contract(tmp_path, loaded, lines):
+    got = _translate(tmp_path, "--beam", "1", "--alignments")
+    plain = (FIXTURE / "expected.beam1.txt").read_text(encoding="utf-8").splitlines()
+    assert len(got) == len(lines) == len(plain) == 31
+    assert got[4] == "\t"  # line 5 is empty: empty text, empty alignment
+    for i, (line, out) in enumerate(zip(lines, got, strict=True)):
+        text, field = out.split("\t")
+        assert text == plain[i]
+        if not line.strip():
+            assert field == ""
+            continue
+        src_ids, hyp = _greedy(loaded, line)
+        assert loaded.trg_tok.decode(hyp.tokens) == text
+        pairs = _pairs(field)
+        assert [j for _, j in pairs] == list(range(len(hyp.tokens)))  # each target piece once
+        assert all(0 <= src < len(src_ids) - 1 for src, _ in pairs)  # EOS excluded
+
+
+def test_alignment_is_the_argmax_of_the_attention_matrices(tmp_path, loaded, lines):
+    src_ids, hyp = _greedy(loaded, lines[0])
+    (weights,) = attention_matrices(loaded.model, torch.tensor([src_ids]), [hyp])
+    n_src, n_trg = len(src_ids) - 1, len(hyp.tokens)
+    expected = [(int(np.argmax(weights[j, :n_src])), j) for j in range(n_trg)]
+    field = _translate(tmp_path, "--beam", "1", "--alignments")[0].split("\t")[1]
+    assert _pairs(field) == expected
+    # The same through the library, with one chosen layer (the fixture has one decoder layer).
+    aligned: list = []
+    translate_lines(loaded.model, loaded.src_tok, loaded.trg_tok, lines[:1],
+                    dataclasses.replace(loaded.config.decode, beam_size=1), alignments=aligned,
+                    alignment_layer=0)  # fmt: skip
+    (layer0,) = attention_matrices(loaded.model, torch.tensor([src_ids]), [hyp], layer=0)
+    assert aligned == [[[(int(np.argmax(layer0[j, :n_src])), j) for j in range(n_trg)]]]
+
+
+def test_nbest_lines_carry_their_own_alignment(tmp_path):
+    got = _translate(tmp_path, "--beam", "3", "--nbest", "2", "--alignments")
+    plain = (FIXTURE / "expected.beam3.nbest2.txt").read_text(encoding="utf-8").splitlines()
+    assert len(got) == len(plain) == 62
+    for out, want in zip(got, plain, strict=True):
+        text, score, field = out.split("\t")
+        assert f"{text}\t{score}" == want
+        assert [j for _, j in _pairs(field)] == sorted({j for _, j in _pairs(field)})
+    assert got[8].endswith("\t") and got[9].endswith("\t")  # the empty line's two entries
+
+
+def test_word_units(tmp_path, lines):
+    got = _translate(tmp_path, "--beam", "1", "--alignments", "--alignment-units", "words")
+    assert got[4] == "\t"
+    for line, out in zip(lines, got, strict=True):
+        text, field = out.split("\t")
+        pairs = _pairs(field)
+        assert {j for _, j in pairs} == set(range(len(text.split())))
+        assert all(0 <= i < len(line.split()) for i, _ in pairs)
+    assert word_indices(["▁The", "▁ca", "t", "s", "▁", "."]) == [0, 1, 1, 1, 2, 2]
+    assert word_indices(["ab", "▁c"]) == [0, 1]
+    pieces = [(0, 0), (2, 1), (1, 2)]  # source words [0, 0, 1], target words [0, 0, 1]
+    assert to_words(pieces, ["▁a", "b", "▁c"], ["▁x", "y", "▁z"]) == [(0, 0), (1, 0), (0, 1)]
+
+
+def test_interactive_alignments(lines):
+    cmd = ["translate", "-c", CKPT, "--beam", "1", "--interactive", "--alignments"]
+    result = runner.invoke(app, cmd, input=f"{lines[0]}\n\n")
+    assert result.exit_code == 0, result.output
+    first, empty = result.stdout.splitlines()
+    assert first.startswith("Di stair staustaet eni bistor.\t0-0 ") and empty == "\t"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--alignment-layer", "0"], "add --alignments"),
+        (["--alignment-units", "words"], "add --alignments"),
+        (["--alignments", "--alignment-units", "letters"], "expected pieces or words"),
+        (["--alignments", "--alignment-layer", "3"], "--alignment-layer 3"),
+        (["--alignments", "-c", CKPT], "one checkpoint"),
+    ],
+)
+def test_alignment_option_errors(options, message):
+    result = runner.invoke(app, ["translate", "-c", CKPT, *options], input="x\n")
+    assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_ct2_engine_refuses_alignments(tmp_path, loaded):
+    pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
+    from transformer_mt.inference.export import export_ctranslate2
+
+    directory = export_ctranslate2(loaded, tmp_path / "ct2")
+    cmd = ["translate", "--engine", "ct2", "-c", str(directory), "--alignments"]
+    result = runner.invoke(app, cmd, input="x\n")
+    assert result.exit_code == 1 and "--alignments needs --engine torch" in result.output

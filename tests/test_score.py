@@ -171,3 +171,22 @@ def test_cli_refuses_to_write_over_an_input(tmp_path):
                                  "-o", str(trg)])  # fmt: skip
     assert result.exit_code == 1 and result.stderr.startswith("error: ")
     assert trg.read_bytes() == before
+
+
+def test_an_ensemble_scores_with_the_mean_of_its_models_log_probs():
+    """`mt score -c a -c b`: each token's log-probability is the mean over the models."""
+    loaded, other = load_for_inference(CKPT), load_for_inference(CKPT)
+    with torch.no_grad():  # a second, different model with the same vocabulary
+        for p in other.model.parameters():
+            p.mul_(0.9)
+    src = SRC.read_text(encoding="utf-8").splitlines()[:4]
+    trg = HYP.read_text(encoding="utf-8").splitlines()[:4]
+    tok = (loaded.src_tok, loaded.trg_tok)
+    alone = [score_pairs(m, *tok, src, trg) for m in (loaded.model, other.model)]
+    both = score_pairs([loaded.model, other.model], *tok, src, trg)
+    for a, b, mean in zip(*alone, both, strict=True):
+        assert mean.logprob == pytest.approx((a.logprob + b.logprob) / 2, rel=1e-5)
+    args = ["score", "--src", str(SRC), "--trg", str(HYP), "-c", str(CKPT)]
+    twice = runner.invoke(app, [*args, "-c", str(CKPT)])
+    assert twice.exit_code == 0, twice.output
+    assert twice.stdout == runner.invoke(app, args).stdout, "a model with itself: the model"

@@ -379,3 +379,16 @@ def test_serve_command_errors():
     other = runner.invoke(cli_app, ["serve", "-c", str(CKPT), "--engine", "onnx"])
     assert other.exit_code == 1 and "torch or ct2" in other.output
     assert json.loads(json.dumps(dataclasses.asdict(Limits())))["max_lines"] == 64
+
+
+def test_the_torch_engine_can_serve_an_int8_model():
+    from transformer_mt.errors import MTError
+    from transformer_mt.inference.engines import load_engine
+
+    engine = load_engine("torch", CKPT, quantize="int8")
+    linears = [m for m in engine.model.modules() if type(m).__name__ == "Linear"]
+    assert linears and all("quantized" in type(m).__module__ for m in linears)
+    (line,) = engine.translate(["Di stair staustaet eni bistor ."], engine.decode)
+    assert isinstance(line.text, str)
+    with pytest.raises(MTError, match="--quantize is for --engine torch"):
+        load_engine("ct2", CKPT, quantize="int8")

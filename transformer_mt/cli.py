@@ -588,7 +588,12 @@ def evaluate(
 @app.command()
 @user_errors
 def score(
-    checkpoint: CheckpointOpt,
+    checkpoints: Annotated[
+        list[Path],
+        typer.Option(
+            "--checkpoint", "-c", help="A .pt file written by `mt train`; repeat for an ensemble."
+        ),
+    ],
     src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line.")],
     trg: Annotated[Path, typer.Option("--trg", help="Their target sentences, one per line.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: stdout.")] = None,
@@ -617,15 +622,21 @@ def score(
     if output is not None:
         from transformer_mt.fileio import check_output
 
-        check_output(output, [src, trg, checkpoint])  # before any work
+        check_output(output, [src, trg, *checkpoints])  # before any work
     sources, targets = read_lines(src), read_lines(trg)
     check_pairs(sources, str(src), targets, str(trg))
-    loaded = load_for_inference(checkpoint, device)
+    loaded = [load_for_inference(path, device) for path in checkpoints]
+    if len(loaded) > 1:  # one vocabulary for all, or a one-line error naming the two that differ
+        from transformer_mt.decoding import check_ensemble
+
+        check_ensemble([str(p) for p in checkpoints], [x.model for x in loaded],
+                       [x.src_tok for x in loaded], [x.trg_tok for x in loaded])  # fmt: skip
+    first = loaded[0]
     scores = score_pairs(
-        loaded.model, loaded.src_tok, loaded.trg_tok, sources, targets,
-        batch_tokens=batch_tokens or loaded.config.decode.batch_tokens, progress=True,
+        [x.model for x in loaded], first.src_tok, first.trg_tok, sources, targets,
+        batch_tokens=batch_tokens or first.config.decode.batch_tokens, progress=True,
     )  # fmt: skip
-    _write_lines(output, format_scores(scores, as_json=as_json), inputs=[src, trg, checkpoint])
+    _write_lines(output, format_scores(scores, as_json=as_json), inputs=[src, trg, *checkpoints])
 
 
 @app.command()
@@ -732,6 +743,7 @@ def serve(
         int, typer.Option(min=1, max=64, help="Largest beam a request may ask.")
     ] = 16,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Serve the model over HTTP: LibreTranslate's POST /translate, POST /v1/translate (n-best,
     attention), GET /v1/model, /health, API docs at /docs and a translation page at /.
@@ -749,7 +761,7 @@ def serve(
     settings = BatchSettings(enabled=batching, window_s=batch_window_ms / 1000)
     serve_model(
         checkpoint, engine=engine, device=device, host=host, port=port, limits=limits,
-        batching=settings, access_log=access_log,
+        batching=settings, access_log=access_log, quantize=quantize,
     )  # fmt: skip
 
 

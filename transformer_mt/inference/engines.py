@@ -23,7 +23,7 @@ from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding.text import encode_sources, translate_texts
 from transformer_mt.errors import MTError
 from transformer_mt.inference.attention import attention_matrices
-from transformer_mt.inference.loading import load_for_inference
+from transformer_mt.inference.loading import load_for_inference, quantize
 
 EOS_PIECE = "</s>"
 
@@ -104,9 +104,11 @@ def _result(nbest: list[tuple[str, float]], attn: Attention | None) -> LineResul
 class TorchEngine(Engine):
     """Our own model and search: exactly what ``mt translate`` computes."""
 
-    def __init__(self, checkpoint: Path | str, device: str = "cpu") -> None:
+    def __init__(
+        self, checkpoint: Path | str, device: str = "cpu", quantization: str | None = None
+    ) -> None:
         loaded = load_for_inference(checkpoint, device)
-        self.model = loaded.model
+        self.model = loaded.model if quantization is None else quantize(loaded.model, quantization)
         saved = load_checkpoint(checkpoint)  # what loading drops: model args, training history
         data = loaded.config.data
         super().__init__(
@@ -232,14 +234,22 @@ class CT2Engine(Engine):
         return out
 
 
-def load_engine(kind: str, path: Path | str, device: str = "cpu") -> Engine:
-    """``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory)."""
+def load_engine(
+    kind: str, path: Path | str, device: str = "cpu", quantize: str | None = None
+) -> Engine:
+    """``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory);
+    ``quantize`` ("int8", torch only): dynamic int8 linear layers."""
+    if quantize is not None and kind != "torch":
+        raise MTError(
+            "--quantize is for --engine torch; CTranslate2 models are quantized by "
+            "`mt export --quantization`"
+        )
     if kind == "torch":
         if Path(path).is_dir():
             raise MTError(
                 f"--checkpoint {path} is a directory: for a CTranslate2 export pass --engine ct2"
             )
-        return TorchEngine(path, device)
+        return TorchEngine(path, device, quantize)
     if kind == "ct2":
         if not Path(path).is_dir():
             raise MTError(

@@ -75,7 +75,7 @@ def encode_targets(trg_tok: Tokenizer, lines: list[str], max_len: int) -> dict[i
 
 
 def score_pairs(
-    model: Transformer,
+    model: Transformer | Sequence[Transformer],
     src_tok: Tokenizer,
     trg_tok: Tokenizer,
     sources: Iterable[str],
@@ -88,19 +88,23 @@ def score_pairs(
     for a pair with an empty side.
 
     Args:
-        model: the Transformer in eval mode; it runs where its parameters are.
+        model: the Transformer in eval mode (it runs where its parameters are), or several
+            sharing one vocabulary (an ensemble, as in search: each token's log-probability is
+            the mean of the models' log-probabilities).
         src_tok, trg_tok: source and target tokenizers.
         sources, targets: the same number of lines (else a ValueError; the CLI checks first).
         batch_tokens: padded tokens per batch, counted on the wider side of each pair (the
             source, or the target + 1); a pair wider than the budget gets a batch alone.
         progress: a tqdm bar (pairs) on stderr.
     """
+    models = [model] if isinstance(model, Transformer) else list(model)
+    model = models[0]
     sources, targets = list(sources), list(targets)
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-    table = model.positions.max_len
+    table = min(m.positions.max_len for m in models)
     src_ids = encode_sources(src_tok, sources, table)
     trg_ids = encode_targets(trg_tok, targets, table)
     todo = [i for i in src_ids if i in trg_ids]  # pairs with something on both sides
@@ -111,9 +115,8 @@ def score_pairs(
     with bar, torch.no_grad():
         for batch in longest_first_batches(widths, batch_tokens):
             lines = [todo[p] for p in batch.tolist()]
-            sums = _score_batch(
-                model, [src_ids[i] for i in lines], [trg_ids[i] for i in lines], device
-            )
+            batch_src, batch_trg = [src_ids[i] for i in lines], [trg_ids[i] for i in lines]
+            sums = _score_batch(models, batch_src, batch_trg, device)
             for i, total in zip(lines, sums, strict=True):
                 results[i] = PairScore(logprob=total, tokens=len(trg_ids[i]))
             bar.update(len(lines))
@@ -121,23 +124,30 @@ def score_pairs(
 
 
 def _score_batch(
-    model: Transformer, sources: list[list[int]], targets: list[list[int]], device: torch.device
+    models: list[Transformer], sources: list[list[int]], targets: list[list[int]], device
 ) -> list[float]:
-    """Summed target log-probabilities of one batch: one teacher-forced pass, log-softmax in fp32
-    over the non-pad positions only (padding never reaches the output projection)."""
-    pad_src, pad_trg = model.src_pad_idx, model.trg_pad_idx
+    """Summed target log-probabilities of one batch: one teacher-forced pass per model,
+    log-softmax in fp32 over the non-pad positions only (padding never reaches the output
+    projection), averaged over the models."""
+    first = models[0]
+    pad_src, pad_trg = first.src_pad_idx, first.trg_pad_idx
     src = pad_batch(sources, pad_src).to(device)  # (B, S), sources end with EOS
     pieces = [t[:-1] for t in targets]
     trg_in = pad_batch(pieces, pad_trg, bos=BOS_ID).to(device)  # (B, T)
     trg_out = pad_batch(pieces, pad_trg, eos=EOS_ID).to(device)  # (B, T)
     keep = trg_out != pad_trg  # (B, T)
-    hidden = model(src, trg_in, features_only=True)  # (B, T, D), after the final norm
-    logits = model.out(hidden[keep])  # (N, V), N = real target tokens in the batch
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) in fp32
-    token_lp = lprobs.gather(1, trg_out[keep][:, None]).squeeze(1)  # (N,)
+    token_lp = sum(_token_log_probs(m, src, trg_in, trg_out, keep) for m in models) / len(models)
     per_token = torch.zeros(keep.shape, dtype=torch.float32, device=device)  # (B, T)
     per_token[keep] = token_lp
     return per_token.sum(dim=1).tolist()
+
+
+def _token_log_probs(model, src, trg_in, trg_out, keep) -> torch.Tensor:
+    """One model's log-probability (N,) of each real target token."""
+    hidden = model(src, trg_in, features_only=True)  # (B, T, D), after the final norm
+    logits = model.out(hidden[keep])  # (N, V), N = real target tokens in the batch
+    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) in fp32
+    return lprobs.gather(1, trg_out[keep][:, None]).squeeze(1)  # (N,)
 
 
 def format_scores(scores: Iterable[PairScore | None], *, as_json: bool = False) -> Iterator[str]:

@@ -300,11 +300,13 @@ def serve(
     limits: Limits | None = None,
     batching: BatchSettings | None = None,
     access_log: bool = False,
+    quantize: str | None = None,
 ) -> None:
-    """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first)."""
+    """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first);
+    ``quantize="int8"``: dynamic int8 linear layers (torch engine, CPU)."""
     import uvicorn
 
-    model = load_engine(engine, path, device)
+    model = load_engine(engine, path, device, quantize)
     app = create_app(model, limits, batching)
     logger.info(
         "loaded %s -> %s (%s engine); serving on http://%s:%d (API docs at /docs)",

@@ -40,21 +40,28 @@ def encode_sources(src_tok: Tokenizer, lines: list[str], max_src_len: int) -> di
     Surrounding whitespace is ignored; a line longer than ``max_src_len`` pieces (EOS included)
     keeps its first ``max_src_len - 1`` pieces, with a warning.
     """
+    return encode_lines(src_tok, lines, max_src_len, "source pieces (with EOS) exceed max_src_len")
+
+
+def encode_lines(tok: Tokenizer, lines: list[str], limit: int, what: str) -> dict[int, list[int]]:
+    """Ids plus EOS of every line with something in it, by line index (a line that is empty,
+    blank, or empty after the tokenizer's normalization has none). A line over ``limit`` ids (EOS
+    included) keeps its first ``limit - 1`` pieces, with a warning: "line N: M <what>=<limit>"."""
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
-    sources: dict[int, list[int]] = {}
-    for i, ids in zip(todo, src_tok.encode_batch([texts[i] for i in todo]), strict=True):
+    encoded: dict[int, list[int]] = {}
+    for i, ids in zip(todo, tok.encode_batch([texts[i] for i in todo]), strict=True):
         if not ids:  # normalization removed everything (e.g. only control characters)
             continue
-        if len(ids) + 1 > max_src_len:
+        if len(ids) + 1 > limit:
             warnings.warn(
-                f"line {i + 1}: {len(ids) + 1} source pieces (with EOS) exceed "
-                f"max_src_len={max_src_len}; using its first {max_src_len - 1} pieces only",
+                f"line {i + 1}: {len(ids) + 1} {what}={limit}; using its first {limit - 1} "
+                "pieces only",
                 stacklevel=3,
             )
-            ids = ids[: max_src_len - 1]
-        sources[i] = [*ids, EOS_ID]
-    return sources
+            ids = ids[: limit - 1]
+        encoded[i] = [*ids, EOS_ID]
+    return encoded
 
 
 def encode_prefixes(

@@ -14,7 +14,6 @@ each with a warning naming the line: the score then covers only what was kept.
 
 import json
 import sys
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from tqdm import tqdm
 
 from transformer_mt.data.batching import longest_first_batches, pad_batch
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from transformer_mt.decoding.text import encode_sources
+from transformer_mt.decoding.text import encode_lines, encode_sources
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
@@ -49,29 +48,6 @@ def check_pairs(sources: Sequence[str], src_name: str, targets: Sequence[str], t
             f"line counts differ: {src_name} has {len(sources)} lines, {trg_name} has "
             f"{len(targets)}; each source line needs one target line"
         )
-
-
-def encode_targets(trg_tok: Tokenizer, lines: list[str], max_len: int) -> dict[int, list[int]]:
-    """Target ids (pieces + EOS, what the decoder predicts) of every non-empty line, by index.
-
-    The decoder reads BOS + pieces, so pieces + 1 must fit ``max_len``; a longer target keeps its
-    first ``max_len - 1`` pieces, with a warning.
-    """
-    texts = [line.strip() for line in lines]
-    todo = [i for i, text in enumerate(texts) if text]
-    targets: dict[int, list[int]] = {}
-    for i, ids in zip(todo, trg_tok.encode_batch([texts[i] for i in todo]), strict=True):
-        if not ids:  # normalization removed everything
-            continue
-        if len(ids) + 1 > max_len:
-            warnings.warn(
-                f"line {i + 1}: {len(ids) + 1} target pieces (with EOS) exceed the model's "
-                f"max_len={max_len}; scoring its first {max_len - 1} pieces (+ EOS) only",
-                stacklevel=3,
-            )
-            ids = ids[: max_len - 1]
-        targets[i] = [*ids, EOS_ID]
-    return targets
 
 
 def score_pairs(
@@ -106,7 +82,8 @@ def score_pairs(
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
     table = min(m.positions.max_len for m in models)
     src_ids = encode_sources(src_tok, sources, table)
-    trg_ids = encode_targets(trg_tok, targets, table)
+    # The decoder reads BOS + pieces: pieces + 1 must fit the table, as with EOS.
+    trg_ids = encode_lines(trg_tok, targets, table, "target pieces (with EOS) exceed max_len")
     todo = [i for i in src_ids if i in trg_ids]  # pairs with something on both sides
     results: list[PairScore | None] = [None] * len(sources)
     device = next(model.parameters()).device

@@ -17,12 +17,13 @@ ALLOWED = {
     "data": BASE,
     "model": BASE,
     "evaluation": BASE,
+    "devices": {"errors"},
     "checkpoint": BASE | {"data", "model"},
     "decoding": BASE | {"data", "model"},
-    "inference": BASE | {"data", "model", "decoding", "checkpoint", "evaluation"},
-    "training": BASE | {"data", "model", "decoding", "checkpoint", "evaluation"},
+    "inference": BASE | {"data", "model", "decoding", "checkpoint", "evaluation", "devices"},
+    "training": BASE | {"data", "model", "decoding", "checkpoint", "evaluation", "devices"},
     "cli": BASE
-    | {"data", "model", "decoding", "checkpoint", "evaluation", "inference", "training"},
+    | {"data", "model", "decoding", "checkpoint", "evaluation", "inference", "training", "devices"},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -292,8 +292,8 @@ def apply_override(cfg: Config, item: str) -> None:
 
 MAX_BEAM = 128  # wider beams cost memory in proportion and no longer improve translations
 MIN_VOCAB_SIZE = 16  # the 4 special ids and a few pieces: no corpus's alphabet fits in fewer
-DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # what train.device accepts (check_device_name)
-_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"  # what train.device accepts (check_device_name)
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from torch import nn
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
@@ -56,30 +57,8 @@ def load_for_inference(path: Path | str, device: str | torch.device = "cpu") -> 
 
 
 def check_device(name: str | torch.device) -> torch.device:
-    """``name`` as a torch device this process can use, or a one-line MTError saying why not."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError, TypeError):
-        raise MTError(f"--device {name!r}: not a device name; use cpu, cuda, cuda:1, ...") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise MTError(
-                f"--device {name}: no CUDA GPU is visible to this process (torch.cuda.is_available()"
-                " is false); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES"
-            )
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise MTError(
-                f"--device {name}: only {count} GPU(s) visible (cuda:0 to cuda:{count - 1})"
-            )
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise MTError(
-                f"--device {name}: MPS is not available on this machine; use --device cpu"
-            )
-    elif device.type != "cpu":
-        raise MTError(f"--device {name}: expected cpu, cuda, cuda:N or mps")
-    return device
+    """``name`` as a torch device this process can use (``--device``), or a one-line MTError."""
+    return resolve_device(name, "--device")
 
 
 QUANTIZATIONS = ("int8",)

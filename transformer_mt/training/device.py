@@ -7,19 +7,12 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from transformer_mt.config import TrainConfig
+from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
 from transformer_mt.training import distributed
 from transformer_mt.training.host_memory import bound_kernel_caches, keep_freed_memory
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise MTError(f"train.device={name!r} but no CUDA GPU is visible; use cpu or auto")
-    return torch.device(name)
 
 
 def setup_process(train_cfg: TrainConfig) -> tuple[torch.device, distributed.DistInfo, bool]:
@@ -28,7 +21,7 @@ def setup_process(train_cfg: TrainConfig) -> tuple[torch.device, distributed.Dis
     Returns the device, this process's place in the job, and whether glibc keeps freed memory
     (then the trainer hands the leftovers of each validation back; see host_memory).
     """
-    device = resolve_device(train_cfg.device)
+    device = resolve_device(train_cfg.device, "train.device")
     info = distributed.init_distributed(device.type, train_cfg.collective_timeout_s)
     if device.type == "cuda" and info.enabled:
         device = torch.device("cuda", info.local_rank)

@@ -40,7 +40,10 @@ def load_for_inference(path: Path | str, device: str | torch.device = "cpu") -> 
         config = config_from_dict(ckpt["config"])
     except MTError as err:
         raise MTError(f"{path}: {err}") from err
-    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as err:
+    # What a checkpoint that does not fit together raises: the constructor's TypeError (unknown
+    # or missing arguments) or ValueError (a shape it refuses), load_state_dict's RuntimeError
+    # (missing keys, other sizes), sentencepiece's RuntimeError. Anything else is a bug.
+    except (TypeError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise MTError(
             f"{path}: a damaged checkpoint (its weights, model arguments or tokenizers do not "

@@ -103,32 +103,14 @@ def run_child(url: str, work: Path, vocab_size: int, show_log: bool) -> dict[str
 # --- batching ---------------------------------------------------------------------------------
 
 
-def greedy_cut(
-    order: np.ndarray, src_lens: np.ndarray, trg_lens: np.ndarray, max_tokens: int
-) -> list[np.ndarray]:
-    """Cut ``order`` into consecutive batches under ``make_batches``'s budget rule: sentences x
-    longest sentence (of either side, padding included) at most ``max_tokens``."""
-    batches: list[np.ndarray] = []
-    start, longest = 0, 0
-    for pos, i in enumerate(order):
-        size = max(int(src_lens[i]), int(trg_lens[i]))
-        n = pos - start + 1
-        if n > 1 and n * max(longest, size) > max_tokens:
-            batches.append(order[start:pos])
-            start, longest = pos, size
-        else:
-            longest = max(longest, size)
-    if start < len(order):
-        batches.append(order[start:])
-    return batches
-
-
 def random_batches(
     src_lens: np.ndarray, trg_lens: np.ndarray, max_tokens: int, seed: int
 ) -> list[np.ndarray]:
     """The baseline without bucketing: a random order, cut under the same budget."""
     order = np.random.default_rng(seed).permutation(len(src_lens))
-    return greedy_cut(order, src_lens, trg_lens, max_tokens)
+    from transformer_mt.data.batching import cut_batches  # the rule make_batches cuts with
+
+    return cut_batches(order, src_lens, trg_lens, max_tokens)
 
 
 def max_side_batches(
@@ -138,7 +120,9 @@ def max_side_batches(
     (the length the budget charges), then target, then source length, ties broken randomly."""
     tiebreak = np.random.default_rng(seed).permutation(len(src_lens))
     order = np.lexsort((tiebreak, src_lens, trg_lens, np.maximum(src_lens, trg_lens)))
-    return greedy_cut(order, src_lens, trg_lens, max_tokens)
+    from transformer_mt.data.batching import cut_batches  # the rule make_batches cuts with
+
+    return cut_batches(order, src_lens, trg_lens, max_tokens)
 
 
 def padding_row(name: str, batches: list[np.ndarray], src: np.ndarray, trg: np.ndarray) -> str:

@@ -72,18 +72,26 @@ def test_the_token_limit_drops_the_same_pairs_and_caps_the_sampled_ones(tiny_con
 def test_a_stream_resumed_mid_epoch_yields_what_the_uninterrupted_one_did(tiny_config):
     cfg, data = _prepared(tiny_config)
     info = DistInfo()
+    # Epoch lengths depend on the cached draws (sentencepiece's samples differ from process to
+    # process), so the cut points come from them: the middle of epoch 1, then into epoch 2.
+    n_batches = [
+        len(make_batches(pairs.src_lengths, pairs.trg_lengths + 1, cfg.train.batch_tokens,
+                         seed=cfg.train.seed, epoch=epoch))
+        for epoch, pairs in ((e, data.sampler.epoch(e)) for e in (0, 1))
+    ]  # fmt: skip
+    cut, more = n_batches[0] + n_batches[1] // 2, n_batches[1]
     whole = BatchStream(data.train, cfg, info, data.sampler)
-    batches = [next(whole) for _ in range(37)]
+    batches = [next(whole) for _ in range(cut)]
     # A new process would rebuild its stream from the checkpointed position only.
     at_epoch, at_batch = whole.position
-    batches += [next(whole) for _ in range(40)]
-    assert at_epoch >= 1 and whole.position[0] > at_epoch, (
+    batches += [next(whole) for _ in range(more)]
+    assert (at_epoch, whole.position[0]) == (1, 2) and 0 < at_batch < n_batches[1], (
         "the test must resume mid-epoch, then cross one"
     )
     resumed = BatchStream(
         data.train, cfg, info, data.sampler, epoch=at_epoch, batch_in_epoch=at_batch
     )
-    for want in batches[37:]:
+    for want in batches[cut:]:
         got = next(resumed)
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 

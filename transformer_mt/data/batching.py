@@ -4,7 +4,7 @@ A batch's cost is its padded size: ``n_sentences * longest``, counted on the sou
 side separately; neither may exceed the budget. Sorting by length before cutting batches keeps
 the padding small. Training (:func:`make_batches`) shuffles the *order of batches* from seed and
 epoch, which keeps training stochastic; translation (:func:`longest_first_batches`) decodes the
-longest sentences first. Both cut with :func:`_cut`, and both pad with :func:`pad_batch`.
+longest sentences first. Both cut with :func:`cut_batches`, and both pad with :func:`pad_batch`.
 """
 
 from collections.abc import Sequence
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 
-def _cut(
+def cut_batches(
     order: np.ndarray, src_lens: np.ndarray, trg_lens: np.ndarray | None, max_tokens: int
 ) -> list[np.ndarray]:
     """Cut the examples in ``order`` greedily into batches whose padded size (on each side) fits
@@ -56,7 +56,7 @@ def make_batches(
     rng = np.random.default_rng([seed, epoch])
     tiebreak = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
     order = np.lexsort((tiebreak, src_lens, trg_lens))  # last key sorts first
-    batches = _cut(order, src_lens, trg_lens, max_tokens)
+    batches = cut_batches(order, src_lens, trg_lens, max_tokens)
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
     return batches
@@ -67,7 +67,7 @@ def longest_first_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) 
     each within ``max_tokens`` padded tokens; a sentence over the budget gets a batch alone."""
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.lexsort((np.arange(len(lengths)), -lengths))
-    return _cut(order, lengths, None, max_tokens)
+    return cut_batches(order, lengths, None, max_tokens)
 
 
 def shard_batches(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:

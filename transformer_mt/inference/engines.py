@@ -9,6 +9,7 @@ the n-best list and, when asked, the cross-attention matrix with the pieces on b
 import dataclasses
 import json
 import math
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,9 +50,9 @@ class LineResult:
 
 
 @dataclass
-class Engine:
+class Engine(ABC):
     """What the server needs of a model: its languages, tokenizers, decode defaults, a
-    description, and ``translate``."""
+    description, and ``translate`` (each engine's own: :class:`TorchEngine`, :class:`CT2Engine`)."""
 
     name: str  # "torch" or "ct2"
     src_tok: Tokenizer
@@ -61,10 +62,12 @@ class Engine:
     trg_lang: str
     info: dict[str, Any] = field(default_factory=dict)  # GET /v1/model, besides the above
 
+    @abstractmethod
     def translate(
         self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
     ) -> list[LineResult]:
-        raise NotImplementedError
+        """One result per line, in order (empty in, empty out); with ``attention``, the best
+        hypothesis' cross-attention over its source pieces."""
 
     def count_tokens(self, lines: Sequence[str]) -> int:
         """Source pieces of ``lines`` (EOS included): what a batch's token budget counts."""

@@ -16,6 +16,7 @@ from transformer_mt.model import (
     model_args,
     upgrade_state_dict,
 )
+from transformer_mt.model.layers import _explicit_is_faster
 
 
 def test_pad_mask_marks_only_real_tokens():
@@ -161,21 +162,28 @@ def test_cross_attention_weights(tiny_model_args):
 
 def test_attention_explicit_path_equals_fused_path(tiny_model_args):
     """Self- and cross-attention: ``need_weights=True`` returns weights whose rows sum to 1 and
-    the output of the fused kernel."""
+    the output of the fused kernel (which runs where autograd is on); inference on CPU takes the
+    explicit path for short queries, without returning the weights."""
     model = _model(tiny_model_args)
     x = torch.randn(2, 5, 32)
     memory = torch.randn(2, 4, 32)
     trg_mask = make_trg_mask(torch.tensor([[2, 5, 6, 7, 8], [2, 5, 6, 0, 0]]), pad_idx=0)
     src_mask = make_pad_mask(torch.tensor([[5, 6, 7, 3], [5, 3, 0, 0]]), pad_idx=0)
     layer = model.decoder[0]
-    with torch.inference_mode():
-        for attn, mask, mem in (
-            (layer.self_attn, trg_mask, None),
-            (layer.cross_attn, src_mask, memory),
-        ):
-            fused, no_weights = attn(x, mask, mem)
+    for attn, mask, mem in (
+        (layer.self_attn, trg_mask, None),
+        (layer.cross_attn, src_mask, memory),
+    ):
+        assert _explicit_is_faster(x.view(2, 1, 5, 32)) is False  # autograd on: fused kernel
+        fused, no_weights = attn(x, mask, mem)
+        fused = fused.detach()
+        with torch.inference_mode():
+            assert _explicit_is_faster(x.view(2, 1, 5, 32)) is True
+            assert _explicit_is_faster(torch.zeros(1, 1, 65, 8)) is False  # a long query block
+            inference, no_weights_either = attn(x, mask, mem)
             explicit, weights = attn(x, mask, mem, need_weights=True)
-            assert no_weights is None
+            assert no_weights is None and no_weights_either is None
+            torch.testing.assert_close(inference, explicit, atol=0, rtol=0)
             assert weights.shape == (2, 4, 5, mask.size(-1))
             assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 5))
             assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
@@ -202,6 +210,48 @@ def test_decoder_cache_select_and_reorder_beams(tiny_model_args):
         assert torch.equal(cache.self_attn[layer].keys, self_keys[layer][order][keep])
         assert torch.equal(cache.cross_attn[layer].keys, cross_keys[layer][keep])
     assert all(c.values.size(0) == 1 for c in (*cache.self_attn, *cache.cross_attn))
+
+
+def test_beam_rows_share_one_memory_row(tiny_model_args):
+    """K consecutive target rows reading one memory row each give what K copies of the memory
+    give: fused and explicit attention, with and without a cache; uneven sharing is an error."""
+    model, k = _model(tiny_model_args), 3
+    src = torch.tensor([[9, 12, 7, EOS_ID], [15, EOS_ID, PAD_ID, PAD_ID]])
+    trg = torch.randint(4, 40, (2 * k, 5))
+    with torch.inference_mode():
+        memory, src_mask = model.encode(src)  # (2, S, D)
+        copies = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)
+        torch.testing.assert_close(
+            model.decode(trg, memory, src_mask), model.decode(trg, *copies), atol=1e-5, rtol=0
+        )
+        shared_logits, shared_weights = model.decode_with_attention(trg, memory, src_mask)
+        copied_logits, copied_weights = model.decode_with_attention(trg, *copies)
+        assert shared_weights.shape == copied_weights.shape == (2, 2 * k, 4, 5, 4)
+        torch.testing.assert_close(shared_weights, copied_weights, atol=1e-6, rtol=0)
+        torch.testing.assert_close(shared_logits, copied_logits, atol=1e-5, rtol=0)
+        shared_cache, copied_cache = model.new_cache(), model.new_cache()
+        for t in range(trg.size(1)):
+            step = trg[:, t : t + 1]
+            shared = model.decode(step, memory, src_mask, shared_cache)
+            copied = model.decode(step, *copies, copied_cache)
+            torch.testing.assert_close(shared, copied, atol=1e-5, rtol=0)
+        assert shared_cache.cross_attn[0].keys.size(0) == 2  # once per sentence, not per beam
+        with pytest.raises(ValueError, match="5 query rows cannot share 2 memory rows"):
+            model.decode(trg[:5], memory, src_mask)
+
+
+def test_decoder_cache_select_with_memory_index(tiny_model_args):
+    """Dropping a sentence of 2 beams: self-attention keeps its beam rows, cross-attention the
+    sentence's one row."""
+    model = _model(tiny_model_args)
+    memory, src_mask = model.encode(torch.randint(4, 40, (2, 6)))
+    cache = model.new_cache()
+    model.decode(torch.full((4, 1), BOS_ID), memory, src_mask, cache)  # 2 sentences x 2 beams
+    self_keys, cross_keys = cache.self_attn[0].keys, cache.cross_attn[0].keys
+    rows, sentences = torch.tensor([3, 2]), torch.tensor([1])  # sentence 1, its beams swapped
+    cache.select(rows, sentences)
+    assert torch.equal(cache.self_attn[0].keys, self_keys[rows])
+    assert torch.equal(cache.cross_attn[0].keys, cross_keys[sentences])
 
 
 # The parameters of one layer in the order ``model.parameters()`` yields them: old checkpoints

@@ -36,8 +36,12 @@ class DecoderState(Protocol):
 
 
 class ModelState:
-    """One Transformer's side of a search: memory (R, S, D), source mask (R, 1, 1, S) and, when
-    cached, its :class:`~transformer_mt.model.DecoderCache`, for the R rows search works on."""
+    """One Transformer's side of a search over R rows: memory (M, S, D), source mask
+    (M, 1, 1, S) and, when cached, its :class:`~transformer_mt.model.DecoderCache`.
+
+    Memory is kept once per sentence: after :meth:`repeat_beams` (K), R = M * K and the K beam
+    rows of a sentence share its memory row (the model's cross-attention serves them together).
+    """
 
     def __init__(
         self,
@@ -47,9 +51,10 @@ class ModelState:
         cache: DecoderCache | None,
     ) -> None:
         self.model = model
-        self.memory = memory  # (R, S, D)
-        self.src_mask = src_mask  # (R, 1, 1, S)
+        self.memory = memory  # (M, S, D)
+        self.src_mask = src_mask  # (M, 1, 1, S)
         self.cache = cache  # None: the uncached reference path (whole prefix every step)
+        self.beams = 1  # rows per memory row (K after repeat_beams)
 
     @classmethod
     def start(cls, model: Transformer, src: torch.Tensor, use_cache: bool) -> "ModelState":
@@ -75,16 +80,19 @@ class ModelState:
         return log_probs
 
     def repeat_beams(self, k: int) -> None:
-        """K copies of each row, before the first step (the cache is still empty)."""
-        self.memory = self.memory.repeat_interleave(k, dim=0)  # (R*K, S, D)
-        self.src_mask = self.src_mask.repeat_interleave(k, dim=0)  # (R*K, 1, 1, S)
+        """K rows per sentence, before the first step: the K beams share the sentence's memory,
+        mask and cross-attention keys/values, which stay one row per sentence."""
+        self.beams = k
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep or reorder rows ``index`` (R',): memory, mask and cache."""
-        self.memory = self.memory.index_select(0, index)  # (R', S, D)
-        self.src_mask = self.src_mask.index_select(0, index)  # (R', 1, 1, S)
+        """Keep or reorder rows ``index`` (R',): the cache, and the memory and mask of their
+        sentences. With beams, ``index`` keeps each sentence's K rows together (K consecutive
+        entries, all from that sentence), as beam search's gathers do."""
+        sentences = index if self.beams == 1 else index[:: self.beams] // self.beams  # (M',)
+        self.memory = self.memory.index_select(0, sentences)  # (M', S, D)
+        self.src_mask = self.src_mask.index_select(0, sentences)  # (M', 1, 1, S)
         if self.cache is not None:
-            self.cache.select(index)
+            self.cache.select(index, sentences)
 
     def reorder_beams(self, index: torch.Tensor) -> None:
         """Reorder rows ``index`` (R,) within their sentences: the beams of a sentence share its

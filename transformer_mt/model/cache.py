@@ -53,18 +53,24 @@ class DecoderCache:
         self.cross_attn = [AttentionCache() for _ in range(n_layers)]
         self.length = 0
 
-    def select(self, index: torch.Tensor) -> None:
+    def select(self, index: torch.Tensor, memory_index: torch.Tensor | None = None) -> None:
         """Keep or reorder batch rows ``index`` (R',) everywhere: search drops finished sentences
-        (and beam search reorders their beams in the same gather)."""
-        for cache in (*self.self_attn, *self.cross_attn):
+        (and beam search reorders their beams in the same gather).
+
+        ``memory_index`` (M',): the rows of the cross-attention keys/values to keep, when they
+        hold one row per sentence for several beam rows (see ``MultiHeadAttention``); None: the
+        same ``index``.
+        """
+        for cache in self.self_attn:
             cache.select(index)
+        for cache in self.cross_attn:
+            cache.select(index if memory_index is None else memory_index)
 
     def reorder_beams(self, index: torch.Tensor) -> None:
         """Reorder rows ``index`` (R,) that only move beams within their sentence.
 
-        The beams of a sentence share one source, so their cross-attention keys/values are equal
-        and such a reorder leaves them unchanged: only self-attention is gathered, which halves the
-        copying of a step (the gathers were a third of cached beam search's time).
+        The beams of a sentence share one source and so its cross-attention keys/values, which
+        such a reorder leaves as they are: only self-attention is gathered.
         """
         for cache in self.self_attn:
             cache.select(index)

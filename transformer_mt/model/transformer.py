@@ -204,9 +204,12 @@ class Transformer(nn.Module):
         cache: DecoderCache | None = None,
         features_only: bool = False,
     ) -> torch.Tensor:
-        """Target ids (B, T) and memory (B, S, D) to logits (B, T, dec_voc_size), or with
+        """Target ids (B, T) and memory (M, S, D) to logits (B, T, dec_voc_size), or with
         ``features_only`` to the decoder states (B, T, D) that the output projection ``out`` maps
         to logits (a trainer can fuse that projection into its loss).
+
+        Usually M = B. Beam search passes one memory row (and ``src_mask`` row) per sentence for
+        its K beams: B = M * K, rows i*K .. i*K + K-1 reading memory row i.
 
         Without ``cache``, ``trg`` is the whole prefix and a pad + no-peek mask applies. With a
         ``cache``, ``trg`` holds only the new positions (usually one per step): they may attend to

@@ -1,0 +1,168 @@
+"""Where a decoding step goes: model time against search bookkeeping, and operators by family.
+
+    python scripts/profile_decode.py --checkpoint runs/m30k40/last.pt \
+        --src data/multi30k/test_2016_flickr.de --beam 4 --batch 32 --threads 2
+
+Translates the source file in batches of ``--batch`` lines with our beam search (the search `mt
+translate` runs; tokenization excluded), timing each part of a run with a wall clock:
+
+- encoder: ``ModelState.start`` (embeddings and encoder layers, once per batch);
+- decoder: ``Transformer.decode`` inside each step (layers, cache appends, output projection);
+- log-softmax: the rest of ``ModelState.log_probs`` (log-softmax, the PAD/BOS mask);
+- cache moves: ``ModelState.select`` / ``reorder_beams`` (gathers after beams move or sentences end);
+- search: everything else, i.e. the Python and small tensor operations of the search itself.
+
+Then one more run under ``torch.profiler`` gives self CPU time by operator family. Medians of
+``--runs`` runs for the wall-clock split; the profiler's own overhead inflates small operators, so
+its table says where time goes, not how long a step takes.
+"""
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from transformer_mt.decoding import beam_search
+from transformer_mt.decoding.state import ModelState
+from transformer_mt.model import Transformer
+
+PARTS = ("encoder", "decoder", "log-softmax", "cache moves", "search")
+
+# Operator families for the profiler table: the first pattern an operator's name contains wins.
+FAMILIES = (
+    ("matrix products", ("addmm", "mm", "linear", "matmul", "bmm", "baddbmm", "_mkl", "onednn")),
+    ("attention (SDPA)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
+    ("softmax / log-softmax", ("softmax",)),
+    ("layer norm", ("layer_norm",)),
+    ("top-k / sort", ("topk", "sort")),
+    ("gathers / index", ("index_select", "gather", "index", "masked_fill", "nonzero", "where")),
+    ("concatenation / copies", ("cat", "copy_", "clone", "contiguous", "repeat", "to", "empty")),
+    ("elementwise", ("add", "mul", "div", "sub", "relu", "eq", "ne", "lt", "le", "ge", "gt")),
+    ("embedding", ("embedding",)),
+    ("views / metadata", ("view", "reshape", "transpose", "permute", "slice", "select", "split")),
+    ("reductions", ("sum", "max", "any", "all", "mean", "floor", "clamp")),
+)
+
+
+class Clock:
+    """Seconds spent per part, with nesting: a part's time excludes the parts inside it."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._stack: list[list] = []
+
+    def wrap(self, part: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            self._stack.append([part, 0.0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _, inner = self._stack.pop()
+                elapsed = time.perf_counter() - start
+                self.seconds[part] += elapsed - inner
+                if self._stack:
+                    self._stack[-1][1] += elapsed
+
+        return timed
+
+
+def instrument(clock: Clock) -> None:
+    """Wrap the model and decoder-state methods that the parts are made of (this process only)."""
+    ModelState.start = classmethod(clock.wrap("encoder", ModelState.start.__func__))
+    ModelState.log_probs = clock.wrap("log-softmax", ModelState.log_probs)
+    Transformer.decode = clock.wrap("decoder", Transformer.decode)
+    ModelState.select = clock.wrap("cache moves", ModelState.select)
+    ModelState.reorder_beams = clock.wrap("cache moves", ModelState.reorder_beams)
+
+
+def family(name: str) -> str:
+    name = name.lower()
+    for label, patterns in FAMILIES:
+        if any(p in name for p in patterns):
+            return label
+    return "other"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--src", type=Path, required=True, help="source file, one line each")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32, help="lines per batch")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs (median)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers")
+    args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    from transformer_mt.data.batching import pad_batch
+    from transformer_mt.decoding.text import encode_sources
+    from transformer_mt.fileio import read_lines
+    from transformer_mt.inference import load_for_inference
+    from transformer_mt.inference.loading import quantize
+
+    loaded = load_for_inference(args.checkpoint)
+    model = loaded.model if args.quantize is None else quantize(loaded.model, args.quantize)
+    decode = dataclasses.replace(loaded.config.decode, beam_size=args.beam, nbest=1)
+    lines = read_lines(args.src)
+    sources = list(encode_sources(loaded.src_tok, lines, model.positions.max_len).values())
+    batches = [
+        pad_batch(sources[i : i + args.batch], model.src_pad_idx)
+        for i in range(0, len(sources), args.batch)
+    ]
+
+    def run() -> int:
+        tokens = 0
+        for src in batches:
+            for result in beam_search(model, src, decode):
+                tokens += len(result.tokens) + int(result.nbest[0].finished)
+        return tokens
+
+    tokens = run()  # warm-up
+    clock = Clock()
+    instrument(clock)
+    totals, splits = [], []
+    for _ in range(args.runs):
+        clock.seconds.clear()
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+        split = dict(clock.seconds)
+        split["search"] = total - sum(split.values())
+        totals.append(total)
+        splits.append(split)
+    total = statistics.median(totals)
+    print(
+        f"{args.checkpoint}, {args.src} ({len(lines)} lines), beam {args.beam}, batches of "
+        f"{args.batch} lines, {'int8' if args.quantize else 'fp32'}, "
+        f"{torch.get_num_threads()} threads, median of {args.runs} runs"
+    )
+    print(f"total {total:.2f} s, {tokens} target tokens, {tokens / total:.0f} tokens/s")
+    print(f"{'part':<14} {'seconds':>8} {'share':>7}")
+    for part in PARTS:
+        seconds = statistics.median(s.get(part, 0.0) for s in splits)
+        print(f"{part:<14} {seconds:8.2f} {100 * seconds / total:6.1f}%")
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    by_family: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        by_family[family(event.key)] += event.self_cpu_time_total / 1e6
+    profiled = sum(by_family.values())
+    print(f"\nprofiler: self CPU time by operator family ({profiled:.2f} s under the profiler)")
+    print(f"{'family':<24} {'seconds':>8} {'share':>7}")
+    for label, seconds in sorted(by_family.items(), key=lambda kv: -kv[1]):
+        print(f"{label:<24} {seconds:8.2f} {100 * seconds / profiled:6.1f}%")
+    print("\ntop operators (self CPU):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+if __name__ == "__main__":
+    main()

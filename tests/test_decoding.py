@@ -186,7 +186,8 @@ def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
         hook.remove()
     assert greedy_rows[0] == 24 and greedy_rows[-1] < 24
     assert greedy_rows == sorted(greedy_rows, reverse=True)
-    assert rows[0] == 24 * 3 and rows[-1] < 24 * 3 and rows[-1] % 3 == 0
+    # Step 0 runs one row per sentence (its 3 beams are still the same BOS), then 3 per sentence.
+    assert rows[0] == 24 and rows[1] == 24 * 3 and rows[-1] < 24 * 3 and rows[-1] % 3 == 0
 
 
 def test_max_length_respected(random_model, random_src):

@@ -252,8 +252,7 @@ class _Beams:
         k, n, dev = decode.beam_size, src.size(0), src.device
         min_lens = None if forced is None else forced.min_lens()
         max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b, min_lens)
-        state = _start_state(model, src, use_cache)  # n rows
-        state.repeat_beams(k)  # n*K rows
+        state = _start_state(model, src, use_cache)  # n rows; K per sentence after step 0
         tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
         # All K beams start as the same BOS: only beam 0 may expand at first, else the beam would
         # fill with copies of one hypothesis. (After a forced prefix, the same holds again.)
@@ -263,8 +262,16 @@ class _Beams:
         return cls(k, sent, max_lens.to(dev), scores, tokens, state, forced)
 
     def log_probs(self, step: int) -> torch.Tensor:
-        """Next-token log-probs (n*K, V) of every beam, prefixes forced."""
-        log_probs = self.state.log_probs(self.tokens)
+        """Next-token log-probs (n*K, V) of every beam, prefixes forced.
+
+        At step 0 the K beams of a sentence are the same BOS: the model runs one row per
+        sentence, and only then does the state make room for K beams each."""
+        if step == 0:
+            log_probs = self.state.log_probs(self.tokens[:: self.k])  # (n, V)
+            self.state.repeat_beams(self.k)
+            log_probs = log_probs.repeat_interleave(self.k, dim=0)  # (n*K, V)
+        else:
+            log_probs = self.state.log_probs(self.tokens)
         if self.forced is None:
             return log_probs
         return self.forced.force(log_probs, self.sent.repeat_interleave(self.k), step)

@@ -23,7 +23,8 @@ class DecoderState(Protocol):
         ...
 
     def repeat_beams(self, k: int) -> None:
-        """Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1)."""
+        """Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1), once, before
+        or after the first step."""
         ...
 
     def select(self, index: torch.Tensor) -> None:
@@ -80,9 +81,12 @@ class ModelState:
         return log_probs
 
     def repeat_beams(self, k: int) -> None:
-        """K rows per sentence, before the first step: the K beams share the sentence's memory,
-        mask and cross-attention keys/values, which stay one row per sentence."""
+        """K rows per sentence (before the first step or after it): each row's self-attention
+        cache is copied K times; the K beams share the sentence's memory, mask and
+        cross-attention keys/values, which stay one row per sentence."""
         self.beams = k
+        if self.cache is not None:
+            self.cache.repeat_rows(k)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep or reorder rows ``index`` (R',): the cache, and the memory and mask of their

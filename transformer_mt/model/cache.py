@@ -66,6 +66,15 @@ class DecoderCache:
         for cache in self.cross_attn:
             cache.select(index if memory_index is None else memory_index)
 
+    def repeat_rows(self, k: int) -> None:
+        """K copies of each self-attention row in a row (row i -> rows i*K .. i*K + K-1), for
+        K beams per sentence; the cross-attention keys/values stay one row per sentence."""
+        for cache in self.self_attn:
+            if not cache.empty:
+                cache.store(
+                    cache.keys.repeat_interleave(k, dim=0), cache.values.repeat_interleave(k, dim=0)
+                )
+
     def reorder_beams(self, index: torch.Tensor) -> None:
         """Reorder rows ``index`` (R,) that only move beams within their sentence.
 

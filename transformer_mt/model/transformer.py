@@ -17,6 +17,7 @@ from torch import nn
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.cache import DecoderCache
+from transformer_mt.model.dropout import dropout
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
 from transformer_mt.model.masks import make_pad_mask, make_trg_mask
 
@@ -186,7 +187,8 @@ class Transformer(nn.Module):
 
     def _embed(self, emb: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = emb(ids) * self.emb_scale  # (B, T, D)
-        return self.dropout(x + self.positions(ids.size(1), offset))
+        # self.dropout's rate, with the cheaper CPU mask of model/dropout.py
+        return dropout(x + self.positions(ids.size(1), offset), self.dropout.p, self.training)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode source ids (B, S) into memory (B, S, D); also returns the source pad mask."""

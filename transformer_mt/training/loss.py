@@ -49,6 +49,9 @@ def label_smoothed_nll(
 # fewer, larger blocks (fewer kernel launches) and has the memory for them.
 _CHUNK_BYTES = 16 << 20
 _GPU_CHUNK_BYTES = 1 << 30
+# Below this, a softmax probability has lost fp32 precision (subnormal or zero); log p_y is then
+# not a safe way to the row's log-sum-exp.
+_TINY = 1e-30
 
 
 class _LinearLabelSmoothedNLL(torch.autograd.Function):
@@ -58,6 +61,13 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     once into its gradient ``softmax(z) - q``, which is multiplied back into the gradients of the
     hidden states and of the weight. Backward then only scales those by the incoming gradient.
     Matrix products run in ``dtype`` (bf16 under autocast), everything else in fp32.
+
+    Few passes over a block: the product, one row-wise softmax (fp32), a cast of the softmax to
+    ``dtype``, the mean of the logits, and the two products of the gradient. The log-sum-exp of a
+    row comes from its target's probability (``lse = z_y - log p_y``; rows where ``p_y``
+    underflows take torch's logsumexp instead), and the ``epsilon / V`` that the smoothed target
+    ``q`` gives every class is applied as a rank-one correction to the two gradient products
+    instead of a pass over the block. Padding rows are left out before the first product.
     """
 
     @staticmethod
@@ -66,25 +76,51 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
-            keep = target != pad_idx
+            kept = (target != pad_idx).nonzero().squeeze(1)  # the rows that count
+            if len(kept) < n:
+                h, target = h.index_select(0, kept), target.index_select(0, kept)
             grad_h = torch.empty_like(h) if need_grad else None
             grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
             nll = hidden.new_zeros((), dtype=torch.float32)
             smooth = nll.clone()
+            # -epsilon / V times the sum of the weight's rows: what the uniform part of q adds to
+            # each row of the hidden states' gradient (bias of the product below).
+            uniform_h = (w.float().sum(0) * (-epsilon / vocab)).to(dtype) if need_grad else None
             budget = _CHUNK_BYTES if hidden.device.type == "cpu" else _GPU_CHUNK_BYTES
             rows = max(1, budget // (4 * vocab))
-            for i in range(0, n, rows):
-                hc, tc, kc = h[i : i + rows], target[i : i + rows], keep[i : i + rows]
-                z = (hc @ w.T).float()  # (rows, V)
-                lse = torch.logsumexp(z, dim=-1)
-                nll += ((lse - z.gather(1, tc[:, None]).squeeze(1)) * kc).sum()
-                smooth += ((lse - z.mean(dim=-1)) * kc).sum()
+            # One set of block buffers for all blocks (fresh memory costs page faults on a CPU).
+            full = min(rows, len(h))
+            low = h.dtype in (torch.float16, torch.bfloat16)
+            z_low = h.new_empty((full, vocab)) if low else None  # the product in dtype
+            z_buf = h.new_empty((full, vocab), dtype=torch.float32 if low else h.dtype)
+            p_buf = torch.empty_like(z_buf)
+            for i in range(0, len(h), rows):
+                hc, tc = h[i : i + rows], target[i : i + rows, None]
+                z, p = z_buf[: len(hc)], p_buf[: len(hc)]  # (rows, V)
+                if low:
+                    z.copy_(torch.mm(hc, w.T, out=z_low[: len(hc)]))
+                else:
+                    torch.mm(hc, w.T, out=z)
+                z_y = z.gather(1, tc).squeeze(1)
+                torch.ops.aten._softmax.out(z, -1, False, out=p)
+                p_y = p.gather(1, tc).squeeze(1)
+                lse = z_y - p_y.log()
+                lost = p_y < _TINY  # p_y underflowed (z_y far below the row's maximum)
+                if lost.any():
+                    lse[lost] = torch.logsumexp(z[lost], dim=-1)
+                nll += (lse - z_y).sum()
+                smooth += (lse - z.mean(dim=-1)).sum()
                 if need_grad:
-                    z.sub_(lse[:, None]).exp_().sub_(epsilon / vocab)  # softmax - epsilon / V
-                    z.scatter_add_(1, tc[:, None], lse.new_full((len(tc), 1), epsilon - 1.0))
-                    g = z.mul_(kc[:, None]).to(dtype)  # d(loss sum) / d(logits), (rows, V)
-                    torch.mm(g, w, out=grad_h[i : i + rows])
+                    # softmax - q, without the epsilon / V of q (rank-one terms below and above)
+                    p.scatter_add_(1, tc, p.new_full(tc.shape, epsilon - 1.0))
+                    # d(loss sum) / d(logits) + epsilon / V, (rows, V), in the product's buffer
+                    g = z_low[: len(hc)].copy_(p) if low else p
+                    torch.addmm(uniform_h, g, w, out=grad_h[i : i + rows])
                     grad_w += (g.T @ hc).float()
+            if need_grad:
+                grad_w -= (epsilon / vocab) * h.float().sum(0)  # the uniform part of q, all rows
+                if len(kept) < n:  # padding rows get no gradient
+                    grad_h = grad_h.new_zeros((n, grad_h.size(1))).index_copy_(0, kept, grad_h)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = hidden.dtype, weight.dtype
         return (1.0 - epsilon) * nll + epsilon * smooth, nll

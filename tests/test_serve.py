@@ -119,7 +119,11 @@ def test_libretranslate_contract(served, engine, lines):
 
 def test_health_model_and_docs(served):
     client, _ = served
-    assert client.get("/health").json() == {"status": "ok"}
+    before = client.get("/health").json()
+    assert before["status"] == "ok"
+    assert client.post("/v1/translate", json={"text": ["a b", "c"]}).status_code == 200
+    after = client.get("/health").json()  # one request, one engine call (two lines)
+    assert (after["batches"], after["requests"]) == (before["batches"] + 1, before["requests"] + 1)
     info = client.get("/v1/model").json()
     assert info["engine"] == "torch"
     assert info["languages"] == {"source": "src", "target": "trg"}
@@ -194,7 +198,7 @@ def test_chunked_body_over_the_limit_and_unknown_routes(served):
     assert reply.status_code == 413 and "max_body_bytes" in reply.json()["error"]
     assert client.get("/v1/translate").status_code == 405
     assert "error" in client.get("/no/such/page").json()
-    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/health").json()["status"] == "ok"
 
 
 def test_32_concurrent_requests_get_what_mt_translate_gives(served, lines):

@@ -63,7 +63,7 @@ def engine():
 @pytest.fixture(scope="module")
 def served(engine):
     """The fixture model behind small limits and a wide gathering window (batching is sure)."""
-    app = create_app(engine, LIMITS, BatchSettings(window_s=0.05))
+    app = create_app(engine, LIMITS, BatchSettings(window_s=0.05, max_wait_s=1.0))
     with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
         yield client, app
 
@@ -242,6 +242,8 @@ class FakeEngine(Engine):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
+        if "slow" in lines:
+            time.sleep(0.3)
         return [
             LineResult(s.upper(), float(decode.beam_size), [(s.upper(), 0.0)] * decode.nbest)
             for s in lines
@@ -261,7 +263,7 @@ def _submit_together(batcher: Batcher, jobs) -> list:
 
 def test_batcher_groups_by_settings_and_a_failure_stays_with_its_request():
     engine = FakeEngine()
-    batcher = Batcher(engine, BatchSettings(window_s=0.2)).start()
+    batcher = Batcher(engine, BatchSettings(window_s=0.2, max_wait_s=2.0)).start()
     d2, d3 = DecodeConfig(beam_size=2), DecodeConfig(beam_size=3)
     jobs = [(["a b", "c"], d2), (["boom"], d2), (["d"], d3), (["e"], d2)]
     out = _submit_together(batcher, jobs)
@@ -271,6 +273,23 @@ def test_batcher_groups_by_settings_and_a_failure_stays_with_its_request():
     # One batch of the beam-2 requests (failed), each of them again alone, one beam-3 batch.
     assert engine.calls[0] == ["a b", "c", "boom", "e"]
     assert sorted(map(tuple, engine.calls[1:])) == [("a b", "c"), ("boom",), ("d",), ("e",)]
+
+
+def test_requests_coming_back_after_a_batch_join_the_waiting_ones():
+    """Clients answered by one batch send again at once; the requests that queued during that
+    batch (older than any window by then) wait for them instead of leaving in a batch of their
+    own, so the two groups of a busy server decode together."""
+    engine = FakeEngine()
+    batcher = Batcher(engine, BatchSettings(window_s=0.1, max_wait_s=2.0)).start()
+    d2 = DecodeConfig(beam_size=2)
+    first = batcher.submit(["slow"], d2)  # decodes from ~0.1 s to ~0.4 s
+    time.sleep(0.2)
+    queued = batcher.submit(["b"], d2)  # arrives while "slow" decodes
+    first.result(timeout=10)
+    back = batcher.submit(["c"], d2)  # "slow"'s client again, right after its answer
+    assert [r.text for r in queued.result(timeout=10) + back.result(timeout=10)] == ["B", "C"]
+    batcher.close()
+    assert engine.calls == [["slow"], ["b", "c"]]
 
 
 def test_batching_off_decodes_one_request_at_a_time():
@@ -285,7 +304,7 @@ def test_batching_off_decodes_one_request_at_a_time():
 
 def test_a_failing_request_gets_a_json_error_the_others_their_answers():
     engine = FakeEngine()
-    app = create_app(engine, LIMITS, BatchSettings(window_s=0.2))
+    app = create_app(engine, LIMITS, BatchSettings(window_s=0.2, max_wait_s=2.0))
     with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         with ThreadPoolExecutor(3) as pool:
             bodies = [{"text": ["x"]}, {"text": ["boom"]}, {"text": ["y z"]}]

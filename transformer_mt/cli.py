@@ -734,8 +734,12 @@ def serve(
         bool, typer.Option(help="Decode requests that arrive together as one batch.")
     ] = True,
     batch_window_ms: Annotated[
-        float, typer.Option(min=0.0, max=1000.0, help="How long a request waits for company.")
+        float,
+        typer.Option(min=0.0, max=1000.0, help="Gathering a batch ends after this long quiet."),
     ] = 5.0,
+    batch_max_wait_ms: Annotated[
+        float, typer.Option(min=0.0, max=10000.0, help="...and at the latest after this long.")
+    ] = 50.0,
     max_lines: Annotated[int, typer.Option(min=1, help="Lines per request.")] = 64,
     max_chars: Annotated[int, typer.Option(min=1, help="Characters per line.")] = 2000,
     max_body_kib: Annotated[int, typer.Option(min=1, help="Request body size, KiB.")] = 1024,
@@ -758,7 +762,9 @@ def serve(
         max_body_bytes=max_body_kib * 1024, max_lines=max_lines, max_chars=max_chars,
         max_beam=max_beam,
     )  # fmt: skip
-    settings = BatchSettings(enabled=batching, window_s=batch_window_ms / 1000)
+    settings = BatchSettings(
+        enabled=batching, window_s=batch_window_ms / 1000, max_wait_s=batch_max_wait_ms / 1000
+    )
     serve_model(
         checkpoint, engine=engine, device=device, host=host, port=port, limits=limits,
         batching=settings, access_log=access_log, quantize=quantize,

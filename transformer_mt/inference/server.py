@@ -165,6 +165,7 @@ def create_app(
             "batching": {
                 "enabled": batcher.settings.enabled,
                 "window_ms": batcher.settings.window_s * 1000,
+                "max_wait_ms": batcher.settings.max_wait_s * 1000,
                 "max_tokens": batcher.max_tokens,
             },
         }

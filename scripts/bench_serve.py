@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per setting (medians shown)")
     parser.add_argument("--requests", type=int, default=500, help="sentences per run, at most")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="per run, at most")
-    parser.add_argument("--window-ms", type=float, default=5.0, help="batching window")
+    parser.add_argument("--window-ms", type=float, default=20.0, help="batching window")
     parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "ct2"])
     parser.add_argument("--ct2", type=Path, help="an exported directory for the ct2 engine")
     parser.add_argument(

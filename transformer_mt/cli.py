@@ -736,7 +736,7 @@ def serve(
     batch_window_ms: Annotated[
         float,
         typer.Option(min=0.0, max=1000.0, help="Gathering a batch ends after this long quiet."),
-    ] = 5.0,
+    ] = 20.0,
     batch_max_wait_ms: Annotated[
         float, typer.Option(min=0.0, max=10000.0, help="...and at the latest after this long.")
     ] = 50.0,

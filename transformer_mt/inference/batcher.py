@@ -15,7 +15,9 @@ previous batch matters under load: N clients waiting one request each split into
 take turns (one group's requests queue while the other's decode, and are older than any window
 when the worker comes back), so a window counted from the oldest job alone gave batches of half
 the clients (32 clients: 16.7 requests per batch with a 5 ms window, 18.2 with 30 ms). Waiting a
-moment for the group just answered to come back joins the two.
+moment for the group just answered to come back joins the two: 25.0 requests per batch with 20 ms
+of quiet (scripts/bench_serve.py, Multi30k model, 2 cores; 17.6 with 5 ms, where the clients'
+answers and new requests, handled in Python on the same 2 cores, come back more slowly than that).
 
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already
@@ -43,7 +45,7 @@ class BatchSettings:
     """How the decode worker gathers requests into batches."""
 
     enabled: bool = True  # False: one request per batch, no waiting (the benchmark's baseline)
-    window_s: float = 0.005  # gathering ends after this long without a new request
+    window_s: float = 0.02  # gathering ends after this long without a new request
     max_wait_s: float = 0.05  # and at the latest this long after it began
     max_tokens: int | None = None  # source pieces per batch; None: the model's decode.batch_tokens
 

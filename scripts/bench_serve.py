@@ -5,8 +5,9 @@ is started as its own process on 127.0.0.1 (a free port), with dynamic batching 
 for each number of clients, ``--runs`` runs send the sentences of ``--src`` (in order, each
 sentence once per run, at most ``--requests`` of them, at most ``--max-seconds`` seconds). Prints
 sentences/s, target tokens/s (pieces of the translations, EOS not counted), p50/p95/p99 latency and
-the mean requests per decode batch (the server's /health counters), medians over the runs, beside
-the offline throughput of the same engine on the same sentences (``translate_lines`` /
+the mean requests per decode batch (the server's /health counters) and the cores the load
+generator itself kept busy (its CPU time / wall time: what the server did not get), medians over
+the runs, beside the offline throughput of the same engine on the same sentences (``translate_lines`` /
 ``translate_lines_ct2``, one call, the model's decode settings).
 
     python scripts/bench_serve.py --checkpoint runs/toy/best.pt --src test.src \\
@@ -99,12 +100,12 @@ async def load_run(url: str, sentences: list[str], clients: int, max_seconds: fl
                 done.append((latency, count(reply.json()["translations"][0]["text"])))
 
         before = (await client.get("/health")).json()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one_client() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         after = (await client.get("/health")).json()
     batches = max(1, after["batches"] - before["batches"])
-    return done, elapsed, (after["requests"] - before["requests"]) / batches
+    return done, elapsed, (after["requests"] - before["requests"]) / batches, cpu / elapsed
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -113,10 +114,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def summarize(done: list[tuple[float, int]], elapsed: float, per_batch: float) -> dict[str, float]:
+def summarize(
+    done: list[tuple[float, int]], elapsed: float, per_batch: float, client_cores: float
+) -> dict[str, float]:
     latencies = [lat for lat, _ in done]
     return {
         "requests_per_batch": per_batch,
+        "client_cores": client_cores,  # CPU time of this load generator / wall time
         "sentences": len(done),
         "sent_s": len(done) / elapsed,
         "tok_s": sum(tok for _, tok in done) / elapsed,
@@ -218,7 +222,7 @@ def main() -> None:
     )
     header = f"{'engine':<7}{'mode':<13}{'clients':>8}{'sent/s':>9}{'tok/s':>9}"
     header += f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'/offline':>10}{'/no-batch':>11}"
-    header += f"{'req/batch':>11}"
+    header += f"{'req/batch':>11}{'client CPU':>12}"
     figures: dict = {"sentences": len(sentences), "runs": args.runs, "results": []}
     for engine, path in engines:
         base = offline(engine, path, sentences, args.runs, count)
@@ -254,7 +258,8 @@ def main() -> None:
                 print(
                     f"{engine:<7}{mode:<13}{clients:>8}{m['sent_s']:>9.1f}{m['tok_s']:>9.0f}"
                     f"{m['p50_ms']:>9.0f}{m['p95_ms']:>9.0f}{m['p99_ms']:>9.0f}"
-                    f"{vs_off:>9.2f}x{vs_nb:>10.2f}x{m['requests_per_batch']:>11.1f}",
+                    f"{vs_off:>9.2f}x{vs_nb:>10.2f}x{m['requests_per_batch']:>11.1f}"
+                    f"{m['client_cores']:>11.2f}c",
                     flush=True,
                 )
                 figures["results"].append({"engine": engine, "mode": mode, "clients": clients, **m})

@@ -1,27 +1,27 @@
 """Dynamic batching: requests that arrive together are decoded as one batch by one worker thread.
 
 Each request (a few lines and its decode settings) becomes a job on a queue. The worker takes the
-oldest job, gathers more while they keep coming, and then decodes, as one engine call, the waiting jobs with the same settings (beam, n-best, length
-penalty, attention) in arrival order, up to a token budget (source pieces; the model's
-``decode.batch_tokens``). Each job's lines come back to its own request, in order. When a batch
-fails, each of its jobs is retried alone, so one bad request never fails the others. Jobs with
-other settings wait for the next round; a job is never starved, because the oldest job always
-chooses the settings of the next batch.
+oldest job, gathers more while they keep coming, and then decodes, as one engine call, the waiting
+jobs with the same settings (beam, n-best, length penalty, attention) in arrival order, up to a
+token budget (source pieces; the model's ``decode.batch_tokens``). Each job's lines come back to
+its own request, in order. When a batch fails, each of its jobs is retried alone, so one bad
+request never fails the others. Jobs with other settings wait for the next round; a job is never
+starved, because the oldest job always chooses the settings of the next batch.
 
 Gathering ends when the token budget is full, or when ``window_s`` has passed with no new arrival
 (counted from the newest job's arrival or the end of the previous batch, whichever is later), and
-at the latest ``max_wait_s`` after it began. Counting from the end of the
-previous batch matters under load: N clients waiting one request each split into two groups that
-take turns (one group's requests queue while the other's decode, and are older than any window
-when the worker comes back), so a window counted from the oldest job alone gave batches of half
-the clients (32 clients: 16.7 requests per batch with a 5 ms window, 18.2 with 30 ms). Waiting a
-moment for the group just answered to come back joins the two: 25.0 requests per batch with 20 ms
-of quiet (scripts/bench_serve.py, Multi30k model, 2 cores; 17.6 with 5 ms, where the clients'
-answers and new requests, handled in Python on the same 2 cores, come back more slowly than that).
+at the latest ``max_wait_s`` after it began. Counting from the end of the previous batch matters
+under load: N clients waiting one request each split into two groups that take turns (one group's
+requests queue while the other's decode, and are older than any window when the worker comes back),
+so a window counted from the oldest job alone gave batches of half the clients (32 clients: 16.7
+requests per batch with a 5 ms window, 18.2 with 30 ms). Waiting a moment for the group just
+answered to come back joins the two: 25.0 requests per batch with 20 ms of quiet
+(scripts/bench_serve.py, Multi30k model, 2 cores; 17.6 with 5 ms, where the clients' answers and
+new requests, handled in Python on the same 2 cores, come back more slowly than that).
 
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
-and answering (errors, /health) while a batch decodes. ``close()`` lets every job already
-submitted finish before the worker ends.
+and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted
+finish before the worker ends.
 """
 
 import asyncio

@@ -20,6 +20,18 @@ def shared_multi30k() -> Path | None:
     return None
 
 
+def random_sources(vocab: int) -> torch.Tensor:
+    """Eight sources of 3-12 random pieces (ids 4 .. vocab-1, then EOS), right-padded: (8, 12)."""
+    from transformer_mt.data.tokenizer import EOS_ID, PAD_ID
+
+    gen = torch.Generator().manual_seed(3)
+    src = torch.full((8, 12), PAD_ID)
+    for i, length in enumerate([12, 3, 7, 12, 5, 9, 4, 10]):
+        src[i, : length - 1] = torch.randint(4, vocab, (length - 1,), generator=gen)
+        src[i, length - 1] = EOS_ID
+    return src
+
+
 @pytest.fixture
 def tiny_model_args() -> dict:
     return dict(

@@ -84,12 +84,9 @@ def reverse_model() -> Transformer:
 @pytest.fixture(scope="module")
 def random_src() -> torch.Tensor:
     """Eight sources of 3-12 pieces (EOS included), padded: (8, 12)."""
-    gen = torch.Generator().manual_seed(3)
-    src = torch.full((8, 12), PAD_ID)
-    for i, length in enumerate([12, 3, 7, 12, 5, 9, 4, 10]):
-        src[i, : length - 1] = torch.randint(4, VOCAB, (length - 1,), generator=gen)
-        src[i, length - 1] = EOS_ID
-    return src
+    from conftest import random_sources
+
+    return random_sources(VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -124,12 +124,12 @@ def test_tiny_model_overfits_a_handful_of_pairs(tiny_model_args):
 def test_bf16_attention_on_cpu_under_autocast():
     # Under CPU autocast, bf16 queries/keys/values that need gradients (training) are attended
     # explicitly: bf16 products, softmax in fp32. That is fp32 attention up to bf16 rounding of the
-    # scores, the weights and the output; gradients come back in bf16. Without gradients they are
-    # attended by the fused kernel in fp32: exactly fp32 attention on the same rounded inputs, up
-    # to the final rounding to bf16.
+    # scores, the weights and the output; gradients come back in bf16. Without gradients, long
+    # query blocks are attended by the fused kernel in fp32: exactly fp32 attention on the same
+    # rounded inputs, up to the final rounding to bf16.
     from torch.nn import functional
 
-    from transformer_mt.model.layers import _sdpa
+    from transformer_mt.model.layers import _attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 5, 8).bfloat16().requires_grad_() for _ in range(3))
@@ -138,7 +138,7 @@ def test_bf16_attention_on_cpu_under_autocast():
     for m in (mask, causal, None):
         ref = functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = _sdpa(q, k, v, m, 0.0)
+            y = _attention(q, k, v, m, 0.0)
         assert y.dtype == torch.bfloat16
         torch.testing.assert_close(y.float(), ref, rtol=0, atol=0.03)
         grads = torch.autograd.grad(y.float().sum(), (q, k, v))
@@ -146,9 +146,11 @@ def test_bf16_attention_on_cpu_under_autocast():
         for g, g_ref in zip(grads, refs, strict=True):
             assert g.dtype == torch.bfloat16
             torch.testing.assert_close(g.float(), g_ref.float(), rtol=0.02, atol=0.05)
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            y = _sdpa(q, k, v, m, 0.0)
-        torch.testing.assert_close(y, ref.bfloat16(), rtol=0, atol=0)
+    long_q, long_k = (torch.randn(2, 4, 65, 8).bfloat16() for _ in range(2))  # > 64 queries
+    ref = functional.scaled_dot_product_attention(long_q.float(), long_k.float(), long_k.float())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _attention(long_q, long_k, long_k, None, 0.0)
+    torch.testing.assert_close(y, ref.bfloat16(), rtol=0, atol=0)
 
 
 def test_cross_attention_weights(tiny_model_args):

@@ -63,10 +63,8 @@ class MultiHeadAttention(nn.Module):
         cross-attention computes the memory's keys/values on the first step and reuses them after.
 
         Returns the output (B, T, D) and, with ``need_weights``, the attention weights
-        (B, H, T, Tk), else None. The fused kernel never materializes the weights, so
-        ``need_weights`` takes an explicit path (same result up to rounding). Inference on CPU
-        takes that path for short query blocks too, where it is faster (see
-        :func:`_explicit_is_faster`).
+        (B, H, T, Tk), else None. ``need_weights`` takes the explicit path; otherwise
+        :func:`_attention` picks the faster one for where it runs (same result up to rounding).
         """
         batch, length, _ = x.shape
         if self.cross:
@@ -86,30 +84,14 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (B, H, t_past + T, Dh)
         drop = self.drop_prob if self.training else 0.0
         weights = None
-        if need_weights or _explicit_is_faster(q):
+        if need_weights:
             y, weights = _explicit_attention(q, k, v, mask, drop)  # (M, H, G*T, Dh / Tk)
-            weights = _split_groups(weights, group) if need_weights else None  # (B, H, T, Tk)
-        else:  # fused kernel; the weights are never materialized
-            y = _sdpa(q, k, v, mask, drop)
+            weights = _split_groups(weights, group)  # (B, H, T, Tk)
+        else:
+            y = _attention(q, k, v, mask, drop)  # (M, H, G*T, Dh)
         y = y.unflatten(2, (group, length)).permute(0, 2, 3, 1, 4)  # (M, G, T, H, Dh)
         y = y.reshape(batch, length, self.n_head * self.d_head)  # (B, T, D)
         return self.out_proj(y), weights
-
-
-# Query blocks up to this long are attended by the explicit path on CPU when no gradient is
-# needed: torch's fused CPU kernel costs more there (2.13, d_head 64, 2 threads: one query per row
-# over 20 keys 85 us against 117 us; 4 queries 61 against 211; 64 over 64 keys 580 against 637).
-_EXPLICIT_MAX_QUERIES = 64
-
-
-def _explicit_is_faster(q: torch.Tensor) -> bool:
-    """Whether inference should take the explicit attention path for queries ``q`` (.., T, Dh):
-    on CPU, without autograd, for short query blocks (search steps, Multi30k-length sentences)."""
-    return (
-        q.device.type == "cpu"
-        and not torch.is_grad_enabled()
-        and q.size(-2) <= _EXPLICIT_MAX_QUERIES
-    )
 
 
 def _group_size(rows: int, memory_rows: int) -> int:
@@ -137,23 +119,35 @@ def _split_groups(t: torch.Tensor, group: int) -> torch.Tensor:
     return t.reshape(rows * group, heads, length // group, width)
 
 
-def _sdpa(
+# Inference on CPU attends query blocks up to this long by the explicit path (torch 2.13, d_head 64,
+# 2 threads: one query per row over 20 keys 85 us against the fused kernel's 117 us; 4 queries 61
+# against 211; 64 over 64 keys 580 against 637).
+_EXPLICIT_MAX_QUERIES = 64
+
+
+def _explicit_is_faster(q: torch.Tensor) -> bool:
+    """Whether attention for queries ``q`` (.., T, Dh) should take :func:`_explicit_attention`
+    rather than torch's fused kernel: on CPU, in low-precision training (the fused bf16 backward
+    takes about 5x the fp32 time on Multi30k-sized batches; the explicit path takes 1.6-2x less
+    than the fused kernel in fp32 with its casts), and in inference for short query blocks
+    (search steps, sentences of Multi30k length)."""
+    if q.device.type != "cpu":
+        return False
+    if torch.is_grad_enabled():
+        return q.dtype != torch.float32
+    return q.size(-2) <= _EXPLICIT_MAX_QUERIES
+
+
+def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, drop: float
 ) -> torch.Tensor:
-    """``F.scaled_dot_product_attention``, except for low-precision inputs on CPU.
-
-    On CPU, torch's fused attention in bf16 has a slow backward (about 5x the fp32 time on
-    Multi30k-sized batches, torch 2.13). At these lengths the explicit computation is faster
-    still, so low-precision CPU inputs that need gradients (training) take
-    :func:`_explicit_attention`: bf16 products, softmax in fp32 (1.6-2x less time, forward and
-    backward, than the fused kernel in fp32 with its casts). Without gradients they are attended
-    by the fused kernel in fp32 (with autocast off, which would cast them back) and the result is
-    returned in the input dtype. Elsewhere, and for fp32 inputs, this is the plain call.
-    """
+    """softmax(q k^T / sqrt(Dh), masked) v by the faster path for where it runs (see
+    :func:`_explicit_is_faster`). On the fused path, low-precision inputs on CPU are attended in
+    fp32 (with autocast off, which would cast them back) and the result returned in their dtype."""
+    if _explicit_is_faster(q):
+        return _explicit_attention(q, k, v, mask, drop)[0]
     if q.device.type != "cpu" or q.dtype == torch.float32:
         return functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-    if torch.is_grad_enabled():
-        return _explicit_attention(q, k, v, mask, drop)[0]
     with torch.autocast("cpu", enabled=False):
         y = functional.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=drop
@@ -167,8 +161,8 @@ def _explicit_attention(
     """softmax(q k^T / sqrt(Dh), masked) v, and the weights (fp32, before dropout): the products
     in the dtype of ``q``, ``k``, ``v``, the scores and softmax in fp32 (as autocast would on a
     GPU), the weights cast back for the second product; ``drop`` is dropout on the weights, as in
-    the fused kernel. The one explicit path: attention pictures, short queries in inference on
-    CPU, and bf16 training on CPU."""
+    the fused kernel. The one explicit path: attention pictures, and where
+    :func:`_explicit_is_faster`."""
     with torch.autocast(q.device.type, enabled=False):
         scores = (q @ k.transpose(-2, -1)).float() * (1.0 / math.sqrt(q.size(-1)))
         if mask is not None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.dropout import dropout
+from transformer_mt.model.dropout import Dropout
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
 from transformer_mt.model.masks import make_pad_mask, make_trg_mask
 
@@ -145,7 +145,7 @@ class Transformer(nn.Module):
         else:
             self.trg_emb = nn.Embedding(dec_voc_size, d_model, padding_idx=trg_pad_idx)
         self.positions = SinusoidalPositions(d_model, max_len)
-        self.dropout = nn.Dropout(drop_prob)
+        self.dropout = Dropout(drop_prob)
         n_dec = n_layers if n_dec_layers is None else n_dec_layers
         layer_args = dict(
             d_model=d_model,
@@ -187,8 +187,7 @@ class Transformer(nn.Module):
 
     def _embed(self, emb: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = emb(ids) * self.emb_scale  # (B, T, D)
-        # self.dropout's rate, with the cheaper CPU mask of model/dropout.py
-        return dropout(x + self.positions(ids.size(1), offset), self.dropout.p, self.training)
+        return self.dropout(x + self.positions(ids.size(1), offset))
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode source ids (B, S) into memory (B, S, D); also returns the source pad mask."""

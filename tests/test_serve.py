@@ -373,7 +373,10 @@ def test_ct2_engine_serves_an_export(engine, lines, tmp_path):
     app = create_app(ct2, LIMITS)
     text = [lines[0], "", lines[3]]
     with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
-        assert client.get("/v1/model").json()["engine"] == "ct2"
+        info, torch_info = client.get("/v1/model").json(), engine.describe()
+        assert info["engine"] == "ct2" and info["quantization"] == "float32"
+        assert info["model_args"] == torch_info["model_args"] and info["model_args"]["d_model"]
+        assert info["step"] == torch_info["step"] == 1500
         reply = client.post(
             "/v1/translate", json={"text": text, "beam": 2, "nbest": 2, "attention": True}
         )
@@ -415,3 +418,16 @@ def test_the_torch_engine_can_serve_an_int8_model():
     assert isinstance(line.text, str)
     with pytest.raises(MTError, match="--quantize is for --engine torch"):
         load_engine("ct2", CKPT, quantize="int8")
+
+
+def test_validation_bleu_is_the_entry_of_the_checkpoints_step():
+    from transformer_mt.inference.loading import validation_bleu
+
+    history = [{"step": 500, "val_bleu": 20.0}, {"step": 1000, "val_loss": 2.0}]
+    history.append({"step": 1000, "val_bleu": 31.5})
+    state = {"state": {"history": history}}
+    assert validation_bleu(state, 500) == {"step": 500, "bleu": 20.0}
+    assert validation_bleu(state, 1500) == {"step": 1000, "bleu": 31.5}  # else the latest
+    assert validation_bleu({"state": {"history": history[1:2]}}, 1000) is None
+    assert validation_bleu(None, 0) is None  # averaged checkpoints keep no train_state
+

@@ -382,9 +382,13 @@ def _top_candidates(
     n_act, vocab = scores.size(0), log_probs.size(-1)
     if 2 * k + 2 > vocab:  # 2K finite candidates per sentence; PAD and BOS are never emitted
         raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
-    cand = (scores.view(-1, 1) + log_probs).view(n_act, k * vocab)  # (n, K*V)
+    # A sentence's 2K best extensions are among the 2K best tokens of each of its beams: rank
+    # within rows first (R rows of V), then the K * 2K survivors of each sentence.
+    row_scores, row_tok = log_probs.topk(2 * k, dim=1)  # (n*K, 2K)
+    cand = (scores.view(-1, 1) + row_scores).view(n_act, 2 * k * k)  # (n, K*2K)
     top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
-    return top_scores, top_idx // vocab, top_idx % vocab
+    top_tok = row_tok.view(n_act, 2 * k * k).gather(1, top_idx)
+    return top_scores, top_idx // (2 * k), top_tok
 
 
 def _end_hypotheses(

@@ -56,6 +56,8 @@ class ModelState:
         self.src_mask = src_mask  # (M, 1, 1, S)
         self.cache = cache  # None: the uncached reference path (whole prefix every step)
         self.beams = 1  # rows per memory row (K after repeat_beams)
+        # The ids search must never emit: PAD and BOS.
+        self.never = torch.tensor([model.trg_pad_idx, model.trg_sos_idx], device=memory.device)
 
     @classmethod
     def start(cls, model: Transformer, src: torch.Tensor, use_cache: bool) -> "ModelState":
@@ -76,9 +78,7 @@ class ModelState:
         log_probs = functional.log_softmax(logits.float(), dim=-1)  # (R, V)
         # Never emit PAD or BOS: a PAD inside a prefix would be masked as padding by the uncached
         # path (and by any later teacher-forced pass), so the two paths would disagree.
-        log_probs[:, model.trg_pad_idx] = float("-inf")
-        log_probs[:, model.trg_sos_idx] = float("-inf")
-        return log_probs
+        return log_probs.index_fill_(1, self.never, float("-inf"))
 
     def repeat_beams(self, k: int) -> None:
         """K rows per sentence (before the first step or after it): each row's self-attention

@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding.text import encode_sources, translate_texts
 from transformer_mt.errors import MTError
 from transformer_mt.inference.attention import attention_matrices
-from transformer_mt.inference.loading import load_for_inference, quantize
+from transformer_mt.inference.loading import load_for_inference, quantize, validation_report
 
 EOS_PIECE = "</s>"
 
@@ -112,7 +111,6 @@ class TorchEngine(Engine):
     ) -> None:
         loaded = load_for_inference(checkpoint, device)
         self.model = loaded.model if quantization is None else quantize(loaded.model, quantization)
-        saved = load_checkpoint(checkpoint)  # what loading drops: model args, training history
         data = loaded.config.data
         super().__init__(
             name="torch",
@@ -123,9 +121,9 @@ class TorchEngine(Engine):
             trg_lang=data.trg_lang,
             info={
                 "device": str(torch.device(device)),
-                "model_args": _plain(saved.get("model_args")),
+                "model_args": loaded.model_args,
                 "step": loaded.step,
-                "validation": validation_bleu(saved.get("train_state"), loaded.step),
+                "validation": validation_report(loaded),
             },
         )
 
@@ -261,41 +259,3 @@ def load_engine(
             )
         return CT2Engine(path, device)
     raise MTError(f"--engine {kind!r}: expected torch or ct2")
-
-
-def validation_bleu(train_state: Any, step: int) -> dict[str, Any] | None:
-    """The validation BLEU recorded when the checkpoint was saved (the history entry of its step,
-    else the latest one), with the signature of the sacrebleu BLEU that training computes; None
-    when the checkpoint holds no validation BLEU (averaged or old checkpoints)."""
-    if not isinstance(train_state, dict):
-        return None
-    history = (train_state.get("state") or {}).get("history") or []
-    scored = [h for h in history if isinstance(h, dict) and "val_bleu" in h]
-    if not scored:
-        return None
-    entry = next((h for h in reversed(scored) if h.get("step") == step), scored[-1])
-    return {
-        "step": int(entry.get("step", 0)),
-        "bleu": float(entry["val_bleu"]),
-        "signature": bleu_signature(),
-    }
-
-
-def bleu_signature() -> str:
-    """The signature of training's validation BLEU (sacrebleu defaults: cased, 13a, one ref)."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU()
-    bleu.corpus_score(["a"], [["a"]])  # the signature names the reference count once scored
-    return str(bleu.get_signature())
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready copy of model arguments (ints, floats, bools, strings, None)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    return str(value)

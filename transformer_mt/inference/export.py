@@ -30,7 +30,7 @@ from pathlib import Path
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
-from transformer_mt.inference.loading import LoadedModel
+from transformer_mt.inference.loading import LoadedModel, validation_report
 from transformer_mt.model import Transformer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_bfloat16", "bfloat16", "float16")
@@ -85,11 +85,13 @@ def export_ctranslate2(
             "decode": dataclasses.asdict(loaded.config.decode),
             "joint_vocabulary": joint,
             "max_len": loaded.model.positions.max_len,
+            "model_args": loaded.model_args,
             "quantization": quantization,
             "source": source,
             "step": loaded.step,
             "src_lang": loaded.config.data.src_lang,
             "trg_lang": loaded.config.data.trg_lang,
+            "validation": validation_report(loaded),
         }
         write_text_atomic(tmp / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")
         if output.exists():

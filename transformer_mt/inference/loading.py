@@ -1,7 +1,8 @@
 """Rebuild a trained model and its tokenizers from one checkpoint file, ready to translate."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +24,8 @@ class LoadedModel:
     trg_tok: Tokenizer  # the same object as src_tok for a joint vocabulary
     config: Config  # the run's resolved config; ``config.decode`` holds its decoding defaults
     step: int  # optimizer steps the weights were trained for (0 when unknown)
+    model_args: dict[str, Any] = field(default_factory=dict)  # the Transformer's, JSON-ready
+    validation: dict[str, Any] | None = None  # validation BLEU at its step (validation_bleu)
 
 
 def load_for_inference(path: Path | str, device: str | torch.device = "cpu") -> LoadedModel:
@@ -56,7 +59,51 @@ def load_for_inference(path: Path | str, device: str | torch.device = "cpu") -> 
         trg_tok=trg_tok,
         config=config,
         step=int(ckpt.get("step", 0)),
+        model_args=_plain(ckpt["model_args"]),
+        validation=validation_bleu(ckpt.get("train_state"), int(ckpt.get("step", 0))),
     )
+
+
+def validation_bleu(train_state: Any, step: int) -> dict[str, Any] | None:
+    """The validation BLEU recorded when the checkpoint was saved (the history entry of its step,
+    else the latest one), as {"step", "bleu"}; None when the checkpoint holds no validation BLEU
+    (averaged or old checkpoints)."""
+    if not isinstance(train_state, dict):
+        return None
+    history = (train_state.get("state") or {}).get("history") or []
+    scored = [h for h in history if isinstance(h, dict) and "val_bleu" in h]
+    if not scored:
+        return None
+    entry = next((h for h in reversed(scored) if h.get("step") == step), scored[-1])
+    return {"step": int(entry.get("step", 0)), "bleu": float(entry["val_bleu"])}
+
+
+def validation_report(loaded: LoadedModel) -> dict[str, Any] | None:
+    """``loaded.validation`` with the signature of its BLEU, for what people read (GET
+    /v1/model, an export's settings); None without one."""
+    if loaded.validation is None:
+        return None
+    return {**loaded.validation, "signature": bleu_signature()}
+
+
+def bleu_signature() -> str:
+    """The signature of training's validation BLEU (sacrebleu defaults: cased, 13a, one ref)."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU()
+    bleu.corpus_score(["a"], [["a"]])  # the signature names the reference count once scored
+    return str(bleu.get_signature())
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy of model arguments (ints, floats, bools, strings, None)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)
 
 
 def check_device(name: str | torch.device) -> torch.device:

@@ -13,32 +13,72 @@ class AttentionCache:
 
     Self-attention appends one position per step (:meth:`append`); cross-attention stores the
     memory's keys/values once (:meth:`store`) and reuses them.
+
+    Row moves are lazy: :meth:`select` only composes the row index, and the next :meth:`append`
+    gathers the cached rows straight into the tensor that also receives the new position. Beam
+    search reorders rows after every step, so each step copies the cache once instead of twice
+    (a gather, then a concatenation).
     """
 
     def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None  # pending row index (R',), None: rows as stored
 
     @property
     def empty(self) -> bool:
-        return self.keys is None
+        return self._keys is None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        self._apply_rows()
+        return self._keys
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        self._apply_rows()
+        return self._values
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys, self.values = keys, values
+        """Replace the cache with ``keys`` and ``values`` (B, H, t, Dh), kept contiguous so that
+        attention reads them without a copy every step."""
+        self._keys, self._values, self._rows = keys.contiguous(), values.contiguous(), None
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add this step's keys/values (B, H, T, Dh) after the cached ones; returns all of them."""
-        if self.keys is not None:
-            keys = torch.cat([self.keys, keys], dim=2)  # (B, H, t_past + T, Dh)
-            values = torch.cat([self.values, values], dim=2)
-        self.store(keys, values)
-        return keys, values
+        """Add this step's keys/values (B, H, T, Dh) after the cached ones (moved to their rows
+        first, if :meth:`select` moved any); returns all of them, (B, H, t_past + T, Dh)."""
+        if self._keys is None:
+            self.store(keys, values)
+        else:
+            self._keys = _gather_and_append(self._keys, self._rows, keys)
+            self._values = _gather_and_append(self._values, self._rows, values)
+            self._rows = None
+        return self._keys, self._values
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the batch rows ``index`` (R',), in that order."""
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, index)  # (R', H, t, Dh)
-            self.values = self.values.index_select(0, index)
+        if self._keys is not None:
+            self._rows = index if self._rows is None else self._rows.index_select(0, index)
+
+    def _apply_rows(self) -> None:
+        if self._rows is not None:
+            self._keys = self._keys.index_select(0, self._rows)
+            self._values = self._values.index_select(0, self._rows)
+            self._rows = None
+
+
+def _gather_and_append(
+    cached: torch.Tensor, rows: torch.Tensor | None, new: torch.Tensor
+) -> torch.Tensor:
+    """``cat([cached[rows], new], dim=2)`` with one copy of ``cached`` (B', H, t, Dh), ``new``
+    (B, H, T, Dh); ``rows`` None: all rows in order."""
+    if rows is None:
+        return torch.cat([cached, new], dim=2)
+    past = cached.size(2)
+    out = new.new_empty(new.size(0), new.size(1), past + new.size(2), new.size(3))
+    torch.index_select(cached, 0, rows, out=out[:, :, :past])
+    out[:, :, past:] = new
+    return out
 
 
 class DecoderCache:
@@ -71,9 +111,8 @@ class DecoderCache:
         K beams per sentence; the cross-attention keys/values stay one row per sentence."""
         for cache in self.self_attn:
             if not cache.empty:
-                cache.store(
-                    cache.keys.repeat_interleave(k, dim=0), cache.values.repeat_interleave(k, dim=0)
-                )
+                rows = torch.arange(cache.keys.size(0), device=cache.keys.device)
+                cache.select(rows.repeat_interleave(k))
 
     def reorder_beams(self, index: torch.Tensor) -> None:
         """Reorder rows ``index`` (R,) that only move beams within their sentence.

@@ -74,7 +74,8 @@ class MultiHeadAttention(nn.Module):
             else:
                 k, v = (self._split(part) for part in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:
-                    cache.store(k, v)
+                    cache.store(k, v)  # contiguous: every later step reads them without a copy
+                    k, v = cache.keys, cache.values
             group = _group_size(batch, k.size(0))
             q = _merge_groups(q, group)  # (M, H, G*T, Dh)
         else:
@@ -163,12 +164,15 @@ def _explicit_attention(
     GPU), the weights cast back for the second product; ``drop`` is dropout on the weights, as in
     the fused kernel. The one explicit path: attention pictures, and where
     :func:`_explicit_is_faster`."""
-    with torch.autocast(q.device.type, enabled=False):
-        scores = (q @ k.transpose(-2, -1)).float() * (1.0 / math.sqrt(q.size(-1)))
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = scores.softmax(dim=-1)
-        return dropout(weights, drop).to(q.dtype) @ v, weights
+    if torch.is_autocast_enabled(q.device.type):
+        with torch.autocast(q.device.type, enabled=False):
+            return _explicit_attention(q, k, v, mask, drop)
+    # In place where autograd allows it (no backward needs these scores): fewer allocations.
+    scores = (q @ k.transpose(-2, -1)).float().mul_(1.0 / math.sqrt(q.size(-1)))
+    if mask is not None:
+        scores.masked_fill_(mask.logical_not(), float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return dropout(weights, drop).to(q.dtype) @ v, weights
 
 
 class FeedForward(nn.Module):

@@ -430,4 +430,3 @@ def test_validation_bleu_is_the_entry_of_the_checkpoints_step():
     assert validation_bleu(state, 1500) == {"step": 1000, "bleu": 31.5}  # else the latest
     assert validation_bleu({"state": {"history": history[1:2]}}, 1000) is None
     assert validation_bleu(None, 0) is None  # averaged checkpoints keep no train_state
-

@@ -81,8 +81,16 @@ E = "evaluate"
 # name: (arguments, stdin or None, a piece of the expected message)
 CASES = {
     # train / prepare: config files and --set
-    "config missing": (["train", "--config", "nope.yaml"], None, "config file not found"),
-    "config is a directory": (["train", "--config", "adir"], None, "is a directory"),
+    "config missing": (
+        ["train", "--config", "nope.yaml"],
+        None,
+        "config file not found: nope.yaml; pass an existing YAML file",
+    ),
+    "config is a directory": (
+        ["train", "--config", "adir"],
+        None,
+        "--config adir is a directory; pass a YAML file",
+    ),
     "config not UTF-8": (
         ["train", "--config", "latin1.yaml"],
         None,
@@ -93,118 +101,284 @@ CASES = {
         None,
         "badyaml.yaml:3: invalid YAML",
     ),
-    "config not a mapping": (["prepare", "--config", "list.yaml"], None, "mapping"),
-    "config unknown key": (["train", "--config", "unknown.yaml"], None, "model.d_modle"),
-    "config wrong type": (["train", "--config", "wrongtype.yaml"], None, "train.max_steps"),
+    "config not a mapping": (
+        ["prepare", "--config", "list.yaml"],
+        None,
+        "list.yaml: expected a mapping of sections",
+    ),
+    "config unknown key": (
+        ["train", "--config", "unknown.yaml"],
+        None,
+        "unknown.yaml: unknown config key 'model.d_modle'; known keys:",
+    ),
+    "config wrong type": (
+        ["train", "--config", "wrongtype.yaml"],
+        None,
+        "'train.max_steps': expected int, got 'many'",
+    ),
     "--set bad YAML": (["train", "--set", "train.max_steps=[1"], None, "not valid YAML"),
     "--set without =": (["prepare", "--set", "train.max_steps"], None, "section.key=value"),
-    "--set unknown key": (["train", "--set", "train.max_stepz=3"], None, "train.max_stepz"),
+    "--set unknown key": (
+        ["train", "--set", "train.max_stepz=3"],
+        None,
+        "unknown config key 'train.max_stepz'",
+    ),
     "--set out of range": (
         ["train", "--set", "train.label_smoothing=1.5"],
         None,
-        "label_smoothing",
+        "train.label_smoothing is 1.5; it must be in [0, 1)",
     ),
-    "run dir is a file": (["train", "--config", "tiny.yaml", "--run-dir", "afile"], None, "afile"),
+    "run dir is a file": (
+        ["train", "--config", "tiny.yaml", "--run-dir", "afile"],
+        None,
+        "run directory afile is not a directory; pass another --run-dir",
+    ),
     "run dir under a file": (
         ["train", "--config", "tiny.yaml", "--run-dir", "afile/r"],
         None,
-        "afile",
+        "cannot create run directory afile/r",
     ),
     "local corpus file missing": (
         ["prepare", "--config", "local.yaml", "--set", "data.train_src=nope.src"],
         None,
-        "nope.src",
+        "data.train_src: nope.src is not a file",
     ),
-    "local corpus lines differ": (["prepare", "--config", "local.yaml"], None, "a.trg"),
+    "local corpus lines differ": (
+        ["prepare", "--config", "local.yaml"],
+        None,
+        "a.src:2: line has no partner: a.trg has 1 lines",
+    ),
     # translate: checkpoints
-    "checkpoint missing": ([T, "-c", "nope.pt"], "x\n", "checkpoint not found"),
-    "checkpoint is a directory": ([T, "-c", "adir"], "x\n", "is a directory"),
-    "checkpoint of random bytes": ([T, "-c", "random.pt"], "x\n", "not a PyTorch checkpoint"),
+    "checkpoint missing": (
+        [T, "-c", "nope.pt"],
+        "x\n",
+        "checkpoint not found: nope.pt; pass a .pt file",
+    ),
+    "checkpoint is a directory": (
+        [T, "-c", "adir"],
+        "x\n",
+        "checkpoint adir is a directory; pass a .pt file",
+    ),
+    "checkpoint of random bytes": (
+        [T, "-c", "random.pt"],
+        "x\n",
+        "random.pt: it is not a PyTorch checkpoint file",
+    ),
     "checkpoint empty": ([T, "-c", "empty.pt"], "x\n", "empty.pt: it is empty"),
-    "checkpoint truncated": ([T, "-c", "truncated.pt"], "x\n", "truncated"),
-    "checkpoint foreign pickle": ([T, "-c", "foreign.pt"], "x\n", "never loaded"),
-    "checkpoint not ours": ([T, "-c", "notours.pt"], "x\n", "not a transformer-mt checkpoint"),
+    "checkpoint truncated": (
+        [T, "-c", "truncated.pt"],
+        "x\n",
+        "truncated.pt: it is truncated or corrupt",
+    ),
+    "checkpoint foreign pickle": (
+        [T, "-c", "foreign.pt"],
+        "x\n",
+        "foreign.pt: it holds Python objects other than tensors",
+    ),
+    "checkpoint not ours": (
+        [T, "-c", "notours.pt"],
+        "x\n",
+        "notours.pt is not a transformer-mt checkpoint",
+    ),
     # translate: input, stdin, output
     "input missing": ([T, *CK, "-i", "nope.txt"], None, "file not found: nope.txt"),
-    "input is a directory": ([T, *CK, "-i", "adir"], None, "adir is a directory"),
+    "input is a directory": ([T, *CK, "-i", "adir"], None, "adir is a directory; name a text file"),
     "input not UTF-8": ([T, *CK, "-i", "latin1.txt"], None, "latin1.txt:2: invalid UTF-8"),
     "stdin not UTF-8": ([T, *CK], "ok\nStra\xdfe\n".encode("latin-1"), "stdin:2: invalid UTF-8"),
-    "output is the input": ([T, *CK, "-i", "in.txt", "-o", "in.txt"], None, "would destroy"),
-    "output is the input via a link": ([T, *CK, "-i", "in.txt", "-o", "link.txt"], None, "destroy"),
-    "output is the checkpoint": ([T, *CK, "-i", "in.txt", "-o", "ck.pt"], None, "input ck.pt"),
-    "output is a directory": ([T, *CK, "-i", "in.txt", "-o", "adir"], None, "is a directory"),
-    "output directory missing": ([T, *CK, "-i", "in.txt", "-o", "no/out.txt"], None, "not exist"),
-    "output under a file": ([T, *CK, "-i", "in.txt", "-o", "afile/out.txt"], None, "not exist"),
+    "output is the input": (
+        [T, *CK, "-i", "in.txt", "-o", "in.txt"],
+        None,
+        "output in.txt is the input in.txt: writing it would destroy",
+    ),
+    "output is the input via a link": (
+        [T, *CK, "-i", "in.txt", "-o", "link.txt"],
+        None,
+        "output link.txt is the input in.txt",
+    ),
+    "output is the checkpoint": (
+        [T, *CK, "-i", "in.txt", "-o", "ck.pt"],
+        None,
+        "output ck.pt is the input ck.pt",
+    ),
+    "output is a directory": (
+        [T, *CK, "-i", "in.txt", "-o", "adir"],
+        None,
+        "output adir is a directory; name a file",
+    ),
+    "output directory missing": (
+        [T, *CK, "-i", "in.txt", "-o", "no/out.txt"],
+        None,
+        "output no/out.txt: directory",
+    ),
+    "output under a file": (
+        [T, *CK, "-i", "in.txt", "-o", "afile/out.txt"],
+        None,
+        "output afile/out.txt: directory",
+    ),
     # translate: options
-    "device unknown": ([T, *CK, "--device", "gpu"], "x\n", "--device 'gpu'"),
+    "device unknown": ([T, *CK, "--device", "gpu"], "x\n", "--device 'gpu': not a device name"),
     "attention layer out of range": (
         [T, *CK, "--attention-dir", "adir", "--attention-layer", "9"],
         "x\n",
-        "--attention-layer 9",
+        "--attention-layer 9: the model's decoder layers are 0 to 0",
     ),
-    "attention layer without dir": ([T, *CK, "--attention-layer", "0"], "x\n", "--attention-dir"),
-    "attention dir is a file": ([T, *CK, "--attention-dir", "afile"], "x\n", "afile is a file"),
-    "beam 0": ([T, *CK, "--beam", "0"], "x\n", "beam"),
-    "beam 100000": ([T, *CK, "--beam", "100000"], "x\n", "beam"),
-    "nbest above beam": ([T, *CK, "--beam", "2", "--nbest", "3"], "x\n", "--nbest"),
-    "sample with a beam": ([T, *CK, "--sample", "--beam", "4"], "x\n", "--sample"),
-    "batch tokens 0": ([T, *CK, "--batch-tokens", "0"], "x\n", "--batch-tokens"),
+    "attention layer without dir": (
+        [T, *CK, "--attention-layer", "0"],
+        "x\n",
+        "--attention-layer chooses the layer of the heatmaps: add --attention-dir",
+    ),
+    "attention dir is a file": (
+        [T, *CK, "--attention-dir", "afile"],
+        "x\n",
+        "--attention-dir afile is a file",
+    ),
+    "beam 0": (
+        [T, *CK, "--beam", "0"],
+        "x\n",
+        "decode.beam_size (--beam) is 0; it must be 1 to 128",
+    ),
+    "beam 100000": (
+        [T, *CK, "--beam", "100000"],
+        "x\n",
+        "decode.beam_size (--beam) is 100000; it must be 1 to 128",
+    ),
+    "nbest above beam": (
+        [T, *CK, "--beam", "2", "--nbest", "3"],
+        "x\n",
+        "decode.nbest (--nbest) is 3; it must be between 1 and the beam size (2)",
+    ),
+    "sample with a beam": (
+        [T, *CK, "--sample", "--beam", "4"],
+        "x\n",
+        "decode.sampling (--sample) draws one translation per line",
+    ),
+    "batch tokens 0": (
+        [T, *CK, "--batch-tokens", "0"],
+        "x\n",
+        "decode.batch_tokens (--batch-tokens) is 0; it must be at least 1",
+    ),
     # evaluate
-    "evaluate two empty files": ([E, "--hyp", "empty1.txt", "--ref", "empty2.txt"], None, "empty"),
-    "evaluate neither hyp nor src": ([E, "--ref", "ref.txt"], None, "--hyp"),
+    "evaluate two empty files": (
+        [E, "--hyp", "empty1.txt", "--ref", "empty2.txt"],
+        None,
+        "empty1.txt and empty2.txt are empty",
+    ),
+    "evaluate neither hyp nor src": (
+        [E, "--ref", "ref.txt"],
+        None,
+        "give either --hyp FILE, or --src FILE with --checkpoint",
+    ),
     "evaluate hyp and src": (
         [E, "--hyp", "in.txt", "--src", "in.txt", "-r", "ref.txt"],
         None,
-        "--src",
+        "give either --hyp FILE, or --src FILE with --checkpoint",
     ),
     "evaluate src without checkpoint": (
         [E, "--src", "in.txt", "-r", "ref.txt"],
         None,
-        "--checkpoint",
+        "--src needs --checkpoint",
     ),
-    "evaluate line counts differ": ([E, "--hyp", "two.txt", "-r", "ref.txt"], None, "line counts"),
-    "evaluate ref missing": ([E, "--hyp", "two.txt", "-r", "nope.txt"], None, "nope.txt"),
-    "evaluate ref is a directory": ([E, "--hyp", "two.txt", "-r", "adir"], None, "directory"),
-    "evaluate ref not UTF-8": ([E, "--hyp", "two.txt", "-r", "latin1.txt"], None, "invalid UTF-8"),
+    "evaluate line counts differ": (
+        [E, "--hyp", "two.txt", "-r", "ref.txt"],
+        None,
+        "line counts differ: two.txt has 2 lines, ref.txt has 3",
+    ),
+    "evaluate ref missing": (
+        [E, "--hyp", "two.txt", "-r", "nope.txt"],
+        None,
+        "file not found: nope.txt",
+    ),
+    "evaluate ref is a directory": (
+        [E, "--hyp", "two.txt", "-r", "adir"],
+        None,
+        "adir is a directory; name a text file",
+    ),
+    "evaluate ref not UTF-8": (
+        [E, "--hyp", "two.txt", "-r", "latin1.txt"],
+        None,
+        "latin1.txt:2: invalid UTF-8",
+    ),
     "evaluate bad checkpoint": (
         [E, "--src", "in.txt", "-r", "ref.txt", "-c", "random.pt"],
         None,
-        "random.pt",
+        "random.pt: it is not a PyTorch checkpoint file",
     ),
     # download (none of these reaches the network)
-    "download unknown corpus": (["download", "nosuchcorpus"], None, "nosuchcorpus"),
-    "download without a name": (["download"], None, "--list"),
+    "download unknown corpus": (
+        ["download", "nosuchcorpus"],
+        None,
+        "unknown corpus 'nosuchcorpus'; known corpora:",
+    ),
+    "download without a name": (["download"], None, "name a corpus to download, or pass --list"),
     "download bad base url": (
         ["download", "multi30k", "--base-url", "ftp://x/"],
         None,
-        "--base-url",
+        "--base-url 'ftp://x/' is not an http(s) URL",
     ),
-    "download dest is a file": (["download", "multi30k", "--dest", "afile/sub"], None, "afile"),
+    "download dest is a file": (
+        ["download", "multi30k", "--dest", "afile/sub"],
+        None,
+        "cannot create --dest afile/sub",
+    ),
     # average
     "average missing checkpoint": (
         ["average", "ck.pt", "nope.pt", "-o", "avg.pt"],
         None,
-        "nope.pt",
+        "checkpoint not found: nope.pt",
     ),
-    "average random bytes": (["average", "ck.pt", "random.pt", "-o", "avg.pt"], None, "random.pt"),
+    "average random bytes": (
+        ["average", "ck.pt", "random.pt", "-o", "avg.pt"],
+        None,
+        "random.pt: it is not a PyTorch checkpoint file",
+    ),
     "average onto an input": (
         ["average", "ck.pt", "run/last.pt", "-o", "run/last.pt"],
         None,
-        "destroy",
+        "output run/last.pt is the input run/last.pt",
     ),
-    "average onto a directory": (["average", "ck.pt", "-o", "adir"], None, "is a directory"),
-    "average output directory missing": (["average", "ck.pt", "-o", "no/a.pt"], None, "not exist"),
+    "average onto a directory": (
+        ["average", "ck.pt", "-o", "adir"],
+        None,
+        "output adir is a directory",
+    ),
+    "average output directory missing": (
+        ["average", "ck.pt", "-o", "no/a.pt"],
+        None,
+        "output no/a.pt: directory",
+    ),
     # plot
     "plot missing run": (["plot", "nope"], None, "no metrics.jsonl in nope"),
-    "plot bad metrics line": (["plot", "run", "--output", "m.png"], None, "metrics.jsonl:2"),
-    "plot metrics not UTF-8": (["plot", "badrun", "--output", "m.png"], None, "utf-8"),
-    "plot output is a directory": (["plot", "goodrun", "--output", "adir"], None, "is a directory"),
-    "plot output type unknown": (["plot", "goodrun", "--output", "m.txt"], None, "image type"),
-    "plot several runs, no output": (["plot", "run", "badrun"], None, "--output"),
-    "plot onto its metrics": (
-        ["plot", "run", "--output", "run/metrics.jsonl"],
+    "plot bad metrics line": (
+        ["plot", "run", "--output", "m.png"],
         None,
-        "metrics.jsonl",
+        "run/metrics.jsonl:2: not a metrics record",
+    ),
+    "plot metrics not UTF-8": (
+        ["plot", "badrun", "--output", "m.png"],
+        None,
+        "badrun/metrics.jsonl:1: not a metrics record ('utf-8' codec",
+    ),
+    "plot output is a directory": (
+        ["plot", "goodrun", "--output", "adir"],
+        None,
+        "output adir is a directory",
+    ),
+    "plot output type unknown": (
+        ["plot", "goodrun", "--output", "m.txt"],
+        None,
+        "--output m.txt: unknown image type 'txt'",
+    ),
+    "plot several runs, no output": (
+        ["plot", "run", "badrun"],
+        None,
+        "2 runs to plot: say where the PNG goes with --output",
+    ),
+    # goodrun: its metrics are readable, so what refuses is the output check (run's bad line
+    # would be refused first and hide it).
+    "plot onto its metrics": (
+        ["plot", "goodrun", "--output", "goodrun/metrics.jsonl"],
+        None,
+        "output goodrun/metrics.jsonl is the input goodrun/metrics.jsonl: writing it would destroy",
     ),
 }
 

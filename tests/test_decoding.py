@@ -399,3 +399,21 @@ def test_bad_prefixes_are_refused(random_model, random_src):
         greedy_search(random_model, random_src[:1], LEN, prefixes=[[5] * 64])
     with pytest.raises(ValueError, match="3 prefixes for 8 sources"):
         decode_sources(random_model, _sources(random_src), LEN, prefixes=[[]] * 3)
+
+
+def test_top_candidates_equal_ranking_all_k_times_v():
+    """Ranking each beam's row first, then the survivors, finds the 2K best (beam, token) pairs
+    of the whole (n, K*V) candidate table, with their scores."""
+    from transformer_mt.decoding.search import _top_candidates
+
+    torch.manual_seed(0)
+    n, k, vocab = 5, 3, 50
+    scores = torch.randn(n, k)
+    scores[0, 1:] = float("-inf")  # step 0: only beam 0 may expand
+    log_probs = torch.randn(n * k, vocab).log_softmax(dim=-1)
+    top_scores, top_beam, top_tok = _top_candidates(scores, log_probs, k)
+    table = (scores.view(-1, 1) + log_probs).view(n, k * vocab)
+    want_scores, want_idx = table.topk(2 * k, dim=1)
+    assert torch.equal(top_scores, want_scores)
+    assert torch.equal(top_beam, want_idx // vocab) and torch.equal(top_tok, want_idx % vocab)
+    assert (top_beam[0] == 0).all()

@@ -371,3 +371,21 @@ def test_model_args_maps_the_model_config():
         200,
         1,
     )
+
+
+def test_attention_cache_moves_rows_before_the_next_append():
+    """Selections compose and are applied by the next append: the cache then holds exactly
+    cat([old rows, in the selected order], new keys), and its keys are contiguous."""
+    from transformer_mt.model import AttentionCache
+
+    cache, old = AttentionCache(), torch.randn(4, 2, 3, 5)
+    cache.store(old, -old)
+    cache.select(torch.tensor([3, 1, 1, 0]))
+    cache.select(torch.tensor([2, 0, 1]))  # rows 1, 3, 1 of the stored ones
+    new = torch.randn(3, 2, 1, 5)
+    keys, values = cache.append(new, -new)
+    rows = torch.tensor([1, 3, 1])
+    assert torch.equal(keys, torch.cat([old[rows], new], dim=2)) and keys.is_contiguous()
+    assert torch.equal(values, -keys)
+    cache.select(torch.tensor([1]))
+    assert torch.equal(cache.keys, keys[1:2]) and torch.equal(cache.values, -keys[1:2])

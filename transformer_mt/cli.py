@@ -10,7 +10,6 @@ lines on stderr.
 """
 
 import dataclasses
-import errno
 import functools
 import io
 import json
@@ -515,7 +514,7 @@ def _check_translate_paths(
 def _write_lines(output: Path | None, lines: Iterable[str], inputs: Iterable = ()) -> None:
     """Lines to stdout, or to the file ``output`` written whole (:func:`fileio.write_output`:
     atomically, never over one of ``inputs``), as UTF-8."""
-    from transformer_mt.fileio import no_space_error, write_output
+    from transformer_mt.fileio import NO_SPACE, no_space_error, write_output
 
     text = "".join(line + "\n" for line in lines)
     if output is not None:
@@ -531,7 +530,7 @@ def _write_lines(output: Path | None, lines: Iterable[str], inputs: Iterable = (
             stream.write(data)
         sys.stdout.flush()
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno in NO_SPACE:
             _silence_stdout()  # what did not fit would fail again at exit
             raise no_space_error("stdout", len(data)) from err
         raise

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from transformer_mt.errors import MTError
-from transformer_mt.fileio import atomic_write
+from transformer_mt.fileio import NO_SPACE, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ HASH_CHUNK_BYTES = 1 << 20
 # Every file a build writes in its directory: a leftover build directory is deleted only when it
 # holds nothing else (the cache directory may be one the user shares with other files).
 _BUILD_FILES = re.compile(r"(src|trg)_(tokens\.bin|lengths\.tmp|offsets\.npy)|meta\.json|\..*\.tmp")
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _hash_part(part: Any) -> bytes:
@@ -340,7 +339,7 @@ def build_binarized(
             with contextlib.suppress(OSError):
                 writer.close()
         shutil.rmtree(tmp_dir, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
             raise _disk_full_error(out_dir, _space_needed(writers), read_all, exc) from None
         raise
     loaded = load_binarized(out_dir, key)

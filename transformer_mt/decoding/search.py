@@ -384,7 +384,7 @@ def _top_candidates(
         raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
     # A sentence's 2K best extensions are among the 2K best tokens of each of its beams: rank
     # within rows first (R rows of V), then the K * 2K survivors of each sentence.
-    row_scores, row_tok = log_probs.topk(2 * k, dim=1)  # (n*K, 2K)
+    row_scores, row_tok = log_probs.topk(2 * k, dim=1, sorted=False)  # (n*K, 2K), any order
     cand = (scores.view(-1, 1) + row_scores).view(n_act, 2 * k * k)  # (n, K*2K)
     top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
     top_tok = row_tok.view(n_act, 2 * k * k).gather(1, top_idx)

@@ -53,14 +53,15 @@ def load_for_inference(path: Path | str, device: str | torch.device = "cpu") -> 
             f"fit together: {first[:200]}); use another checkpoint of the run"
         ) from err
     model.to(device).eval()
+    step = int(ckpt.get("step", 0))
     return LoadedModel(
         model=model,
         src_tok=src_tok,
         trg_tok=trg_tok,
         config=config,
-        step=int(ckpt.get("step", 0)),
+        step=step,
         model_args=_plain(ckpt["model_args"]),
-        validation=validation_bleu(ckpt.get("train_state"), int(ckpt.get("step", 0))),
+        validation=validation_bleu(ckpt.get("train_state"), step),
     )
 
 

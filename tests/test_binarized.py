@@ -4,6 +4,7 @@ failure ever leaves a half-written cache (or a temporary directory) behind."""
 from __future__ import annotations
 
 import pickle
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -287,13 +288,15 @@ def _dead_pid() -> int:
 def test_builds_left_by_killed_runs_are_removed_by_the_next_build(tmp_path: Path) -> None:
     import os
 
-    dead = _dead_pid()
+    dead, here = _dead_pid(), socket.gethostname()
     left = {
-        f"c.tmp-{dead}": ["src_tokens.bin", "src_lengths.tmp"],
-        f"other-train.old-{dead}": ["meta.json", "trg_offsets.npy", ".meta.json.x1.tmp"],
-        f"c.tmp-{os.getppid()}": ["src_tokens.bin"],  # its process runs: a build in progress
-        f"mine.tmp-{dead}": ["notes.txt"],  # not a build's files: not ours to delete
-        f"file.tmp-{dead}": None,  # a file, not a directory
+        f"c.tmp-{here}-{dead}": ["src_tokens.bin", "src_lengths.tmp"],
+        f"c.tmp-{dead}": ["src_tokens.bin"],  # an older version's name: no host, so this one
+        f"other-train.old-{here}-{dead}": ["meta.json", "trg_offsets.npy", ".meta.json.x1.tmp"],
+        f"c.tmp-{here}-{os.getppid()}": ["src_tokens.bin"],  # its process runs: in progress
+        f"c.tmp-other-host.lan-{dead}": ["src_tokens.bin"],  # another host's: cannot tell
+        f"mine.tmp-{here}-{dead}": ["notes.txt"],  # not a build's files: not ours to delete
+        f"file.tmp-{here}-{dead}": None,  # a file, not a directory
     }
     for name, files in left.items():
         if files is None:
@@ -305,7 +308,13 @@ def test_builds_left_by_killed_runs_are_removed_by_the_next_build(tmp_path: Path
     build_binarized(tmp_path / "c", "k", _pairs(5), VOCAB)
     remaining = sorted(p.name for p in tmp_path.iterdir())
     assert remaining == sorted(
-        ["c", f"c.tmp-{os.getppid()}", f"mine.tmp-{dead}", f"file.tmp-{dead}"]
+        [
+            "c",
+            f"c.tmp-{here}-{os.getppid()}",
+            f"c.tmp-other-host.lan-{dead}",
+            f"mine.tmp-{here}-{dead}",
+            f"file.tmp-{here}-{dead}",
+        ]
     )
 
 
@@ -338,6 +347,6 @@ def test_a_build_killed_by_sigkill_is_cleaned_up_next_time(tmp_path: Path) -> No
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
-    assert _leftovers(tmp_path) == [f"c.tmp-{proc.pid}"]
+    assert _leftovers(tmp_path) == [f"c.tmp-{socket.gethostname()}-{proc.pid}"]
     build_binarized(tmp_path / "c", "k", _pairs(5), VOCAB)
     assert _leftovers(tmp_path) == []

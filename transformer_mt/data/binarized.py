@@ -33,6 +33,7 @@ import operator
 import os
 import re
 import shutil
+import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -197,20 +198,32 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _build_tag() -> str:
+    """``<host>-<pid>``: whose build a ``.tmp-`` / ``.old-`` directory is. The host matters on a
+    cache directory that several machines share: a process id means something on its own host
+    only."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def remove_stale_builds(parent: Path) -> list[Path]:
-    """Delete the ``<name>.tmp-<pid>`` / ``<name>.old-<pid>`` directories in ``parent`` that a
-    killed build left (its process no longer runs, or it had this process's id); return them.
+    """Delete the ``<name>.tmp-<host>-<pid>`` / ``<name>.old-<host>-<pid>`` directories in
+    ``parent`` that a killed build of this host left (its process no longer runs, or it had this
+    process's id); return them. Names without a host (``<name>.tmp-<pid>``, older versions) count
+    as this host's.
 
     A directory is deleted only if it holds nothing but a build's files, so that a cache
-    directory shared with other files loses nothing else. A build running on another machine
-    with the same cache directory would not be seen as running: build on one process only.
+    directory shared with other files loses nothing else. Another host's leftovers stay: whether
+    their process still runs cannot be seen from here.
     """
     removed = []
+    here = socket.gethostname()
     for path in parent.iterdir() if parent.is_dir() else []:
-        match = re.fullmatch(r".+\.(?:tmp|old)-(\d+)", path.name)
+        match = re.fullmatch(r".+?\.(?:tmp|old)-(?:(.+)-)?(\d+)", path.name)
         if not match or not path.is_dir() or path.is_symlink():
             continue
-        pid = int(match.group(1))
+        host, pid = match.group(1), int(match.group(2))
+        if host not in (None, here):
+            continue
         if pid != os.getpid() and _pid_alive(pid):
             continue
         with contextlib.suppress(OSError):
@@ -270,7 +283,7 @@ def _publish(tmp_dir: Path, out_dir: Path) -> None:
     if not out_dir.exists():
         os.replace(tmp_dir, out_dir)
         return
-    old_dir = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
+    old_dir = out_dir.parent / f"{out_dir.name}.old-{_build_tag()}"
     if old_dir.exists():
         shutil.rmtree(old_dir)
     os.replace(out_dir, old_dir)
@@ -290,7 +303,7 @@ def build_binarized(
 ) -> BinarizedPair:
     """Stream ``pairs`` of (source ids, target ids) into a new cache at ``out_dir``; return it open.
 
-    The files are written in ``<out_dir>.tmp-<pid>`` beside ``out_dir`` and renamed into place only
+    The files are written in ``<out_dir>.tmp-<host>-<pid>`` beside ``out_dir`` and renamed into place only
     after ``meta.json`` is written; an existing cache at ``out_dir`` is replaced. If anything
     raises (including the ``pairs`` iterator, e.g. a cleaning error found at the end of a file)
     the temporary directory is removed and ``out_dir`` is left as it was. Build directories that
@@ -305,7 +318,7 @@ def build_binarized(
     """
     out_dir = Path(out_dir)
     dtype = dtype_for_vocab(vocab_size)
-    tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    tmp_dir = out_dir.parent / f"{out_dir.name}.tmp-{_build_tag()}"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in remove_stale_builds(out_dir.parent):
         log.info(f"removed {stale}, left by a build that was killed")

@@ -417,3 +417,8 @@ def test_top_candidates_equal_ranking_all_k_times_v():
     assert torch.equal(top_scores, want_scores)
     assert torch.equal(top_beam, want_idx // vocab) and torch.equal(top_tok, want_idx % vocab)
     assert (top_beam[0] == 0).all()
+    # Step 0: beam 0 of each sentence alone (B = 1) ranks as the full table of that beam.
+    first = _top_candidates(scores[:, :1], log_probs[::k], k)
+    want_scores, want_tok = log_probs[::k].topk(2 * k, dim=1)
+    assert torch.equal(first[0], want_scores + scores[:, :1]) and torch.equal(first[2], want_tok)
+    assert (first[1] == 0).all()

@@ -254,27 +254,27 @@ class _Beams:
         max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b, min_lens)
         state = _start_state(model, src, use_cache)  # n rows; K per sentence after step 0
         tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
-        # All K beams start as the same BOS: only beam 0 may expand at first, else the beam would
-        # fill with copies of one hypothesis. (After a forced prefix, the same holds again.)
-        scores = torch.full((n, k), float("-inf"), device=dev)  # (n, K)
-        scores[:, 0] = 0.0
+        # All K beams start as the same BOS: step 0 expands beam 0 alone (see log_probs), else the
+        # beam would fill with copies of one hypothesis.
+        scores = torch.zeros((n, k), device=dev)  # (n, K)
         sent = torch.arange(n, device=dev)
         return cls(k, sent, max_lens.to(dev), scores, tokens, state, forced)
 
     def log_probs(self, step: int) -> torch.Tensor:
-        """Next-token log-probs (n*K, V) of every beam, prefixes forced.
-
-        At step 0 the K beams of a sentence are the same BOS: the model runs one row per
-        sentence, and only then does the state make room for K beams each."""
+        """Next-token log-probs (n*B, V) of the beams that may expand, prefixes forced: all K
+        (B = K), except at step 0, where the K beams of a sentence are the same BOS and only the
+        first expands (B = 1). The model then runs one row per sentence, and only afterwards does
+        the state make room for K beams each."""
         if step == 0:
             log_probs = self.state.log_probs(self.tokens[:: self.k])  # (n, V)
             self.state.repeat_beams(self.k)
-            log_probs = log_probs.repeat_interleave(self.k, dim=0)  # (n*K, V)
+            sentences = self.sent
         else:
-            log_probs = self.state.log_probs(self.tokens)
+            log_probs = self.state.log_probs(self.tokens)  # (n*K, V)
+            sentences = self.sent.repeat_interleave(self.k)
         if self.forced is None:
             return log_probs
-        return self.forced.force(log_probs, self.sent.repeat_interleave(self.k), step)
+        return self.forced.force(log_probs, sentences, step)
 
     def rows(self, sentences: torch.Tensor) -> torch.Tensor:
         """The rows (m*K,) of the beams of active sentences (m,)."""
@@ -345,11 +345,13 @@ def beam_search(
     ended: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
 
     for step in range(int(beams.max_lens.max())):
-        log_probs = beams.log_probs(step)  # (n*K, V)
-        top_scores, top_beam, top_tok = _top_candidates(beams.scores, log_probs, k)  # (n, 2K)
+        log_probs = beams.log_probs(step)  # (n*B, V): B = 1 at step 0, else K
+        expanding = beams.scores[:, : log_probs.size(0) // beams.scores.size(0)]  # (n, B)
+        top_scores, top_beam, top_tok = _top_candidates(expanding, log_probs, k)  # (n, 2K)
         is_eos = top_tok == eos_idx
 
-        # EOS among the K best candidates ends a hypothesis (a -inf one is a step-0 copy beam).
+        # EOS among the K best candidates ends a hypothesis (not a -inf one: a forced prefix
+        # leaves each beam one finite candidate).
         end_mask = is_eos[:, :k] & top_scores[:, :k].isfinite()  # (n, K)
         if bool(end_mask.any()):
             i_idx, j_idx = end_mask.nonzero(as_tuple=True)
@@ -376,18 +378,18 @@ def beam_search(
 def _top_candidates(
     scores: torch.Tensor, log_probs: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The 2K best one-token extensions per sentence, best first, from the beams' summed scores
-    (n, K) and their next-token log-probs (n*K, V): summed scores, beam index in 0..K-1 and token,
-    each (n, 2K)."""
-    n_act, vocab = scores.size(0), log_probs.size(-1)
+    """The 2K best one-token extensions per sentence, best first, from the summed scores (n, B)
+    of the B beams that expand (K, or 1 at step 0) and their next-token log-probs (n*B, V):
+    summed scores, beam index in 0..B-1 and token, each (n, 2K)."""
+    (n_act, beams), vocab = scores.shape, log_probs.size(-1)
     if 2 * k + 2 > vocab:  # 2K finite candidates per sentence; PAD and BOS are never emitted
         raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
     # A sentence's 2K best extensions are among the 2K best tokens of each of its beams: rank
-    # within rows first (R rows of V), then the K * 2K survivors of each sentence.
-    row_scores, row_tok = log_probs.topk(2 * k, dim=1, sorted=False)  # (n*K, 2K), any order
-    cand = (scores.view(-1, 1) + row_scores).view(n_act, 2 * k * k)  # (n, K*2K)
+    # within rows first (n*B rows of V), then the B * 2K survivors of each sentence.
+    row_scores, row_tok = log_probs.topk(2 * k, dim=1, sorted=False)  # (n*B, 2K), any order
+    cand = (scores.view(-1, 1) + row_scores).view(n_act, beams * 2 * k)  # (n, B*2K)
     top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
-    top_tok = row_tok.view(n_act, 2 * k * k).gather(1, top_idx)
+    top_tok = row_tok.view(n_act, beams * 2 * k).gather(1, top_idx)
     return top_scores, top_idx // (2 * k), top_tok
 
 

@@ -401,6 +401,30 @@ def test_bad_prefixes_are_refused(random_model, random_src):
         decode_sources(random_model, _sources(random_src), LEN, prefixes=[[]] * 3)
 
 
+@pytest.mark.parametrize("width", [8000, 8013, 40])
+def test_row_topk_finds_topk_values(width):
+    """Two-stage ranking returns the values torch.topk returns, at the columns that hold them:
+    random rows, rows whose best values crowd into one block, a row with one finite value (a
+    forced prefix), the best value in the partial last block, and (width 40) the plain path."""
+    from transformer_mt.decoding.search import row_topk
+
+    torch.manual_seed(0)
+    k = 8
+    x = torch.randn(6, width)
+    x[1, 64:96] += 10.0  # all k best in one block
+    x[2] = float("-inf")
+    x[2, width // 2] = -3.0  # one finite value: the others of its top-k are -inf
+    x[3, -1] = 50.0  # in the partial last block when width % 32 != 0
+    x[4] = 1.0  # all tied
+    values, cols = row_topk(x, k)
+    assert values.shape == cols.shape == (6, k)
+    want = x.topk(k, dim=1).values
+    assert torch.equal(values.sort(dim=1, descending=True).values, want)
+    assert torch.equal(x.gather(1, cols), values)
+    assert all(len(set(row)) == k for row in cols.tolist())  # k distinct columns per row
+    assert cols[2].tolist().count(width // 2) == 1 and cols[3].tolist().count(width - 1) == 1
+
+
 def test_top_candidates_equal_ranking_all_k_times_v():
     """Ranking each beam's row first, then the survivors, finds the 2K best (beam, token) pairs
     of the whole (n, K*V) candidate table, with their scores."""

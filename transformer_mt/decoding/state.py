@@ -103,3 +103,26 @@ class ModelState:
         memory and cross-attention keys/values, so only the self-attention cache moves."""
         if self.cache is not None:
             self.cache.reorder_beams(index)
+
+    def merge(self, other: "ModelState") -> None:
+        """Append the rows of ``other``, the state of sentences that started later (the same
+        model and beam count, both cached, each after at least one step), after this state's
+        rows: continuous batching. The shorter source is padded (and masked)."""
+        if self.cache is None or other.cache is None or self.beams != other.beams:
+            raise ValueError("merge needs two cached states with the same number of beams")
+        width = max(self.memory.size(1), other.memory.size(1))
+        self.memory = torch.cat([_pad_source(self.memory, width), _pad_source(other.memory, width)])
+        self.src_mask = torch.cat(
+            [_pad_mask(self.src_mask, width), _pad_mask(other.src_mask, width)]
+        )
+        self.cache.merge(other.cache)
+
+
+def _pad_source(memory: torch.Tensor, width: int) -> torch.Tensor:
+    """Memory (M, S, D) padded with zeros to (M, width, D)."""
+    return functional.pad(memory, (0, 0, 0, width - memory.size(1)))
+
+
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Source mask (M, 1, 1, S) padded with False (masked) to (M, 1, 1, width)."""
+    return functional.pad(mask, (0, width - mask.size(-1)), value=False)

@@ -60,11 +60,39 @@ class AttentionCache:
         if self._keys is not None:
             self._rows = index if self._rows is None else self._rows.index_select(0, index)
 
+    def drop_first(self, n: int) -> None:
+        """Forget the first ``n`` positions of every row (a view; the next append copies)."""
+        if self._keys is not None:
+            self._keys, self._values = self._keys[:, :, n:], self._values[:, :, n:]
+
     def _apply_rows(self) -> None:
         if self._rows is not None:
             self._keys = self._keys.index_select(0, self._rows)
             self._values = self._values.index_select(0, self._rows)
             self._rows = None
+
+
+def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    """``t`` (R, H, n, X) with ``length - n`` zero positions before its own."""
+    if t.size(2) == length:
+        return t
+    pad = t.new_zeros((t.size(0), t.size(1), length - t.size(2), t.size(3)))
+    return torch.cat([pad, t], dim=2)
+
+
+def _pad_mask_left(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """``mask`` (R, n) with ``length - n`` False positions before its own."""
+    if mask.size(1) == length:
+        return mask
+    return torch.cat([mask.new_zeros((mask.size(0), length - mask.size(1))), mask], dim=1)
+
+
+def _pad_right(t: torch.Tensor, length: int) -> torch.Tensor:
+    """``t`` (R, H, n, X) with ``length - n`` zero positions after its own."""
+    if t.size(2) == length:
+        return t
+    pad = t.new_zeros((t.size(0), t.size(1), length - t.size(2), t.size(3)))
+    return torch.cat([t, pad], dim=2)
 
 
 def _gather_and_append(
@@ -92,6 +120,12 @@ class DecoderCache:
         self.self_attn = [AttentionCache() for _ in range(n_layers)]
         self.cross_attn = [AttentionCache() for _ in range(n_layers)]
         self.length = 0
+        # Rows that started at different steps (after :meth:`merge`): each row's next position
+        # (R,), and which of the ``length`` cached positions each row may attend to
+        # (R, length), False on the left padding of rows that joined later. None: every
+        # row is at position ``length`` and sees every cached position.
+        self.positions: torch.Tensor | None = None
+        self.key_mask: torch.Tensor | None = None
 
     def select(self, index: torch.Tensor, memory_index: torch.Tensor | None = None) -> None:
         """Keep or reorder batch rows ``index`` (R',) everywhere: search drops finished sentences
@@ -105,14 +139,80 @@ class DecoderCache:
             cache.select(index)
         for cache in self.cross_attn:
             cache.select(index if memory_index is None else memory_index)
+        if self.positions is not None:
+            self.positions = self.positions.index_select(0, index)
+            self.key_mask = self.key_mask.index_select(0, index)
+            self._drop_padding()
 
     def repeat_rows(self, k: int) -> None:
         """K copies of each self-attention row in a row (row i -> rows i*K .. i*K + K-1), for
         K beams per sentence; the cross-attention keys/values stay one row per sentence."""
+        if self.positions is not None:
+            self.positions = self.positions.repeat_interleave(k)
+            self.key_mask = self.key_mask.repeat_interleave(k, dim=0)
         for cache in self.self_attn:
             if not cache.empty:
                 rows = torch.arange(cache.keys.size(0), device=cache.keys.device)
                 cache.select(rows.repeat_interleave(k))
+
+    def step_positions(
+        self, rows: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Before a step of ``rows`` rows: the position of each row's new token (R,) and the
+        self-attention mask (R, 1, 1, length + 1) over the cached positions and the new one;
+        (None, None) while all rows started together (position ``length``, no mask needed)."""
+        if self.positions is None:
+            return None, None
+        new = torch.ones(rows, 1, dtype=torch.bool, device=device)
+        self.key_mask = torch.cat([self.key_mask, new], dim=1)
+        positions, self.positions = self.positions, self.positions + 1
+        return positions, self.key_mask[:, None, None, :]
+
+    def merge(self, other: "DecoderCache") -> None:
+        """Append the rows of ``other`` (sentences that started later, each after at least one
+        step) after this cache's rows. The shorter self-attention history is padded on the left
+        (masked out: :attr:`key_mask`), the shorter source on the right (the source mask of the
+        merged rows masks it); each row keeps its own positions."""
+        rows, other_rows = self._rows_and_positions(), other._rows_and_positions()
+        length = max(self.length, other.length)
+        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
+            mine.store(
+                torch.cat([_pad_left(mine.keys, length), _pad_left(theirs.keys, length)]),
+                torch.cat([_pad_left(mine.values, length), _pad_left(theirs.values, length)]),
+            )
+        for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):
+            width = max(mine.keys.size(2), theirs.keys.size(2))
+            mine.store(
+                torch.cat([_pad_right(mine.keys, width), _pad_right(theirs.keys, width)]),
+                torch.cat([_pad_right(mine.values, width), _pad_right(theirs.values, width)]),
+            )
+        self.key_mask = torch.cat(
+            [_pad_mask_left(rows[1], length), _pad_mask_left(other_rows[1], length)]
+        )
+        self.positions = torch.cat([rows[0], other_rows[0]])
+        self.length = length
+
+    def _rows_and_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's next position (R,) and key mask (R, length), made explicit."""
+        if self.positions is not None:
+            return self.positions, self.key_mask
+        keys = self.self_attn[0].keys  # (R, H, length, Dh)
+        rows, device = keys.size(0), keys.device
+        positions = torch.full((rows,), self.length, dtype=torch.long, device=device)
+        return positions, torch.ones(rows, self.length, dtype=torch.bool, device=device)
+
+    def _drop_padding(self) -> None:
+        """Cut the leading positions that no row attends to any more (padding left by rows
+        that have since gone): the history stays as long as the oldest row's, not the uptime."""
+        if self.key_mask.size(0) == 0:
+            return
+        used = self.key_mask.any(dim=0)  # (length,)
+        first = int(used.to(torch.int8).argmax())
+        if first > 0:
+            for cache in self.self_attn:
+                cache.drop_first(first)
+            self.key_mask = self.key_mask[:, first:]
+            self.length -= first
 
     def reorder_beams(self, index: torch.Tensor) -> None:
         """Reorder rows ``index`` (R,) that only move beams within their sentence.

@@ -214,6 +214,11 @@ class SinusoidalPositions(nn.Module):
             )
         return self.table[offset : offset + length]
 
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Encodings (R, D) of one position per row, ``positions`` (R,) (an index error past
+        the table; no check that would wait for a GPU every step)."""
+        return self.table.index_select(0, positions)
+
 
 class Residual(nn.Module):
     """Residual connection around a sublayer, with LayerNorm after (post-norm, the paper) or

@@ -242,13 +242,16 @@ class Transformer(nn.Module):
         ``need_weights`` each layer's cross-attention weights (B, H, T, S)."""
         if cache is None:
             trg_mask = make_trg_mask(trg, self.trg_pad_idx)  # (B, 1, T, T)
-            offset = 0
+            x = self._embed(self.trg_emb, trg)
         else:
             if trg.size(1) != 1:
                 raise ValueError("incremental decoding takes one target position per step")
-            trg_mask = None
-            offset = cache.length
-        x = self._embed(self.trg_emb, trg, offset)
+            positions, trg_mask = cache.step_positions(trg.size(0), trg.device)
+            if positions is None:  # all rows at position cache.length, nothing to mask
+                x = self._embed(self.trg_emb, trg, cache.length)
+            else:  # rows that joined at different steps: each at its own position
+                x = self.trg_emb(trg) * self.emb_scale + self.positions.at(positions)[:, None]
+                x = self.dropout(x)
         weights = []
         for i, layer in enumerate(self.decoder):
             caches = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])

@@ -1,11 +1,14 @@
 """Load test of `mt serve`: N concurrent clients, each sending one sentence at a time.
 
 For each engine (torch: a checkpoint; ct2: an exported directory, or one exported here), a server
-is started as its own process on 127.0.0.1 (a free port), with dynamic batching on and then off;
+is started as its own process on 127.0.0.1 (a free port) in each batching mode: continuous
+batching (torch only: requests join the running search between steps), dynamic batching (batch
+by batch, a gathering window) and no batching;
 for each number of clients, ``--runs`` runs send the sentences of ``--src`` (in order, each
 sentence once per run, at most ``--requests`` of them, at most ``--max-seconds`` seconds). Prints
 sentences/s, target tokens/s (pieces of the translations, EOS not counted), p50/p95/p99 latency and
-the mean requests per decode batch (the server's /health counters) and the cores the load
+the mean requests per decode batch (the server's /health counters; continuous batching: per
+group of requests that joined the search at one step) and the cores the load
 generator itself kept busy (its CPU time / wall time: what the server did not get), medians over
 the runs, beside the offline throughput of the same engine on the same sentences (``translate_lines`` /
 ``translate_lines_ct2``, one call, the model's decode settings).
@@ -31,6 +34,13 @@ from pathlib import Path
 
 import httpx
 
+# The `mt serve` options of each batching mode.
+MODES = {
+    "continuous": ["--batching", "--continuous"],
+    "batching": ["--batching", "--no-continuous"],
+    "no-batching": ["--no-batching"],
+}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -41,13 +51,13 @@ def free_port() -> int:
 class Server:
     """`mt serve` in a child process on a free loopback port."""
 
-    def __init__(self, engine: str, path: Path, batching: bool, window_ms: float, log: Path):
+    def __init__(self, engine: str, path: Path, mode: str, window_ms: float, log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable, "-m", "transformer_mt", "serve", "-c", str(path), "--engine", engine,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--batching" if batching else "--no-batching", "--batch-window-ms", str(window_ms),
+            *MODES[mode], "--batch-window-ms", str(window_ms),
         ]  # fmt: skip
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -232,9 +242,10 @@ def main() -> None:
             flush=True,
         )
         figures["results"].append({"engine": engine, "mode": "offline", **base})
-        served: dict[tuple[bool, int], dict] = {}
-        for batching in (True, False):
-            server = Server(engine, path, batching, args.window_ms, log)
+        served: dict[tuple[str, int], dict] = {}
+        modes = list(MODES) if engine == "torch" else ["batching", "no-batching"]
+        for mode in modes:
+            server = Server(engine, path, mode, args.window_ms, log)
             try:
                 for clients in args.clients:
                     asyncio.run(load_run(server.url, sentences[:clients], clients, 30, count))
@@ -246,15 +257,14 @@ def main() -> None:
                         )
                         for _ in range(args.runs)
                     ]
-                    served[batching, clients] = median_of(runs)
+                    served[mode, clients] = median_of(runs)
             finally:
                 server.stop()
         for clients in args.clients:
-            for batching in (True, False):
-                m = served[batching, clients]
-                mode = "batching" if batching else "no-batching"
+            for mode in modes:
+                m = served[mode, clients]
                 vs_off = m["sent_s"] / base["sent_s"]
-                vs_nb = m["sent_s"] / served[False, clients]["sent_s"]
+                vs_nb = m["sent_s"] / served["no-batching", clients]["sent_s"]
                 print(
                     f"{engine:<7}{mode:<13}{clients:>8}{m['sent_s']:>9.1f}{m['tok_s']:>9.0f}"
                     f"{m['p50_ms']:>9.0f}{m['p95_ms']:>9.0f}{m['p99_ms']:>9.0f}"

@@ -242,6 +242,12 @@ CASES = {
         "x\n",
         "decode.beam_size (--beam) is 100000; it must be 1 to 128",
     ),
+    "beam wider than the vocabulary": (
+        [T, *CK, "--beam", "100"],
+        "x\n",
+        "beam size 100 (--beam) needs a target vocabulary of at least 202 pieces; this model's "
+        "has 200: use a beam of at most 99",
+    ),
     "nbest above beam": (
         [T, *CK, "--beam", "2", "--nbest", "3"],
         "x\n",

@@ -34,3 +34,25 @@ def test_interactive_answers_the_first_line_before_the_second_is_written():
         proc.stdin.close()
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
     assert proc.stdout.read() == b"", "nothing more after the end of the input"
+
+
+def test_interactive_refuses_file_options_before_loading_the_model(tmp_path):
+    """--input, --output and --prefix-file have no place in a line-by-line session: each is a
+    one-line error naming the option (before, --input and --prefix-file were silently ignored)."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    src = tmp_path / "src.txt"
+    src.write_text("ein Hund\n", encoding="utf-8")
+    for option, what in (("--input", "reads stdin"), ("--output", "answers on stdout"),
+                         ("--prefix-file", "has no file lines")):  # fmt: skip
+        args = ["translate", "-c", str(FIXTURE / "old_last.pt"), "--interactive", option, str(src)]
+        if option == "--output":
+            args[-1] = str(tmp_path / "out.txt")
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 1, (option, result.output)
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"--interactive {what}" in errors[0], (option, result.output)
+        assert f"drop {option} " in errors[0] and "drop --interactive" in errors[0]
+    assert not (tmp_path / "out.txt").exists()

@@ -145,6 +145,44 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tiny_config, tmp_path,
     assert resumed != last["train_state"]["data_fingerprint"], "it now records the new data"
 
 
+def test_a_new_run_where_another_left_checkpoints_is_refused(tiny_config, tmp_path):
+    """Without resuming, a run directory that holds checkpoints is refused (the new run would
+    prune its own step files before the old, higher-numbered ones and average the old weights);
+    nothing there changes. Resuming the same directory works as before."""
+    run = tmp_path / "run"
+    cfg = load_config(tiny_config, ["train.max_steps=10", *FAST])
+    Trainer(cfg, run, progress=False).run()
+    before = _snapshot(run)
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(tiny_config), "--run-dir", str(run), "--no-resume",
+              "--no-progress", *[a for kv in FAST for a in ("--set", kv)]],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert f"error: {run} holds checkpoints of an earlier run (best.pt, last.pt, step_" in (
+        result.output
+    )
+    assert "resume it (without --no-resume, with its last.pt)" in result.output
+    assert "another --run-dir" in result.output and "Traceback" not in result.output
+    assert _snapshot(run) == before, "the refused run changed nothing"
+    (run / "last.pt").unlink()  # step files without last.pt: a resume is impossible, so refused
+    with pytest.raises(MTError, match="holds checkpoints of an earlier run"):
+        Trainer(cfg, run, progress=False)
+
+
+def test_step_files_of_other_names_are_neither_pruned_nor_averaged(tiny_config, tmp_path):
+    from transformer_mt.training.run_dir import RunDirectory
+
+    cfg = load_config(tiny_config)
+    for name in ("step_10.pt", "step_9.pt", "step_best.pt", "step_10_old.pt", "step_100.pt"):
+        (tmp_path / name).write_bytes(b"")
+    run_dir = RunDirectory(tmp_path, cfg, is_main=False)
+    assert [p.name for p in run_dir.step_checkpoints()] == [
+        "step_9.pt",
+        "step_10.pt",
+        "step_100.pt",
+    ]
+
+
 def test_a_checkpoint_without_a_fingerprint_resumes_with_a_note(tiny_config, tmp_path, caplog):
     run = tmp_path / "run"
     Trainer(load_config(tiny_config, ["train.max_steps=10", *FAST]), run, progress=False).run()

@@ -117,6 +117,33 @@ def test_libretranslate_contract(served, engine, lines):
     assert "src -> trg" in wrong.json()["error"] and "'de'" in wrong.json()["error"]
 
 
+def test_libretranslate_beam_is_capped_by_max_beam(engine, lines):
+    """/translate decodes with the model's settings, its beam capped by --max-beam as
+    /v1/translate caps its default: on lines where greedy and the model's beam differ, a server
+    with max_beam 1 answers greedily."""
+    greedy = dataclasses.replace(engine.decode, beam_size=1)
+    assert engine.decode.beam_size > 1
+    differ = [
+        (line, g.text)
+        for line, g, b in zip(
+            lines,
+            engine.translate(lines, greedy),
+            engine.translate(lines, engine.decode),
+            strict=True,
+        )
+        if g.text != b.text
+    ]
+    assert differ, "the fixture has lines where the beam changes the translation"
+    differ = differ[: LIMITS.max_lines]
+    app = create_app(engine, dataclasses.replace(LIMITS, max_beam=1), BatchSettings())
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        reply = client.post(
+            "/translate", json={"q": [line for line, _ in differ], "source": "src", "target": "trg"}
+        )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["translatedText"] == [text for _, text in differ]
+
+
 def test_health_model_and_docs(served):
     client, _ = served
     before = client.get("/health").json()
@@ -302,6 +329,33 @@ def test_batching_off_decodes_one_request_at_a_time():
     assert batcher.largest_batch == 1
 
 
+def test_continuous_batching_answers_what_translate_gives_and_drains_on_close(engine, lines):
+    """Torch engine, continuous batching: jobs of one and two lines, empty lines, a job with
+    attention and one with another beam (both wait for the running search to empty, then decode
+    alone), submitted together and closed at once: every job gets exactly engine.translate's
+    answer for its own settings, and close() finishes them all."""
+    d3 = dataclasses.replace(engine.decode, beam_size=3, nbest=2)
+    d2 = dataclasses.replace(engine.decode, beam_size=2)
+    jobs = [([lines[0]], d3, False), ([lines[1], ""], d3, False), ([lines[2]], d3, True),
+            ([lines[3]], d2, False), ([lines[4], lines[5]], d3, False), ([""], d3, False)]  # fmt: skip
+    batcher = Batcher(engine, BatchSettings()).start()
+    assert batcher.continuous
+    futures = [batcher.submit(text, decode, attention) for text, decode, attention in jobs]
+    batcher.close()
+    for (text, decode, attention), future in zip(jobs, futures, strict=True):
+        assert future.done(), "close() let every submitted job finish"
+        got, want = future.result(), engine.translate(text, decode, attention)
+        assert [[t for t, _ in r.nbest] for r in got] == [[t for t, _ in r.nbest] for r in want]
+        assert [r.text for r in got] == [r.text for r in want], text
+        for mine, theirs in zip(got, want, strict=True):  # summed in another order: rounding
+            assert [s for _, s in mine.nbest] == pytest.approx(
+                [s for _, s in theirs.nbest], abs=1e-4
+            )
+        assert [r.attention is not None for r in got] == [attention] * len(text)
+    assert batcher.requests == len(jobs)
+    assert not Batcher(FakeEngine(), BatchSettings()).continuous, "engines without a search batch"
+
+
 def test_a_failing_request_gets_a_json_error_the_others_their_answers():
     engine = FakeEngine()
     app = create_app(engine, LIMITS, BatchSettings(window_s=0.2, max_wait_s=2.0))
@@ -328,7 +382,7 @@ def test_sigterm_lets_requests_in_flight_finish(lines):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "transformer_mt", "serve", "-c", str(CKPT), "--port", str(port),
-         "--batch-window-ms", "800"],
+         "--batch-window-ms", "800", "--no-continuous"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
     )  # fmt: skip
     try:

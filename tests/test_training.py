@@ -31,7 +31,7 @@ from transformer_mt.training.host_memory import (
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 from transformer_mt.training.metrics import MetricsWindow
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
-from transformer_mt.training.trainer import Trainer
+from transformer_mt.training.trainer import StepResult, StopReason, Trainer
 
 
 def test_noam_matches_hand_computed_values():
@@ -518,6 +518,18 @@ def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, 
     for name, value in avg["model"].items():
         torch.testing.assert_close(value, (a[name] + b[name]) / 2, rtol=1e-6, atol=1e-7)
     assert not torch.equal(a["src_emb.weight"], b["src_emb.weight"]), "two different checkpoints"
+
+    # A run that ended without its average (killed while writing it) gets it on the next call,
+    # which has no steps left to train; a signal during the last step does not cost the average.
+    (run / "average.pt").unlink()
+    again = Trainer(cfg, run, progress=False)
+    signalled = StepResult(0.0, 0.0, 0.0, 0.0, stop=True, time_up=False)
+    assert again._stop_reason(signalled, early_stop=False) is StopReason.MAX_STEPS
+    again.run()
+    redone = torch.load(run / "average.pt", weights_only=True)
+    assert redone["averaged_from"] == avg["averaged_from"]
+    for name, value in avg["model"].items():
+        assert torch.equal(redone["model"][name], value)
 
 
 def test_average_last_beyond_keep_last_is_a_config_error(tiny_config):

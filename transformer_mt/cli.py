@@ -440,8 +440,9 @@ def translate(
         options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
         options.update(sample_seed=seed, beam_size=beam or 1)
     if interactive or (input is None and prefix_file is None and sys.stdin.isatty()):
+        _check_interactive(input, output, prefix_file)
         translate, decode = _translator(engine, checkpoints, device, options, quantize)
-        _translate_interactively(translate, decode.nbest, output, alignments,
+        _translate_interactively(translate, decode.nbest, alignments,
                                  attention_dir=attention_dir, attention_layer=attention_layer,
                                  **align_kw)  # fmt: skip
         return
@@ -457,14 +458,26 @@ def translate(
     _write_lines(output, out, inputs=inputs)
 
 
-def _translate_interactively(translate, nbest: int, output, alignments: bool, **kw) -> None:
+def _check_interactive(input: Path | None, output: Path | None, prefix_file: Path | None) -> None:
+    """--interactive reads stdin and answers on stdout, line by line: no file options."""
+    for option, given, what in (
+        ("--input", input, "reads stdin"),
+        ("--output", output, "answers on stdout"),
+        ("--prefix-file", prefix_file, "has no file lines to pair prefixes with"),
+    ):
+        if given is not None:
+            raise MTError(
+                f"--interactive {what}: drop {option} {given}, or drop --interactive to "
+                "translate a file"
+            )
+
+
+def _translate_interactively(translate, nbest: int, alignments: bool, **kw) -> None:
     """Read a line, translate it, write and flush its answer, then read the next (a terminal,
     or `--interactive` on a pipe); the model is loaded once. Ends at the end of the input.
     ``kw`` goes to ``translate`` (attention pictures, alignment settings)."""
     from transformer_mt.inference import format_best, format_nbest
 
-    if output is not None:
-        raise MTError("--interactive answers on stdout: drop --output")
     stream = getattr(sys.stdin, "buffer", None)
     number = 0
     while raw := (stream.readline() if stream is not None else sys.stdin.readline().encode()):
@@ -732,6 +745,13 @@ def serve(
     batching: Annotated[
         bool, typer.Option(help="Decode requests that arrive together as one batch.")
     ] = True,
+    continuous: Annotated[
+        bool,
+        typer.Option(
+            help="With --engine torch: requests join the running search between steps "
+            "(continuous batching; no gathering window). --no-continuous: batch by batch."
+        ),
+    ] = True,
     batch_window_ms: Annotated[
         float,
         typer.Option(min=0.0, max=1000.0, help="Gathering a batch ends after this long quiet."),
@@ -751,8 +771,9 @@ def serve(
     """Serve the model over HTTP: LibreTranslate's POST /translate, POST /v1/translate (n-best,
     attention), GET /v1/model, /health, API docs at /docs and a translation page at /.
 
-    Requests that arrive together are decoded as one batch. Ctrl-C or SIGTERM lets the requests
-    in flight finish, then stops.
+    Requests that arrive together are decoded together: with --engine torch they join the
+    running search between steps (continuous batching), with ct2 (or --no-continuous) they are
+    gathered into batches. Ctrl-C or SIGTERM lets the requests in flight finish, then stops.
     """
     from transformer_mt.inference.server import BatchSettings, Limits
     from transformer_mt.inference.server import serve as serve_model
@@ -762,8 +783,9 @@ def serve(
         max_beam=max_beam,
     )  # fmt: skip
     settings = BatchSettings(
-        enabled=batching, window_s=batch_window_ms / 1000, max_wait_s=batch_max_wait_ms / 1000
-    )
+        enabled=batching, continuous=continuous, window_s=batch_window_ms / 1000,
+        max_wait_s=batch_max_wait_ms / 1000,
+    )  # fmt: skip
     serve_model(
         checkpoint, engine=engine, device=device, host=host, port=port, limits=limits,
         batching=settings, access_log=access_log, quantize=quantize,

@@ -171,6 +171,10 @@ class ContinuousSearch:
         self._running: _Rows | None = None
 
     @property
+    def beam_size(self) -> int:
+        return self.k
+
+    @property
     def running(self) -> int:
         """Sentences in the search (after their first step)."""
         return 0 if self._running is None else len(self._running.sentences)

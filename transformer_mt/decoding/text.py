@@ -82,6 +82,17 @@ def encode_prefixes(
     return encoded
 
 
+def check_beam(decode: DecodeConfig, vocab: int) -> None:
+    """Beam search ranks 2K candidates per sentence, never PAD or BOS: a beam K needs a target
+    vocabulary of 2K + 2 pieces. An MTError names the widest beam that fits."""
+    beam = decode.beam_size
+    if not decode.sampling and beam > 1 and 2 * beam + 2 > vocab:
+        raise MTError(
+            f"beam size {beam} (--beam) needs a target vocabulary of at least {2 * beam + 2} "
+            f"pieces; this model's has {vocab}: use a beam of at most {(vocab - 2) // 2}"
+        )
+
+
 def translate_texts(
     model: SearchModel,
     src_tok: Tokenizer,
@@ -116,6 +127,7 @@ def translate_texts(
     limit = table if max_src_len is None else min(max_src_len, table)
     if limit < 2:
         raise ValueError(f"max_src_len must be >= 2 (a piece and EOS), got {limit}")
+    check_beam(decode, trg_tok.vocab_size)
     lines = list(lines)
     if prefixes is not None and len(prefixes) != len(lines):
         raise MTError(

@@ -19,6 +19,16 @@ answered to come back joins the two: 25.0 requests per batch with 20 ms of quiet
 (scripts/bench_serve.py, Multi30k model, 2 cores; 17.6 with 5 ms, where the clients' answers and
 new requests, handled in Python on the same 2 cores, come back more slowly than that).
 
+Continuous batching (``BatchSettings.continuous``, the default where the engine offers it: our
+torch model): no batch boundaries at all. The worker keeps one running beam search
+(:class:`~transformer_mt.decoding.continuous.ContinuousSearch`); between two of its steps, every
+job that has arrived joins it (within the token budget, counting the source pieces in flight),
+and each job is answered as soon as its last line is done. Nothing waits for a gathering window
+or for the longest sentence of a batch. Jobs that continuous search does not serve (attention
+requested, another beam size than the running one's) wait, in order, until the running search
+is empty, and then decode as a batch of their own. If a step fails, each job in flight is
+decoded again alone.
+
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted
 finish before the worker ends.
@@ -35,7 +45,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from transformer_mt.config import DecodeConfig
-from transformer_mt.inference.engines import Engine, LineResult
+from transformer_mt.inference.engines import Engine, LineResult, empty_result
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +55,7 @@ class BatchSettings:
     """How the decode worker gathers requests into batches."""
 
     enabled: bool = True  # False: one request per batch, no waiting (the benchmark's baseline)
+    continuous: bool = True  # join the running search between steps (engines that offer it)
     window_s: float = 0.02  # gathering ends after this long without a new request
     max_wait_s: float = 0.05  # and at the latest this long after it began
     max_tokens: int | None = None  # source pieces per batch; None: the model's decode.batch_tokens
@@ -91,10 +102,17 @@ class Batcher:
         self._waiting = 0  # submitted and not yet answered
         self._closed = False
         self._thread: threading.Thread | None = None
-        # Counters for tests and logs: engine calls, and the requests they carried.
+        # Counters for tests and logs: engine calls (with continuous batching: groups of requests
+        # that joined the search at one step), the requests they carried, and the most requests
+        # decoded together.
         self.batches = 0
         self.requests = 0
         self.largest_batch = 0
+        self.continuous = (
+            self.settings.enabled
+            and self.settings.continuous
+            and (engine.continuous_search(engine.decode) is not None)
+        )
         self._free_since = 0.0  # when the worker finished its last batch (monotonic clock)
 
     def start(self) -> "Batcher":
@@ -138,6 +156,9 @@ class Batcher:
     # -- the worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.continuous:
+            _ContinuousWorker(self).run()
+            return
         pending: deque[_Job] = deque()
         stopping = False
         while True:
@@ -234,3 +255,119 @@ class Batcher:
             job.future.set_result(self.engine.translate(job.lines, job.decode, job.attention))
         except Exception as err:
             job.future.set_exception(err)
+
+
+class _ContinuousWorker:
+    """The decode worker with continuous batching (see the module docstring)."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher, self.engine = batcher, batcher.engine
+        self.waiting: deque[_Job] = deque()  # arrived, not yet decoding
+        self.search = None  # the running ContinuousSearch; None: idle
+        self.flights: dict[int, _Flight] = {}  # by job id: the jobs in the search
+        self.tokens_in_flight = 0
+
+    def run(self) -> None:
+        stopping = False
+        while True:
+            if not self.flights and not self.waiting:
+                if stopping:
+                    return
+                item = self.batcher._queue.get()
+                if item is _STOP:
+                    return
+                self.batcher._add(self.waiting, item)
+            stopping = self._take_queued() or stopping
+            self._admit()
+            if self.flights:
+                self._step()
+
+    def _take_queued(self) -> bool:
+        """Move every queued job to ``waiting`` without waiting; True if the stop sign came."""
+        while True:
+            try:
+                item = self.batcher._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            self.batcher._add(self.waiting, item)
+
+    def _admit(self) -> None:
+        """Let waiting jobs join the search, oldest first, within the token budget; a job the
+        search cannot take waits (and keeps the later ones waiting) until it is empty, then
+        decodes as a batch of its own."""
+        joined = 0
+        while self.waiting:
+            job = self.waiting[0]
+            fits = self.tokens_in_flight + job.tokens <= self.batcher.max_tokens
+            if self.flights and not (fits and self._joins(job)):
+                break
+            self.waiting.popleft()
+            if not job.future.set_running_or_notify_cancel():
+                continue  # its client went away
+            self.batcher.requests += 1
+            if not self._joins(job):
+                self.batcher._decode_alone(job)
+                continue
+            joined += self._start(job)
+        if joined:
+            self.batcher.batches += 1
+            self.batcher.largest_batch = max(self.batcher.largest_batch, len(self.flights))
+
+    def _joins(self, job: _Job) -> bool:
+        """Whether ``job`` can decode in the running search (or start a new one)."""
+        if job.attention:
+            return False
+        if self.search is None or not self.flights:
+            return self.engine.continuous_search(job.decode) is not None
+        return job.decode.beam_size == self.search.beam_size
+
+    def _start(self, job: _Job) -> int:
+        """Add ``job``'s lines to the search; 1 if it joined, 0 if it was answered at once."""
+        try:
+            sources = self.engine.encode_lines(job.lines, job.decode)
+        except Exception as err:
+            job.future.set_exception(err)
+            return 0
+        flight = _Flight(job, [empty_result(job.decode.nbest, False) for _ in job.lines])
+        if not sources:
+            job.future.set_result(flight.results)
+            return 0
+        if not self.flights:
+            self.search = self.engine.continuous_search(job.decode)
+        for line, ids in sources.items():
+            self.search.add((id(job), line), ids, job.decode)
+        flight.left = len(sources)
+        self.flights[id(job)] = flight
+        self.tokens_in_flight += job.tokens
+        return 1
+
+    def _step(self) -> None:
+        try:
+            done = self.search.step()
+        except Exception as err:
+            flights, self.flights, self.search, self.tokens_in_flight = self.flights, {}, None, 0
+            logger.warning(
+                "a search step over %d requests failed (%s); retrying each alone", len(flights), err
+            )
+            for flight in flights.values():
+                self.batcher._decode_alone(flight.job)
+            return
+        for (key, line), result in done:
+            flight = self.flights[key]
+            flight.results[line] = self.engine.line_result(result)
+            flight.left -= 1
+            if flight.left == 0:
+                del self.flights[key]
+                self.tokens_in_flight -= flight.job.tokens
+                flight.job.future.set_result(flight.results)
+
+
+@dataclass
+class _Flight:
+    """A job in the continuous search: its results so far and the lines still decoding."""
+
+    job: _Job
+    results: list[LineResult]
+    left: int = 0

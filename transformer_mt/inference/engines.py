@@ -20,7 +20,9 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
-from transformer_mt.decoding.text import encode_sources, translate_texts
+from transformer_mt.decoding import DecodeResult
+from transformer_mt.decoding.continuous import ContinuousSearch
+from transformer_mt.decoding.text import check_beam, encode_sources, translate_texts
 from transformer_mt.errors import MTError
 from transformer_mt.inference.attention import attention_matrices
 from transformer_mt.inference.loading import load_for_inference, quantize, validation_report
@@ -68,6 +70,12 @@ class Engine(ABC):
         """One result per line, in order (empty in, empty out); with ``attention``, the best
         hypothesis' cross-attention over its source pieces."""
 
+    def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
+        """A search that requests with ``decode``'s beam can join between steps (continuous
+        batching, see :mod:`~transformer_mt.inference.batcher`); None where this engine has none
+        (then requests decode in batches through :meth:`translate`)."""
+        return None
+
     def count_tokens(self, lines: Sequence[str]) -> int:
         """Source pieces of ``lines`` (EOS included): what a batch's token budget counts."""
         texts = [line.strip() for line in lines]
@@ -95,7 +103,7 @@ class Engine(ABC):
         }
 
 
-def _empty(nbest: int, attention: bool) -> LineResult:
+def empty_result(nbest: int, attention: bool) -> LineResult:
     return LineResult("", 0.0, [("", 0.0)] * nbest, Attention([], [], []) if attention else None)
 
 
@@ -127,6 +135,19 @@ class TorchEngine(Engine):
             },
         )
 
+    def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
+        return None if decode.sampling else ContinuousSearch(self.model, decode.beam_size)
+
+    def encode_lines(self, lines: Sequence[str], decode: DecodeConfig) -> dict[int, list[int]]:
+        """Source ids (EOS included) of the lines with something to translate, by line index,
+        as :meth:`translate` encodes them; checks ``decode``'s beam against the vocabulary."""
+        check_beam(decode, self.trg_tok.vocab_size)
+        return encode_sources(self.src_tok, list(lines), self.model.positions.max_len)
+
+    def line_result(self, result: DecodeResult) -> LineResult:
+        """A search result as :meth:`translate` returns it (no attention)."""
+        return _result([(self.trg_tok.decode(h.tokens), h.score) for h in result.nbest], None)
+
     def translate(
         self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
     ) -> list[LineResult]:
@@ -151,7 +172,7 @@ class TorchEngine(Engine):
         out = []
         for i, nbest in enumerate(results):
             if attention and i not in matrices:  # nothing to translate on this line
-                out.append(_empty(decode.nbest, attention))
+                out.append(empty_result(decode.nbest, attention))
             else:
                 out.append(_result(nbest, matrices.get(i)))
         return out
@@ -201,7 +222,7 @@ class CT2Engine(Engine):
         """``translate_lines_ct2`` with ``return_attention``: the same grouping by length budget."""
         model = self.model
         sources = encode_sources(model.src_tok, lines, model.max_len)
-        out = [_empty(decode.nbest, True) for _ in lines]
+        out = [empty_result(decode.nbest, True) for _ in lines]
         by_budget: dict[int, list[int]] = defaultdict(list)
         for i, ids in sources.items():
             budget = math.floor(decode.max_len_a + decode.max_len_b * len(ids))

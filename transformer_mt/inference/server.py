@@ -137,7 +137,11 @@ def create_app(
             )
         lines = [req.q] if isinstance(req.q, str) else req.q
         _check_lines(lines, limits, "q")
-        results = await _translate(batcher, lines, engine.decode, False)
+        # The model's decode settings, its beam capped by max_beam as /v1/translate caps it.
+        decode = dataclasses.replace(
+            engine.decode, beam_size=min(engine.decode.beam_size, limits.max_beam)
+        )
+        results = await _translate(batcher, lines, decode, False)
         texts = [r.text for r in results]
         return {"translatedText": texts[0] if isinstance(req.q, str) else texts}
 
@@ -164,6 +168,7 @@ def create_app(
             "limits": dataclasses.asdict(limits),
             "batching": {
                 "enabled": batcher.settings.enabled,
+                "continuous": batcher.continuous,
                 "window_ms": batcher.settings.window_s * 1000,
                 "max_wait_ms": batcher.settings.max_wait_s * 1000,
                 "max_tokens": batcher.max_tokens,

@@ -22,6 +22,7 @@ from transformer_mt.training.metrics import MetricsLog
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+_STEP_FILE = re.compile(r"step_(\d+)\.pt")
 # What fileio.atomic_write leaves beside the run's files when a process dies mid-write.
 _LEFTOVER = re.compile(
     r"\.(last\.pt|best\.pt|average\.pt|step_\d+\.pt|metrics\.jsonl|config\.yaml"
@@ -128,6 +129,20 @@ def _in_use_message(run_dir: Path, holder: str) -> str:
     )
 
 
+def refuse_earlier_run(path: Path) -> None:
+    """A new run (not a resume) must not start where another run left checkpoints: it would
+    prune the new step files before the old ones (their steps are higher) and average the old
+    run's weights into its average.pt. Raises an MTError that names them and what to do."""
+    old = sorted(p.name for p in path.glob("*.pt"))
+    if old:
+        shown = ", ".join(old[:4]) + (", ..." if len(old) > 4 else "")
+        raise MTError(
+            f"{path} holds checkpoints of an earlier run ({shown}); a new run there would mix "
+            "with them: resume it (without --no-resume, with its last.pt), choose another "
+            "--run-dir, or move those files away"
+        )
+
+
 class RunDirectory:
     """Where a run keeps its files; see the module docstring for what it holds."""
 
@@ -149,15 +164,19 @@ class RunDirectory:
         self.metrics.trim(step)
 
     def step_checkpoints(self) -> list[Path]:
-        """The step_N.pt files, oldest first."""
-        return sorted(self.path.glob("step_*.pt"), key=lambda p: int(p.stem.removeprefix("step_")))
+        """The step_N.pt files, oldest first (other names, such as a user's step_best.pt, are
+        left alone: never pruned, never averaged)."""
+        steps = {p: _STEP_FILE.fullmatch(p.name) for p in self.path.glob("step_*.pt")}
+        return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
     def save(self, ckpt: dict[str, Any], step: int, best: bool) -> None:
-        """step_N.pt, last.pt (and best.pt); then only the newest ``keep_last`` step files stay."""
-        save_checkpoint(ckpt, self.path / f"step_{step}.pt")
+        """last.pt (and best.pt), then step_N.pt; then only the newest ``keep_last`` step files
+        stay. last.pt first: a process killed between the two writes leaves a run to resume,
+        never a step file without the last.pt that a resume needs."""
         save_checkpoint(ckpt, self.last)
         if best:
             save_checkpoint(ckpt, self.path / "best.pt")
+        save_checkpoint(ckpt, self.path / f"step_{step}.pt")
         step_files = self.step_checkpoints()
         for old in step_files[: max(0, len(step_files) - self.keep_last)]:
             old.unlink()

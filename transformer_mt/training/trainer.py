@@ -48,7 +48,7 @@ from transformer_mt.training.fingerprint import check_fingerprint, data_fingerpr
 from transformer_mt.training.host_memory import release_freed_memory, resident_mib
 from transformer_mt.training.loss import linear_label_smoothed_nll
 from transformer_mt.training.metrics import MetricsWindow
-from transformer_mt.training.run_dir import RunDirectory, RunLock
+from transformer_mt.training.run_dir import RunDirectory, RunLock, refuse_earlier_run
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.state import (
     StopFlag,
@@ -103,7 +103,7 @@ class Trainer:
         self.device, self.info, self.kept_freed_memory = setup_process(cfg.train)
         # Rank 0 locks the run directory before any work: a second `mt train` on it stops here,
         # before preparing data or touching the run's files.
-        lock = lambda: self._lock_run_dir(run_dir)  # noqa: E731
+        lock = lambda: self._lock_run_dir(run_dir, resume)  # noqa: E731
         self.lock: RunLock | None = distributed.main_first(lock, self.info, lambda: None)
         try:
             self._setup(cfg, run_dir, resume, data, allow_data_change)
@@ -112,9 +112,16 @@ class Trainer:
             raise
 
     @staticmethod
-    def _lock_run_dir(run_dir: Path) -> RunLock:
+    def _lock_run_dir(run_dir: Path, resume: bool) -> RunLock:
+        """Lock ``run_dir``; a new run (no resume from its last.pt) must find no checkpoints."""
         lock = RunLock.acquire(run_dir)
-        lock.remove_leftovers()
+        try:
+            lock.remove_leftovers()
+            if not (resume and (run_dir / "last.pt").is_file()):
+                refuse_earlier_run(run_dir)
+        except BaseException:
+            lock.release()
+            raise
         return lock
 
     def close(self) -> None:
@@ -341,10 +348,10 @@ class Trainer:
             return StopReason.EARLY_STOP
         if step.time_up:
             return StopReason.TIME_UP
+        if self._at_max_steps():  # a signal during the last step: the run is complete anyway
+            return StopReason.MAX_STEPS
         if step.stop:
             return StopReason.SIGNAL
-        if self._at_max_steps():
-            return StopReason.MAX_STEPS
         return None
 
     # ---------------------------------------------------------------------------------- loop
@@ -436,6 +443,8 @@ class Trainer:
             log.info(
                 f"{self.run_dir.path} has already reached train.max_steps={train_cfg.max_steps}"
             )
+            if train_cfg.average_last > 0 and not (self.run_dir.path / "average.pt").is_file():
+                self._write_average()  # the run ended before it could (a crash at the end)
             return False
         self.run_dir.metrics.open()
         log.info(
@@ -534,9 +543,12 @@ class Trainer:
             elif reason is StopReason.TIME_UP:
                 log.info(f"train.max_minutes={train_cfg.max_minutes:g} spent at step {step}")
             if train_cfg.average_last > 0:
-                average = lambda: self.run_dir.write_average(train_cfg.average_last)  # noqa: E731
-                distributed.main_first(average, self.info, lambda: None)
+                self._write_average()
         self.run_dir.metrics.close()
+
+    def _write_average(self) -> None:
+        average = lambda: self.run_dir.write_average(self.cfg.train.average_last)  # noqa: E731
+        distributed.main_first(average, self.info, lambda: None)
 
 
 def train(

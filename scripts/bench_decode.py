@@ -21,6 +21,7 @@ for sentences of 30 or more tokens.
 
 import argparse
 import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -98,6 +99,11 @@ def main() -> None:
     parser.add_argument("--src", type=Path, help="with --checkpoint: a source file to translate")
     parser.add_argument("--ref", type=Path, help="with --src: its references (BLEU)")
     parser.add_argument("--no-ct2", action="store_true", help="leave out the CTranslate2 rows")
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="with --src: also ours fp32 with continuous batching, --batch sentences in flight",
+    )
     args = parser.parse_args()
 
     if args.threads > 0:
@@ -153,6 +159,8 @@ def real_data(args: argparse.Namespace) -> None:
     lines = read_lines(args.src)
     refs = read_lines(args.ref) if args.ref else None
     names = ["ours fp32", "ours int8"]  # int8: `mt translate --quantize int8`
+    if args.continuous:
+        names.insert(1, "ours continuous")
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_ct2:
@@ -229,6 +237,14 @@ def engine_worker(conn, name: str, args: argparse.Namespace, directory: Path) ->
 
         def translate(chunk: list[str]) -> list[str]:
             return [r[0][0] for r in translate_lines_ct2(model, chunk, decode)]
+    elif name == "ours continuous":
+        from transformer_mt.decoding.text import encode_sources
+
+        sources = encode_sources(loaded.src_tok, lines, loaded.model.positions.max_len)
+        chunks = [list(sources.items())]  # one run: the whole file through one search
+
+        def translate(chunk: list[tuple[int, list[int]]]) -> list[str]:
+            return continuous_run(loaded, chunk, decode, args.batch, len(lines))
     else:
         from transformer_mt.inference.loading import quantize
 
@@ -242,6 +258,26 @@ def engine_worker(conn, name: str, args: argparse.Namespace, directory: Path) ->
         start = time.perf_counter()
         outputs = [hyp for chunk in chunks for hyp in translate(chunk)]
         conn.send((time.perf_counter() - start, outputs))
+
+
+def continuous_run(loaded, sources, decode, in_flight: int, n_lines: int) -> list[str]:
+    """Translate ``sources`` ((line, ids) pairs) through one continuous search that keeps
+    ``in_flight`` sentences decoding: each sentence that is done is replaced by the next one at
+    the following step, as a server with ``in_flight`` clients would see them; texts by line."""
+    from transformer_mt.decoding.continuous import ContinuousSearch
+
+    search = ContinuousSearch(loaded.model, decode.beam_size)
+    texts = [""] * n_lines
+    todo = iter(sources)
+    for line, ids in itertools.islice(todo, in_flight):
+        search.add(line, ids, decode)
+    while search.running or search.queued:
+        for line, result in search.step():
+            texts[line] = loaded.trg_tok.decode(result.tokens)
+            nxt = next(todo, None)
+            if nxt is not None:
+                search.add(nxt[0], nxt[1], decode)
+    return texts
 
 
 if __name__ == "__main__":

@@ -106,3 +106,25 @@ def test_refuses_what_it_cannot_run(model):
             ContinuousSearch(model, 3)
     finally:
         model.eval()
+
+
+def test_queued_sentences_join_together_or_after_a_few_steps(model, sources):
+    """One newcomer waits join_wait steps beside 8 running sentences (it is less than
+    join_share of them); three newcomers (a quarter of the 9 or fewer running) join at the next
+    step."""
+    decode = DecodeConfig(beam_size=2, max_len_a=40.0, max_len_b=1.0)
+    search = ContinuousSearch(model, 2, join_share=0.25, join_wait=3)
+    for i, ids in enumerate(sources):
+        search.add(i, ids, decode)
+    search.step()  # nothing runs: all join at once
+    assert (search.running, search.queued) == (8, 0)
+    search.add("late", sources[0], decode)
+    queued = []
+    for _ in range(4):
+        search.step()
+        queued.append(search.queued)
+    assert queued == [1, 1, 1, 0] and search.running >= 4
+    for tag in "abc":
+        search.add(tag, sources[1], decode)
+    search.step()
+    assert search.queued == 0

@@ -156,17 +156,31 @@ def _pad_left(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 class ContinuousSearch:
     """Beam search over sentences that come and go. :meth:`add` queues a source; each
-    :meth:`step` admits the queued ones (their first step) and advances the running ones by one
-    token, and returns the sentences that are done, with their caller's tags.
+    :meth:`step` advances the running ones by one token, admits the queued ones when they are
+    many enough or have waited long enough (their first step: ``join_share``, ``join_wait``),
+    and returns the sentences that are done, with their caller's tags.
 
     ``model`` must be a :class:`~transformer_mt.model.Transformer` in eval mode; ``beam_size`` is
     the beam of every sentence (greedy at 1: the same choices as ``greedy_search``).
     """
 
-    def __init__(self, model: Transformer, beam_size: int, *, eos_idx: int = EOS_ID) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        beam_size: int,
+        *,
+        eos_idx: int = EOS_ID,
+        join_share: float = 0.25,
+        join_wait: int = 4,
+    ) -> None:
         if model.training:
             raise ValueError("decoding needs model.eval(): dropout would make the search random")
         self.model, self.k, self.eos_idx = model, beam_size, eos_idx
+        # Joining has a cost of its own (an encoder pass, a first step for the newcomers, a copy
+        # of the merged caches), so queued sentences join together: once they are join_share of
+        # the running ones, or after join_wait steps, or at once when nothing runs.
+        self.join_share, self.join_wait = join_share, join_wait
+        self._waited = 0  # steps the queued sentences have waited
         self._queued: list[tuple[_Sentence, list[int]]] = []
         self._running: _Rows | None = None
 
@@ -202,12 +216,16 @@ class ContinuousSearch:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, DecodeResult]]:
-        """Admit the queued sentences and advance every sentence by one token; returns the
-        (tag, result) of each sentence that is done, in no particular order."""
+        """Advance every running sentence by one token, then (see the class docstring) let the
+        queued ones join with their first step; returns the (tag, result) of each sentence that
+        is done, in no particular order."""
         done = self._running.step(self.eos_idx) if self._running is not None else []
         if self._running is not None and not self._running.sentences:
             self._running = None
-        if self._queued:
+        if self._queued and not self._joins_now():
+            self._waited += 1
+        elif self._queued:
+            self._waited = 0
             newcomers = self._admit()
             done += newcomers.step(self.eos_idx)
             if newcomers.sentences:
@@ -216,6 +234,14 @@ class ContinuousSearch:
                 else:
                     self._running.merge(newcomers)
         return done
+
+    def _joins_now(self) -> bool:
+        running = self.running
+        return (
+            running == 0
+            or len(self._queued) >= self.join_share * running
+            or self._waited >= self.join_wait
+        )
 
     def _admit(self) -> _Rows:
         queued, self._queued = self._queued, []

@@ -17,13 +17,17 @@ class AttentionCache:
     Row moves are lazy: :meth:`select` only composes the row index, and the next :meth:`append`
     gathers the cached rows straight into the tensor that also receives the new position. Beam
     search reorders rows after every step, so each step copies the cache once instead of twice
-    (a gather, then a concatenation).
+    (a gather, then a concatenation). Rows that join (:meth:`join_later`, continuous batching)
+    are copied into that same tensor.
     """
 
     def __init__(self) -> None:
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None  # pending row index (R',), None: rows as stored
+        # Pending rows to add after the others (keys, values), each side left-padded with zeros
+        # to the longer history; None: none.
+        self._later: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def empty(self) -> bool:
@@ -31,18 +35,19 @@ class AttentionCache:
 
     @property
     def keys(self) -> torch.Tensor | None:
-        self._apply_rows()
+        self._apply_pending()
         return self._keys
 
     @property
     def values(self) -> torch.Tensor | None:
-        self._apply_rows()
+        self._apply_pending()
         return self._values
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Replace the cache with ``keys`` and ``values`` (B, H, t, Dh), kept contiguous so that
         attention reads them without a copy every step."""
-        self._keys, self._values, self._rows = keys.contiguous(), values.contiguous(), None
+        self._keys, self._values = keys.contiguous(), values.contiguous()
+        self._rows = self._later = None
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this step's keys/values (B, H, T, Dh) after the cached ones (moved to their rows
@@ -50,26 +55,52 @@ class AttentionCache:
         if self._keys is None:
             self.store(keys, values)
         else:
-            self._keys = _gather_and_append(self._keys, self._rows, keys)
-            self._values = _gather_and_append(self._values, self._rows, values)
-            self._rows = None
+            later = (None, None) if self._later is None else self._later
+            self._keys = _gather_and_append(self._keys, self._rows, keys, later[0])
+            self._values = _gather_and_append(self._values, self._rows, values, later[1])
+            self._rows = self._later = None
         return self._keys, self._values
+
+    def join_later(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add rows (R2, H, t2, Dh) after this cache's rows; the shorter history of the two
+        is left-padded with zeros (the decoder cache's key mask hides them). Done by the next
+        :meth:`append`, in the copy it makes anyway."""
+        if self._keys is None:
+            self.store(keys, values)
+            return
+        self._apply_later()
+        self._later = (keys, values)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the batch rows ``index`` (R',), in that order."""
         if self._keys is not None:
+            self._apply_later()
             self._rows = index if self._rows is None else self._rows.index_select(0, index)
 
     def drop_first(self, n: int) -> None:
         """Forget the first ``n`` positions of every row (a view; the next append copies)."""
         if self._keys is not None:
+            self._apply_later()
             self._keys, self._values = self._keys[:, :, n:], self._values[:, :, n:]
 
-    def _apply_rows(self) -> None:
+    def _apply_pending(self) -> None:
         if self._rows is not None:
             self._keys = self._keys.index_select(0, self._rows)
             self._values = self._values.index_select(0, self._rows)
             self._rows = None
+        self._apply_later()
+
+    def _apply_later(self) -> None:
+        if self._later is not None:
+            if self._rows is not None:
+                self._keys = self._keys.index_select(0, self._rows)
+                self._values = self._values.index_select(0, self._rows)
+                self._rows = None
+            keys, values = self._later
+            length = max(self._keys.size(2), keys.size(2))
+            self._keys = torch.cat([_pad_left(self._keys, length), _pad_left(keys, length)])
+            self._values = torch.cat([_pad_left(self._values, length), _pad_left(values, length)])
+            self._later = None
 
 
 def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
@@ -96,17 +127,36 @@ def _pad_right(t: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def _gather_and_append(
-    cached: torch.Tensor, rows: torch.Tensor | None, new: torch.Tensor
+    cached: torch.Tensor,
+    rows: torch.Tensor | None,
+    new: torch.Tensor,
+    joined: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``cat([cached[rows], new], dim=2)`` with one copy of ``cached`` (B', H, t, Dh), ``new``
-    (B, H, T, Dh); ``rows`` None: all rows in order."""
-    if rows is None:
+    """``cat([cat([cached[rows], joined]), new], dim=2)`` with one copy of each: ``cached``
+    (B', H, t, Dh), ``new`` (B, H, T, Dh); ``rows`` None: all rows in order; ``joined``
+    (B2, H, t2, Dh): rows after them, the shorter history of the two left-padded with zeros."""
+    if rows is None and joined is None:
         return torch.cat([cached, new], dim=2)
-    past = cached.size(2)
+    own = cached.size(2)
+    past = own if joined is None else max(own, joined.size(2))
+    n_own = cached.size(0) if rows is None else rows.numel()
     out = new.new_empty(new.size(0), new.size(1), past + new.size(2), new.size(3))
-    torch.index_select(cached, 0, rows, out=out[:, :, :past])
+    _write_left_padded(out[:n_own, :, :past], cached, rows)
+    if joined is not None:
+        _write_left_padded(out[n_own:, :, :past], joined, None)
     out[:, :, past:] = new
     return out
+
+
+def _write_left_padded(out: torch.Tensor, t: torch.Tensor, rows: torch.Tensor | None) -> None:
+    """``out`` (R, H, L, Dh) = ``t[rows]`` (R, H, n, Dh) after L - n zero positions."""
+    start = out.size(2) - t.size(2)
+    if start > 0:
+        out[:, :, :start].zero_()
+    if rows is None:
+        out[:, :, start:].copy_(t)
+    else:
+        torch.index_select(t, 0, rows, out=out[:, :, start:])
 
 
 class DecoderCache:
@@ -176,10 +226,7 @@ class DecoderCache:
         rows, other_rows = self._rows_and_positions(), other._rows_and_positions()
         length = max(self.length, other.length)
         for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
-            mine.store(
-                torch.cat([_pad_left(mine.keys, length), _pad_left(theirs.keys, length)]),
-                torch.cat([_pad_left(mine.values, length), _pad_left(theirs.values, length)]),
-            )
+            mine.join_later(theirs.keys, theirs.values)  # copied with the next step's append
         for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):
             width = max(mine.keys.size(2), theirs.keys.size(2))
             mine.store(

@@ -338,8 +338,9 @@ def test_continuous_batching_answers_what_translate_gives_and_drains_on_close(en
     d2 = dataclasses.replace(engine.decode, beam_size=2)
     jobs = [([lines[0]], d3, False), ([lines[1], ""], d3, False), ([lines[2]], d3, True),
             ([lines[3]], d2, False), ([lines[4], lines[5]], d3, False), ([""], d3, False)]  # fmt: skip
-    batcher = Batcher(engine, BatchSettings()).start()
+    batcher = Batcher(engine, BatchSettings(continuous=True)).start()
     assert batcher.continuous
+    assert not Batcher(engine, BatchSettings()).continuous, "batch by batch unless asked"
     futures = [batcher.submit(text, decode, attention) for text, decode, attention in jobs]
     batcher.close()
     for (text, decode, attention), future in zip(jobs, futures, strict=True):
@@ -353,7 +354,7 @@ def test_continuous_batching_answers_what_translate_gives_and_drains_on_close(en
             )
         assert [r.attention is not None for r in got] == [attention] * len(text)
     assert batcher.requests == len(jobs)
-    assert not Batcher(FakeEngine(), BatchSettings()).continuous, "engines without a search batch"
+    assert not Batcher(FakeEngine(), BatchSettings(continuous=True)).continuous, "no search"
 
 
 def test_a_failing_request_gets_a_json_error_the_others_their_answers():

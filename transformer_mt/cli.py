@@ -749,9 +749,10 @@ def serve(
         bool,
         typer.Option(
             help="With --engine torch: requests join the running search between steps "
-            "(continuous batching; no gathering window). --no-continuous: batch by batch."
+            "(continuous batching, no gathering window; slower than batch by batch on 2 "
+            "CPU cores, see docs/BENCHMARKS.md)."
         ),
-    ] = True,
+    ] = False,
     batch_window_ms: Annotated[
         float,
         typer.Option(min=0.0, max=1000.0, help="Gathering a batch ends after this long quiet."),
@@ -771,9 +772,8 @@ def serve(
     """Serve the model over HTTP: LibreTranslate's POST /translate, POST /v1/translate (n-best,
     attention), GET /v1/model, /health, API docs at /docs and a translation page at /.
 
-    Requests that arrive together are decoded together: with --engine torch they join the
-    running search between steps (continuous batching), with ct2 (or --no-continuous) they are
-    gathered into batches. Ctrl-C or SIGTERM lets the requests in flight finish, then stops.
+    Requests that arrive together are gathered into batches and decoded together; with
+    --engine torch, --continuous lets them join the running search between steps instead. Ctrl-C or SIGTERM lets the requests in flight finish, then stops.
     """
     from transformer_mt.inference.server import BatchSettings, Limits
     from transformer_mt.inference.server import serve as serve_model

@@ -19,15 +19,18 @@ answered to come back joins the two: 25.0 requests per batch with 20 ms of quiet
 (scripts/bench_serve.py, Multi30k model, 2 cores; 17.6 with 5 ms, where the clients' answers and
 new requests, handled in Python on the same 2 cores, come back more slowly than that).
 
-Continuous batching (``BatchSettings.continuous``, the default where the engine offers it: our
-torch model): no batch boundaries at all. The worker keeps one running beam search
+Continuous batching (``BatchSettings.continuous``, opt-in, for engines that offer it: our torch
+model): no batch boundaries at all. The worker keeps one running beam search
 (:class:`~transformer_mt.decoding.continuous.ContinuousSearch`); between two of its steps, every
 job that has arrived joins it (within the token budget, counting the source pieces in flight),
 and each job is answered as soon as its last line is done. Nothing waits for a gathering window
 or for the longest sentence of a batch. Jobs that continuous search does not serve (attention
 requested, another beam size than the running one's) wait, in order, until the running search
 is empty, and then decode as a batch of their own. If a step fails, each job in flight is
-decoded again alone.
+decoded again alone. It is not the default: each join costs an encoder pass and a first step
+of its own, and on 2 CPU cores that cost more than the gathering window and the batches' tails
+(scripts/bench_serve.py, Multi30k model: 72.8 against 78.5 sentences/s with 32 clients, 42.7
+against 56.2 with 8; docs/BENCHMARKS.md).
 
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted
@@ -55,7 +58,7 @@ class BatchSettings:
     """How the decode worker gathers requests into batches."""
 
     enabled: bool = True  # False: one request per batch, no waiting (the benchmark's baseline)
-    continuous: bool = True  # join the running search between steps (engines that offer it)
+    continuous: bool = False  # join the running search between steps (engines that offer it)
     window_s: float = 0.02  # gathering ends after this long without a new request
     max_wait_s: float = 0.05  # and at the latest this long after it began
     max_tokens: int | None = None  # source pieces per batch; None: the model's decode.batch_tokens

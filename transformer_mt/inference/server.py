@@ -23,6 +23,7 @@ import logging
 import math
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,7 +315,7 @@ def serve(
     ``quantize="int8"``: dynamic int8 linear layers (torch engine, CPU)."""
     import uvicorn
 
-    model = load_engine(engine, path, device, quantize)
+    model = load_engine_off_main_thread(engine, path, device, quantize)
     app = create_app(model, limits, batching)
     logger.info(
         "loaded %s -> %s (%s engine); serving on http://%s:%d (API docs at /docs)",
@@ -330,6 +331,24 @@ def serve(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def load_engine_off_main_thread(
+    engine: str, path: Path | str, device: str = "cpu", quantize: str | None = None
+) -> Engine:
+    """:func:`load_engine` in a thread that ends when it returns, so that the server's main
+    thread never runs torch's parallel (OpenMP) work.
+
+    Each thread that starts OpenMP work keeps a team of threads for as long as it lives. With two
+    such teams (the main thread's, from loading the model, and the decode worker's) libgomp sees
+    more of its threads than CPUs and stops spin-waiting between parallel regions: every small
+    op of a search step then pays a futex wake-up (a 160 x 256 add, 2 threads: 3 us alone, 50 us
+    beside a second team), and decoding in the worker ran about 25 % slower than the same calls
+    in a lone thread (docs/BENCHMARKS.md, "Serving: one OpenMP team"). Loaded here, the worker's
+    team is the only one.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="mt-load") as pool:  # its thread ends here
+        return pool.submit(load_engine, engine, path, device, quantize).result()
 
 
 def _stopped(signum: int, _frame) -> None:

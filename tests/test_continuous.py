@@ -14,6 +14,7 @@ from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
 from transformer_mt.decoding import beam_search, greedy_search
 from transformer_mt.decoding.continuous import ContinuousSearch
 from transformer_mt.model import Transformer
+from transformer_mt.model.cache import AttentionCache
 
 VOCAB = 16
 
@@ -110,8 +111,8 @@ def test_refuses_what_it_cannot_run(model):
 
 def test_queued_sentences_join_together_or_after_a_few_steps(model, sources):
     """One newcomer waits join_wait steps beside 8 running sentences (it is less than
-    join_share of them); three newcomers (a quarter of the 9 or fewer running) join at the next
-    step."""
+    join_share of them), and so does the next one (the wait starts again after a join); three
+    newcomers (a quarter of the 10 or fewer running) join at the next step."""
     decode = DecodeConfig(beam_size=2, max_len_a=40.0, max_len_b=1.0)
     search = ContinuousSearch(model, 2, join_share=0.25, join_wait=3)
     for i, ids in enumerate(sources):
@@ -123,8 +124,60 @@ def test_queued_sentences_join_together_or_after_a_few_steps(model, sources):
     for _ in range(4):
         search.step()
         queued.append(search.queued)
+    assert queued == [1, 1, 1, 0] and search.running > 4
+    search.add("later", sources[1], decode)  # the wait counts again from 0
+    queued = []
+    for _ in range(4):
+        search.step()
+        queued.append(search.queued)
     assert queued == [1, 1, 1, 0] and search.running >= 4
     for tag in "abc":
         search.add(tag, sources[1], decode)
     search.step()
     assert search.queued == 0
+
+
+def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, 0, length - t.size(2), 0))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_attention_cache_lazy_moves_equal_eager_ones(seed):
+    """Random sequences of append, select (rows repeated and reordered), join_later (either
+    history longer), drop_first and reads: the lazily moved cache always holds what doing each
+    move at once gives."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    def pick(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=gen))
+
+    cache, keys = AttentionCache(), rand(1 + pick(4), 2, 1 + pick(3), 3)
+    values = -keys
+    cache.store(keys, values)
+    for _ in range(12):
+        op, rows = pick(5), keys.size(0)
+        if op == 0:
+            new = rand(rows, 2, 1, 3)
+            got = cache.append(new, -new)
+            keys, values = torch.cat([keys, new], dim=2), torch.cat([values, -new], dim=2)
+            assert torch.equal(got[0], keys) and torch.equal(got[1], values)
+        elif op == 1:
+            index = torch.randint(rows, (1 + pick(5),), generator=gen)
+            cache.select(index)
+            keys, values = keys.index_select(0, index), values.index_select(0, index)
+        elif op == 2:
+            joined = rand(1 + pick(3), 2, 1 + pick(6), 3)
+            cache.join_later(joined, -joined)
+            width = max(keys.size(2), joined.size(2))
+            keys = torch.cat([_pad_left(keys, width), _pad_left(joined, width)])
+            values = torch.cat([_pad_left(values, width), _pad_left(-joined, width)])
+        elif op == 3:
+            n = pick(keys.size(2))
+            cache.drop_first(n)
+            keys, values = keys[:, :, n:], values[:, :, n:]
+        else:
+            assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)
+    assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)

@@ -8,6 +8,7 @@ Skipped where FastAPI / uvicorn / httpx are missing (`make test` installs the `s
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -355,6 +356,38 @@ def test_continuous_batching_answers_what_translate_gives_and_drains_on_close(en
         assert [r.attention is not None for r in got] == [attention] * len(text)
     assert batcher.requests == len(jobs)
     assert not Batcher(FakeEngine(), BatchSettings(continuous=True)).continuous, "no search"
+
+
+def test_continuous_worker_survives_a_job_it_cannot_run_and_its_own_failure(
+    engine, lines, monkeypatch
+):
+    """Continuous batching: a job whose settings the search refuses (n-best wider than the beam)
+    gets the batch path's error; a failure in the worker itself fails the jobs in flight, not
+    the thread; the next job is answered as engine.translate answers it."""
+    decode = dataclasses.replace(engine.decode, beam_size=2, nbest=1)
+    batcher = Batcher(engine, BatchSettings(continuous=True)).start()
+    try:
+        wide = dataclasses.replace(decode, nbest=3)
+        with pytest.raises(Exception) as direct:
+            engine.translate([lines[0]], wide)
+        with pytest.raises(direct.type, match=re.escape(str(direct.value))):
+            batcher.submit([lines[0]], wide).result(timeout=60)
+        calls = []
+
+        def broken(result):
+            calls.append(result)
+            raise RuntimeError("a bug in line_result")
+
+        monkeypatch.setattr(engine, "line_result", broken)
+        with pytest.raises(RuntimeError, match="a bug in line_result"):
+            batcher.submit([lines[1]], decode).result(timeout=60)
+        assert calls, "the worker reached line_result"
+        monkeypatch.undo()
+        good = batcher.submit([lines[2]], decode).result(timeout=60)
+        assert [r.text for r in good] == [r.text for r in engine.translate([lines[2]], decode)]
+        assert batcher._thread.is_alive()
+    finally:
+        batcher.close()
 
 
 def test_a_failing_request_gets_a_json_error_the_others_their_answers():

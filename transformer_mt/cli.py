@@ -773,7 +773,8 @@ def serve(
     attention), GET /v1/model, /health, API docs at /docs and a translation page at /.
 
     Requests that arrive together are gathered into batches and decoded together; with
-    --engine torch, --continuous lets them join the running search between steps instead. Ctrl-C or SIGTERM lets the requests in flight finish, then stops.
+    --engine torch, --continuous lets them join the running search between steps instead.
+    Ctrl-C or SIGTERM lets the requests in flight finish, then stops.
     """
     from transformer_mt.inference.server import BatchSettings, Limits
     from transformer_mt.inference.server import serve as serve_model

@@ -22,12 +22,15 @@ new requests, handled in Python on the same 2 cores, come back more slowly than 
 Continuous batching (``BatchSettings.continuous``, opt-in, for engines that offer it: our torch
 model): no batch boundaries at all. The worker keeps one running beam search
 (:class:`~transformer_mt.decoding.continuous.ContinuousSearch`); between two of its steps, every
-job that has arrived joins it (within the token budget, counting the source pieces in flight),
+job that has arrived is handed to it (within the token budget, counting the source pieces in
+flight; the search lets newcomers take their first step together, a few steps later at most),
 and each job is answered as soon as its last line is done. Nothing waits for a gathering window
-or for the longest sentence of a batch. Jobs that continuous search does not serve (attention
-requested, another beam size than the running one's) wait, in order, until the running search
-is empty, and then decode as a batch of their own. If a step fails, each job in flight is
-decoded again alone. It is not the default: each join costs an encoder pass and a first step
+or for the longest sentence of a batch. Jobs that the running search cannot take (attention
+requested, another beam size than the running one's, an n-best wider than the beam) wait, in
+order, until it is empty; then one with another beam starts the next search, and the others
+decode alone, as the batch path would. If a step fails, each job in flight is
+decoded again alone; any other failure in the worker fails the jobs in flight and the worker
+goes on. It is not the default: each join costs an encoder pass and a first step
 of its own, and on 2 CPU cores that cost more than the gathering window and the batches' tails
 (scripts/bench_serve.py, Multi30k model: 72.8 against 78.5 sentences/s with 32 clients, 42.7
 against 56.2 with 8; docs/BENCHMARKS.md).
@@ -281,9 +284,19 @@ class _ContinuousWorker:
                     return
                 self.batcher._add(self.waiting, item)
             stopping = self._take_queued() or stopping
-            self._admit()
-            if self.flights:
-                self._step()
+            try:
+                self._admit()
+                if self.flights:
+                    self._step()
+            except Exception as err:  # a bug of ours: fail the jobs in flight, keep serving
+                logger.exception("the continuous decode worker failed; its jobs get the error")
+                self._fail_in_flight(err)
+
+    def _fail_in_flight(self, err: Exception) -> None:
+        flights, self.flights, self.search, self.tokens_in_flight = self.flights, {}, None, 0
+        for flight in flights.values():
+            if not flight.job.future.done():
+                flight.job.future.set_exception(err)
 
     def _take_queued(self) -> bool:
         """Move every queued job to ``waiting`` without waiting; True if the stop sign came."""
@@ -299,7 +312,7 @@ class _ContinuousWorker:
     def _admit(self) -> None:
         """Let waiting jobs join the search, oldest first, within the token budget; a job the
         search cannot take waits (and keeps the later ones waiting) until it is empty, then
-        decodes as a batch of its own."""
+        starts a new search or, if no search can take it, decodes alone."""
         joined = 0
         while self.waiting:
             job = self.waiting[0]
@@ -320,8 +333,8 @@ class _ContinuousWorker:
 
     def _joins(self, job: _Job) -> bool:
         """Whether ``job`` can decode in the running search (or start a new one)."""
-        if job.attention:
-            return False
+        if job.attention or not 1 <= job.decode.nbest <= job.decode.beam_size:
+            return False  # the batch path answers (or refuses) it
         if self.search is None or not self.flights:
             return self.engine.continuous_search(job.decode) is not None
         return job.decode.beam_size == self.search.beam_size
@@ -339,11 +352,11 @@ class _ContinuousWorker:
             return 0
         if not self.flights:
             self.search = self.engine.continuous_search(job.decode)
+        flight.left = len(sources)
+        self.flights[id(job)] = flight  # first: if adding fails, run() fails it with the rest
+        self.tokens_in_flight += job.tokens
         for line, ids in sources.items():
             self.search.add((id(job), line), ids, job.decode)
-        flight.left = len(sources)
-        self.flights[id(job)] = flight
-        self.tokens_in_flight += job.tokens
         return 1
 
     def _step(self) -> None:

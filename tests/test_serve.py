@@ -358,6 +358,49 @@ def test_continuous_batching_answers_what_translate_gives_and_drains_on_close(en
     assert not Batcher(FakeEngine(), BatchSettings(continuous=True)).continuous, "no search"
 
 
+def test_a_request_that_arrives_mid_search_joins_it_and_gets_what_translate_gives(
+    engine, lines, monkeypatch
+):
+    """Continuous batching: a request submitted after the running search's first step joins
+    that search (one merge of its one sentence) and each request gets engine.translate's
+    answer."""
+    from transformer_mt.decoding import continuous
+
+    decode = dataclasses.replace(engine.decode, beam_size=3, nbest=2)
+    batcher = Batcher(engine, BatchSettings(continuous=True)).start()
+    merges, steps, late = [], [], []
+    merge, step = continuous._Rows.merge, continuous.ContinuousSearch.step
+
+    def counting_merge(rows, other):
+        merges.append(len(other.sentences))
+        return merge(rows, other)
+
+    def stepping(search):
+        done = step(search)
+        steps.append(search.running)
+        if len(steps) == 1:  # in the worker, between two steps of the first request
+            late.append(batcher.submit([lines[5]], decode))
+        return done
+
+    monkeypatch.setattr(continuous._Rows, "merge", counting_merge)
+    monkeypatch.setattr(continuous.ContinuousSearch, "step", stepping)
+    try:
+        got = {"first": batcher.submit(lines[:4], decode).result(timeout=60)}
+        got["late"] = late[0].result(timeout=60)
+    finally:
+        batcher.close()
+    assert merges == [1], "the late request joined the running search"
+    for key, text in (("first", lines[:4]), ("late", [lines[5]])):
+        want = engine.translate(text, decode)
+        assert [[t for t, _ in r.nbest] for r in got[key]] == [
+            [t for t, _ in r.nbest] for r in want
+        ]
+        for mine, theirs in zip(got[key], want, strict=True):  # summed in another order
+            assert [s for _, s in mine.nbest] == pytest.approx(
+                [s for _, s in theirs.nbest], abs=1e-4
+            )
+
+
 def test_continuous_worker_survives_a_job_it_cannot_run_and_its_own_failure(
     engine, lines, monkeypatch
 ):

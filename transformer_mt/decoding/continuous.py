@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer_mt.config import DecodeConfig
+from transformer_mt.data.batching import pad_batch
 from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.decoding.search import (
     DecodeResult,
@@ -245,9 +246,6 @@ class ContinuousSearch:
 
     def _admit(self) -> _Rows:
         queued, self._queued = self._queued, []
-        width = max(len(ids) for _, ids in queued)
         device = next(self.model.parameters()).device
-        src = torch.full((len(queued), width), self.model.src_pad_idx, dtype=torch.long)
-        for i, (_, ids) in enumerate(queued):
-            src[i, : len(ids)] = torch.tensor(ids)
-        return _Rows(self.model, self.k, [s for s, _ in queued], src.to(device))
+        src = pad_batch([ids for _, ids in queued], self.model.src_pad_idx).to(device)  # (n, S)
+        return _Rows(self.model, self.k, [s for s, _ in queued], src)

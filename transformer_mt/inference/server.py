@@ -342,10 +342,10 @@ def load_engine_off_main_thread(
     Each thread that starts OpenMP work keeps a team of threads for as long as it lives. With two
     such teams (the main thread's, from loading the model, and the decode worker's) libgomp sees
     more of its threads than CPUs and stops spin-waiting between parallel regions: every small
-    op of a search step then pays a futex wake-up (a 160 x 256 add, 2 threads: 3 us alone, 50 us
-    beside a second team), and decoding in the worker ran about 25 % slower than the same calls
-    in a lone thread (docs/BENCHMARKS.md, "Serving: one OpenMP team"). Loaded here, the worker's
-    team is the only one.
+    op of a search step then pays a futex wake-up (a 160 x 256 add, 2 threads: 3 us alone,
+    14-57 us beside a second team), and decoding in the worker ran about 25 % slower than the
+    same calls in a lone thread (docs/BENCHMARKS.md, "Serving: one OpenMP team"). Loaded here,
+    the worker's team is the only one.
     """
     with ThreadPoolExecutor(1, thread_name_prefix="mt-load") as pool:  # its thread ends here
         return pool.submit(load_engine, engine, path, device, quantize).result()

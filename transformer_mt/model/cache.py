@@ -6,6 +6,7 @@ tells the cache to follow with :meth:`DecoderCache.select` or :meth:`DecoderCach
 """
 
 import torch
+from torch.nn import functional
 
 
 class AttentionCache:
@@ -83,47 +84,42 @@ class AttentionCache:
             self._apply_later()
             self._keys, self._values = self._keys[:, :, n:], self._values[:, :, n:]
 
+    @property
+    def rows(self) -> int:
+        """Batch rows once the pending moves are done (without doing them); 0 when empty."""
+        if self._keys is None:
+            return 0
+        own = self._keys.size(0) if self._rows is None else self._rows.numel()
+        return own + (0 if self._later is None else self._later[0].size(0))
+
     def _apply_pending(self) -> None:
+        self._apply_rows()
+        self._apply_later()
+
+    def _apply_rows(self) -> None:
         if self._rows is not None:
             self._keys = self._keys.index_select(0, self._rows)
             self._values = self._values.index_select(0, self._rows)
             self._rows = None
-        self._apply_later()
 
     def _apply_later(self) -> None:
         if self._later is not None:
-            if self._rows is not None:
-                self._keys = self._keys.index_select(0, self._rows)
-                self._values = self._values.index_select(0, self._rows)
-                self._rows = None
+            self._apply_rows()
             keys, values = self._later
             length = max(self._keys.size(2), keys.size(2))
-            self._keys = torch.cat([_pad_left(self._keys, length), _pad_left(keys, length)])
-            self._values = torch.cat([_pad_left(self._values, length), _pad_left(values, length)])
+            self._keys = torch.cat(
+                [_pad_positions(self._keys, length), _pad_positions(keys, length)]
+            )
+            self._values = torch.cat(
+                [_pad_positions(self._values, length), _pad_positions(values, length)]
+            )
             self._later = None
 
 
-def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
-    """``t`` (R, H, n, X) with ``length - n`` zero positions before its own."""
-    if t.size(2) == length:
-        return t
-    pad = t.new_zeros((t.size(0), t.size(1), length - t.size(2), t.size(3)))
-    return torch.cat([pad, t], dim=2)
-
-
-def _pad_mask_left(mask: torch.Tensor, length: int) -> torch.Tensor:
-    """``mask`` (R, n) with ``length - n`` False positions before its own."""
-    if mask.size(1) == length:
-        return mask
-    return torch.cat([mask.new_zeros((mask.size(0), length - mask.size(1))), mask], dim=1)
-
-
-def _pad_right(t: torch.Tensor, length: int) -> torch.Tensor:
-    """``t`` (R, H, n, X) with ``length - n`` zero positions after its own."""
-    if t.size(2) == length:
-        return t
-    pad = t.new_zeros((t.size(0), t.size(1), length - t.size(2), t.size(3)))
-    return torch.cat([t, pad], dim=2)
+def _pad_positions(t: torch.Tensor, length: int, *, left: bool = True) -> torch.Tensor:
+    """``t`` (R, H, n, X) with ``length - n`` zero positions before (``left``) or after its own."""
+    n = length - t.size(2)
+    return functional.pad(t, (0, 0, n, 0) if left else (0, 0, 0, n)) if n else t
 
 
 def _gather_and_append(
@@ -229,12 +225,15 @@ class DecoderCache:
             mine.join_later(theirs.keys, theirs.values)  # copied with the next step's append
         for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):
             width = max(mine.keys.size(2), theirs.keys.size(2))
-            mine.store(
-                torch.cat([_pad_right(mine.keys, width), _pad_right(theirs.keys, width)]),
-                torch.cat([_pad_right(mine.values, width), _pad_right(theirs.values, width)]),
+            keys, values = (
+                torch.cat(
+                    [_pad_positions(a, width, left=False), _pad_positions(b, width, left=False)]
+                )
+                for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
             )
+            mine.store(keys, values)
         self.key_mask = torch.cat(
-            [_pad_mask_left(rows[1], length), _pad_mask_left(other_rows[1], length)]
+            [functional.pad(mask, (length - mask.size(1), 0)) for mask in (rows[1], other_rows[1])]
         )
         self.positions = torch.cat([rows[0], other_rows[0]])
         self.length = length
@@ -243,8 +242,7 @@ class DecoderCache:
         """Each row's next position (R,) and key mask (R, length), made explicit."""
         if self.positions is not None:
             return self.positions, self.key_mask
-        keys = self.self_attn[0].keys  # (R, H, length, Dh)
-        rows, device = keys.size(0), keys.device
+        rows, device = self.self_attn[0].rows, self.cross_attn[0].keys.device
         positions = torch.full((rows,), self.length, dtype=torch.long, device=device)
         return positions, torch.ones(rows, self.length, dtype=torch.bool, device=device)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional
 
-from transformer_mt.model.dropout import Dropout, dropout, keep_mask
+from transformer_mt.model.dropout import Dropout, dropout, dropout_add, keep_mask
 from transformer_mt.model.layers import _explicit_attention
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
@@ -42,6 +42,46 @@ def test_dropout_follows_the_default_generator_and_keeps_dtype():
     b = dropout(x, 0.3)
     assert torch.equal(a, b) and a.dtype == torch.bfloat16
     assert not torch.equal(a, dropout(x, 0.3)), "the generator moved on"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_applies_keep_mask_with_the_exact_scale_forward_and_backward(dtype):
+    dropped = round(0.1 * 65536)
+    scale = 65536 / (65536 - dropped)
+    x = torch.randn(37, 53).to(dtype).requires_grad_()
+    grad = torch.randn(37, 53).to(dtype)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1)
+    torch.manual_seed(3)
+    mask = keep_mask(x.shape, dropped).to(dtype)  # the same draws
+    y.backward(grad)
+    assert y.dtype == dtype and x.grad.dtype == dtype
+    # bf16: the scale is a separate product (1 / 0.9 is no bf16 number), rounded once
+    torch.testing.assert_close(y, (x.detach() * mask * scale).to(dtype), rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, (grad * mask * scale).to(dtype), rtol=0, atol=0)
+
+
+def test_dropout_add_is_x_plus_dropout_y_in_one_fp32_pass():
+    dropped = round(0.3 * 65536)
+    scale = 65536 / (65536 - dropped)
+    x = torch.randn(6, 7, 16, requires_grad=True)  # the fp32 residual stream under autocast
+    y = torch.randn(6, 7, 16).bfloat16().requires_grad_()  # a bf16 sublayer output
+    grad = torch.randn(6, 7, 16)
+    torch.manual_seed(4)
+    out = dropout_add(x, y, 0.3)
+    torch.manual_seed(4)
+    mask = keep_mask(y.shape, dropped).float()
+    out.backward(grad)
+    assert out.dtype == torch.float32 and y.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(out, x.detach() + y.detach().float() * (mask * scale))
+    torch.testing.assert_close(x.grad, grad, rtol=0, atol=0)
+    torch.testing.assert_close(y.grad, (grad * mask * scale).bfloat16())
+    # and what it stands for: the same sum as x + dropout(y) (bf16 rounds y * scale first)
+    torch.manual_seed(4)
+    plain = x.detach() + dropout(y.detach(), 0.3)
+    torch.testing.assert_close(out.detach(), plain, rtol=1e-2, atol=1e-2)
+    assert torch.equal(dropout_add(x, y, 0.3, training=False), x + y)
+    assert torch.equal(dropout_add(x, y, 0.0), x + y)
 
 
 def test_dropout_off_cases_and_module():

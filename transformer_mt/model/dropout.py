@@ -4,10 +4,18 @@ torch's CPU dropout draws its mask with ``bernoulli_``, one 64-bit draw and a do
 per element on a single core: about 7.5 ns per element, 7 ms for one (3,600 x 256) activation and
 a fifth of a Multi30k training step at the recipe's 17 dropout sites. Here the mask comes from 16
 random bits per element: one full-range 64-bit draw of the same generator fills four elements,
-and a vectorized comparison turns them into the boolean mask (about 1 ms for the same tensor,
-applying it included). The rate is ``p`` rounded to a multiple of 2^-16 (0.3 becomes 0.300003),
-and kept elements are scaled by the inverse of the rounded keep rate, so the output is still an
-unbiased estimate of the input.
+and a vectorized comparison turns them into the mask (about 1 ms for the same tensor, applying
+it included). The rate is ``p`` rounded to a multiple of 2^-16 (0.3 becomes 0.300003), and kept
+elements are scaled by the inverse of the rounded keep rate, so the output is still an unbiased
+estimate of the input.
+
+The comparison writes the mask in the activation's own dtype (0 or 1), so applying it is one
+product with no cast: torch's ``native_dropout_backward`` casts a boolean mask to the
+activation's dtype on every use, forward and backward, which cost as much as the product itself
+(bf16, 4,096 x 1,024: 10-12 ms a site forward and backward before, 5-7 after). In fp32 the mask
+holds the scale too (one product per direction); in bf16 the scale stays a separate exact
+product, because 1 / 0.9 is not a bf16 number. :func:`dropout_add` also folds the residual add
+of ``x + dropout(y)`` into the same pass.
 
 The draws come from torch's default generator, as ``F.dropout``'s do, so ``torch.manual_seed``
 and the generator state (saved in checkpoints for an exact resume) govern them the same way; the
@@ -17,33 +25,103 @@ and for rates of 0 or 1, this is ``F.dropout``.
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional
 
 _LEVELS = 1 << 16  # the mask's resolution: 16 random bits per element
+_EXACT_SCALE = (torch.float32, torch.float64)  # dtypes that hold 1 / keep rate closely enough
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout(x, p, training)``, with the cheaper mask on CPU (see the module docstring)."""
     if not training or p == 0.0:
         return x
+    dropped = _dropped(x, p)
+    if dropped is None:
+        return functional.dropout(x, p, training)
+    return _Dropout.apply(x, dropped)
+
+
+def dropout_add(x: torch.Tensor, y: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``x + dropout(y, p, training)``; on CPU, when the sum is fp32 (the residual stream under
+    autocast: fp32 ``x``, bf16 ``y``), in one pass with the scaled mask in fp32."""
+    if not training or p == 0.0:
+        return x + y
+    dropped = _dropped(y, p)
+    if (
+        dropped is None
+        or torch.promote_types(x.dtype, y.dtype) not in _EXACT_SCALE
+        or x.shape != y.shape
+    ):
+        return x + dropout(y, p, training)
+    return _DropoutAdd.apply(x, y, dropped)
+
+
+def _dropped(x: torch.Tensor, p: float) -> int | None:
+    """Of the 2^16 equally likely mask values, how many drop, or None where the cheap mask does
+    not apply (not CPU, not floating point, a rate that rounds to 0 or 1)."""
     if x.device.type != "cpu" or not 0.0 < p < 1.0 or not x.is_floating_point():
-        return functional.dropout(x, p, training)
-    dropped = round(p * _LEVELS)  # of the 2^16 equally likely values, those that drop
-    if dropped == 0 or dropped == _LEVELS:
-        return functional.dropout(x, p, training)
-    mask = keep_mask(x.shape, dropped)
-    # grad_output * mask * scale in one kernel, and differentiable (its gradient is the same
-    # product): the forward and backward of dropout with a given mask.
-    return torch.ops.aten.native_dropout_backward(x, mask, _LEVELS / (_LEVELS - dropped))
+        return None
+    dropped = round(p * _LEVELS)
+    return dropped if 0 < dropped < _LEVELS else None
 
 
-def keep_mask(shape: torch.Size, dropped: int) -> torch.Tensor:
-    """A boolean CPU tensor of ``shape``, each element False with probability dropped / 2^16,
-    independently, from 16 bits of torch's default generator each."""
+def keep_mask(shape: torch.Size, dropped: int, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """A CPU tensor of ``shape`` and ``dtype``, each element 0 (False) with probability
+    dropped / 2^16 and 1 (True) otherwise, independently, from 16 bits of torch's default
+    generator each."""
     n = shape.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # all 64 bits
     bits = words.view(torch.int16)[:n].view(shape)  # uniform over [-2^15, 2^15)
-    return bits >= dropped - (_LEVELS >> 1)  # dropped of the 2^16 values fall below
+    # dropped of the 2^16 values fall below the threshold
+    return torch.ge(bits, dropped - (_LEVELS >> 1), out=torch.empty(shape, dtype=dtype))
+
+
+def _scale_by_mask(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.mul(x, mask)
+    return out if scale == 1.0 else out.mul_(scale)
+
+
+class _Dropout(torch.autograd.Function):
+    """Dropout of ``x``, ``dropped`` of 2^16 draws dropping: ``x * mask * scale``, forward and
+    backward alike. In fp32 the mask holds the scale (one product), in bf16 it is 0 or 1 and the
+    scale a second, exact product."""
+
+    @staticmethod
+    def forward(ctx, x, dropped: int):  # type: ignore[override]
+        scale = _LEVELS / (_LEVELS - dropped)
+        mask = keep_mask(x.shape, dropped, x.dtype)
+        if x.dtype in _EXACT_SCALE:
+            mask, scale = mask.mul_(scale), 1.0
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return _scale_by_mask(x, mask, scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        (mask,) = ctx.saved_tensors
+        return _scale_by_mask(grad, mask, ctx.scale), None
+
+
+class _DropoutAdd(torch.autograd.Function):
+    """``x + dropout(y)`` in the sum's dtype (fp32 or fp64): one ``addcmul`` with the scaled
+    mask. ``y``'s gradient is the output's times the mask, cast to ``y``'s dtype."""
+
+    @staticmethod
+    def forward(ctx, x, y, dropped: int):  # type: ignore[override]
+        dtype = torch.promote_types(x.dtype, y.dtype)
+        mask = keep_mask(y.shape, dropped, dtype).mul_(_LEVELS / (_LEVELS - dropped))
+        ctx.save_for_backward(mask)
+        ctx.dtypes = x.dtype, y.dtype
+        return torch.addcmul(x, y, mask)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        (mask,) = ctx.saved_tensors
+        x_dtype, y_dtype = ctx.dtypes
+        return grad.to(x_dtype), torch.mul(grad, mask).to(y_dtype), None
 
 
 class Dropout(nn.Dropout):

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional
 
 from transformer_mt.model.cache import AttentionCache
-from transformer_mt.model.dropout import Dropout, dropout
+from transformer_mt.model.dropout import Dropout, dropout, dropout_add
 
 
 class MultiHeadAttention(nn.Module):
@@ -244,9 +244,8 @@ class Residual(nn.Module):
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The residual stream after the sublayer's output ``y``: dropout, add, (post-)norm."""
-        if self.pre_norm:
-            return x + self.dropout(y)
-        return self.norm(x + self.dropout(y))
+        x = dropout_add(x, y, self.dropout.p, self.training)
+        return x if self.pre_norm else self.norm(x)
 
 
 class EncoderLayer(nn.Module):

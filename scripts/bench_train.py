@@ -35,6 +35,11 @@ with S, T the source and target lengths (EOS/BOS included). That is the usual 6 
 token passes through) plus the attention terms. At the small size on Multi30k it is ~0.045 GFLOP
 per target token. Utilization = that x tokens/s / peak (``--peak-tflops``; default: H100 bf16
 dense, 989 TFLOP/s; printed on GPUs, or on any device when the flag is given).
+
+On a CPU without ``--peak-tflops`` the script measures the ceiling itself, in the same process:
+the rate of bare matrix products at the model's own shapes (a batch's target tokens x d_model
+into the FFN, out of it, into Q/K/V, and ~500 rows into the vocabulary), in the run's precision;
+tokens/s at that rate would be all matrix products and nothing else.
 """
 
 import argparse
@@ -206,6 +211,24 @@ def baseline(args: argparse.Namespace, vocab: int) -> nn.Module:
 
 
 # ------------------------------------------------------------------------------------- measuring
+def matmul_rate(
+    rows: int, d: int, f: int, vocab: int, dtype: torch.dtype, repeats: int = 7
+) -> float:
+    """FLOP/s of bare CPU matrix products at the model's shapes (see the module docstring): the
+    median over ``repeats`` timings of the four products together."""
+    shapes = [(rows, d, f), (rows, f, d), (rows, d, 3 * d), (500, d, vocab)]
+    pairs = [(torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)) for m, k, n in shapes]
+    flop = sum(2 * m * k * n for m, k, n in shapes)
+    times = []
+    for i in range(repeats + 2):  # two untimed rounds first
+        start = time.perf_counter()
+        for a, b in pairs:
+            a @ b
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return flop / statistics.median(times)
+
+
 def flops_per_target_token(batches: list[Batch], d: int, f: int, layers: int, vocab: int) -> float:
     """Training FLOPs per target token from the model's shape (formula in the module docstring)."""
     total, tokens = 0.0, 0
@@ -438,6 +461,17 @@ def main() -> None:
     if len(contenders) == 2:
         ratio = statistics.median(contenders[0].rates) / statistics.median(contenders[1].rates)
         print(f"\nours / nn.Transformer throughput: {ratio:.2f}x")
+    if device.type == "cpu" and not args.peak_tflops:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
+        rate = matmul_rate(round(n_tok), args.d_model, args.ffn, vocab, dtype)
+        print(
+            f"ceiling: bare {args.precision} matrix products at the model's shapes run "
+            f"{rate / 1e9:,.0f} GFLOP/s here, i.e. {rate / flops:,.0f} target tok/s if a step were "
+            "nothing else; "
+            + ", ".join(
+                f"{c.name} at {statistics.median(c.rates) * flops / rate:.0%}" for c in contenders
+            )
+        )
     if device.type == "cpu":
         whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         print(

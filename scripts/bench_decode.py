@@ -158,7 +158,9 @@ def real_data(args: argparse.Namespace) -> None:
     loaded = load_for_inference(args.checkpoint)
     lines = read_lines(args.src)
     refs = read_lines(args.ref) if args.ref else None
-    names = ["ours fp32", "ours int8"]  # int8: `mt translate --quantize int8`
+    # int8: `mt translate --quantize int8`; "unpacked": fp32 by nn.Linear's own products, as
+    # before the packed oneDNN ones (transformer_mt/inference/loading.py, PackedLinear)
+    names = ["ours fp32", "ours fp32 unpacked", "ours int8"]
     if args.continuous:
         names.insert(1, "ours continuous")
     context = multiprocessing.get_context("spawn")
@@ -188,7 +190,7 @@ def real_data(args: argparse.Namespace) -> None:
         f"{args.batch} lines, CPU, {args.threads or 'default'} threads, one process per engine, "
         f"median of {args.runs} runs"
     )
-    print(f"{'engine':<14} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'vs ours':>8} {'BLEU':>6}")
+    print(f"{'engine':<18} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'vs ours':>8} {'BLEU':>6}")
     base = None
     for name, times in seconds.items():
         median = statistics.median(times[1:])
@@ -197,7 +199,7 @@ def real_data(args: argparse.Namespace) -> None:
         rate = tokens / median
         base = base or rate
         bleu = f"{score_all(outputs[name], [refs]).bleu:6.2f}" if refs else "     -"
-        print(f"{name:<14} {median:8.2f} {tokens:7d} {rate:9.1f} {rate / base:7.2f}x {bleu}")
+        print(f"{name:<18} {median:8.2f} {tokens:7d} {rate:9.1f} {rate / base:7.2f}x {bleu}")
 
 
 def export_ct2(loaded, directory: Path) -> list[str]:
@@ -223,7 +225,10 @@ def engine_worker(conn, name: str, args: argparse.Namespace, directory: Path) ->
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    loaded = load_for_inference(args.checkpoint)
+    quantization = "int8" if name == "ours int8" else None
+    loaded = load_for_inference(
+        args.checkpoint, quantization=quantization, pack=name != "ours fp32 unpacked"
+    )
     # One batch per chunk of lines, for every engine: the chunks are the batches.
     decode = dataclasses.replace(
         loaded.config.decode, beam_size=args.beam, nbest=1, batch_tokens=10**9
@@ -246,9 +251,7 @@ def engine_worker(conn, name: str, args: argparse.Namespace, directory: Path) ->
         def translate(chunk: list[tuple[int, list[int]]]) -> list[str]:
             return continuous_run(loaded, chunk, decode, args.batch, len(lines))
     else:
-        from transformer_mt.inference.loading import quantize
-
-        ours = loaded.model if name == "ours fp32" else quantize(loaded.model, "int8")
+        ours = loaded.model
 
         def translate(chunk: list[str]) -> list[str]:
             src_tok, trg_tok = loaded.src_tok, loaded.trg_tok

@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed runs (median)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers")
+    parser.add_argument("--no-pack", action="store_true",
+                        help="fp32 by nn.Linear's own products, not oneDNN's packed ones")  # fmt: skip
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -106,10 +108,9 @@ def main() -> None:
     from transformer_mt.decoding.text import encode_sources
     from transformer_mt.fileio import read_lines
     from transformer_mt.inference import load_for_inference
-    from transformer_mt.inference.loading import quantize
 
-    loaded = load_for_inference(args.checkpoint)
-    model = loaded.model if args.quantize is None else quantize(loaded.model, args.quantize)
+    loaded = load_for_inference(args.checkpoint, quantization=args.quantize, pack=not args.no_pack)
+    model = loaded.model
     decode = dataclasses.replace(loaded.config.decode, beam_size=args.beam, nbest=1)
     lines = read_lines(args.src)
     sources = list(encode_sources(loaded.src_tok, lines, model.positions.max_len).values())

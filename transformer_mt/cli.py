@@ -225,12 +225,9 @@ def _translator(
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
-    from transformer_mt.inference.loading import quantize
     from transformer_mt.inference.translate import ensemble_model
 
-    loaded = [load_for_inference(path, device) for path in model_paths]
-    for one in loaded if quantization is not None else ():
-        one.model = quantize(one.model, quantization)
+    loaded = [load_for_inference(path, device, quantization) for path in model_paths]
     first = loaded[0]
     model = ensemble_model(loaded, [str(path) for path in model_paths])
     decode = _decode_settings(first.config.decode, **options)

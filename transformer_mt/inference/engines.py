@@ -25,7 +25,7 @@ from transformer_mt.decoding.continuous import ContinuousSearch
 from transformer_mt.decoding.text import check_beam, encode_sources, translate_texts
 from transformer_mt.errors import MTError
 from transformer_mt.inference.attention import attention_matrices
-from transformer_mt.inference.loading import load_for_inference, quantize, validation_report
+from transformer_mt.inference.loading import load_for_inference, validation_report
 
 EOS_PIECE = "</s>"
 
@@ -117,8 +117,8 @@ class TorchEngine(Engine):
     def __init__(
         self, checkpoint: Path | str, device: str = "cpu", quantization: str | None = None
     ) -> None:
-        loaded = load_for_inference(checkpoint, device)
-        self.model = loaded.model if quantization is None else quantize(loaded.model, quantization)
+        loaded = load_for_inference(checkpoint, device, quantization)
+        self.model = loaded.model
         data = loaded.config.data
         super().__init__(
             name="torch",

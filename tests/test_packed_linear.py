@@ -1,0 +1,97 @@
+"""CPU fp32 inference on oneDNN-packed weights (inference/loading.py, PackedLinear): the same
+products as nn.Linear, batch-independent rows, the same translations, and every other path
+(training, autocast, int8, copies) left as it was."""
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional
+
+from transformer_mt.inference import load_for_inference, translate_lines
+from transformer_mt.inference.loading import PackedLinear, _onednn_linear_works, quantize
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+
+needs_onednn = pytest.mark.skipif(
+    not _onednn_linear_works(), reason="this torch build has no oneDNN linear product"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_computes_nn_linear_and_a_row_ignores_its_neighbours(bias):
+    torch.manual_seed(0)
+    plain = nn.Linear(256, 1024, bias=bias)
+    packed = PackedLinear(plain)
+    x = torch.randn(128, 256)
+    with torch.inference_mode():
+        out = packed(x)
+        torch.testing.assert_close(out, plain(x), rtol=1e-5, atol=1e-4)
+        for rows in (1, 3, 17, 64):  # the same bits, whatever batch a row sits in
+            assert torch.equal(packed(x[:rows].clone()), out[:rows])
+        x3 = torch.randn(4, 7, 256)  # (B, T, D) and a transposed (non-contiguous) input
+        torch.testing.assert_close(packed(x3), plain(x3), rtol=1e-5, atol=1e-4)
+        xt = torch.randn(256, 9).t()
+        torch.testing.assert_close(packed(xt), plain(xt), rtol=1e-5, atol=1e-4)
+        assert packed._packed is not None, "the packed path ran"
+
+
+@needs_onednn
+def test_training_and_autocast_take_nn_linear_and_the_packed_copy_follows_the_weight():
+    torch.manual_seed(0)
+    packed = PackedLinear(nn.Linear(16, 8))
+    x = torch.randn(5, 16)
+    y = packed(x)  # grad enabled: nn.Linear's own product, differentiable
+    assert y.grad_fn is not None and torch.equal(
+        y, functional.linear(x, packed.weight, packed.bias)
+    )
+    assert packed._packed is None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert packed(x).dtype == torch.bfloat16
+    with torch.no_grad():
+        before = packed(x)
+        packed.load_state_dict({"weight": 2 * packed.weight, "bias": 2 * packed.bias})
+        torch.testing.assert_close(packed(x), 2 * before)  # repacked after the in-place copy
+    clone = copy.deepcopy(packed)  # the opaque packed tensor is left out, and rebuilt
+    assert clone._packed is None
+    with torch.no_grad():
+        torch.testing.assert_close(clone(x), packed(x))
+
+
+@needs_onednn
+def test_loading_packs_an_fp32_cpu_model_and_it_translates_as_before():
+    ckpt = FIXTURE / "old_last.pt"
+    packed, plain = load_for_inference(ckpt), load_for_inference(ckpt, pack=False)
+    linears = [m for m in packed.model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is PackedLinear for m in linears)
+    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    assert packed.model.out.weight is packed.model.trg_emb.weight, "still tied"
+    state, plain_state = packed.model.state_dict(), plain.model.state_dict()
+    assert list(state) == list(plain_state)
+    assert all(torch.equal(state[k], plain_state[k]) for k in state)
+    lines = (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+    decode = dataclasses.replace(packed.config.decode, beam_size=4, nbest=2)
+    got = translate_lines(packed.model, packed.src_tok, packed.trg_tok, lines, decode)
+    want = translate_lines(plain.model, plain.src_tok, plain.trg_tok, lines, decode)
+    assert [[text for text, _ in t] for t in got] == [[text for text, _ in t] for t in want]
+    for t, w in zip(got, want, strict=True):
+        assert [s for _, s in t] == pytest.approx([s for _, s in w], abs=1e-4)
+
+
+@needs_onednn
+def test_int8_quantizes_the_packed_layers_and_leaves_the_fp32_model_packed():
+    loaded = load_for_inference(FIXTURE / "old_last.pt")
+    quantized = quantize(loaded.model, "int8")
+    linears = [m for m in quantized.modules() if type(m).__name__ == "Linear"]
+    assert linears and all("quantized" in type(m).__module__ for m in linears)
+    assert not any(isinstance(m, PackedLinear) for m in quantized.modules())
+    assert type(loaded.model.out) is PackedLinear, "the fp32 model is not touched"
+    direct = load_for_inference(FIXTURE / "old_last.pt", quantization="int8")
+    assert not any(isinstance(m, PackedLinear) for m in direct.model.modules())
+    assert {type(m).__module__ for m in direct.model.modules() if type(m).__name__ == "Linear"} == {
+        type(linears[0]).__module__
+    }

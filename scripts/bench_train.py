@@ -409,7 +409,14 @@ def main() -> None:
             continue
         torch.manual_seed(0)
         model = build(args, vocab).to(device).train()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        opt = torch.optim.AdamW(  # as `mt train` builds it (weight decay 0: Adam)
+            model.parameters(),
+            lr=1e-4,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            weight_decay=0.0,
+            fused=device.type in ("cpu", "cuda"),
+        )
         sampler = RssSampler() if device.type == "cpu" else None
         contenders.append(Contender(name, model, opt, [], sampler=sampler))
 

@@ -42,7 +42,14 @@ def main() -> None:
         data.src_lengths, data.trg_lengths + 1, cfg.train.batch_tokens, seed=0, epoch=0
     )[: 2 * args.runs * (args.steps + 1)]
     model = trainer.model
-    bare_opt = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
+    bare_opt = torch.optim.AdamW(  # the optimizer mt train builds
+        model.parameters(),
+        lr=1e-5,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        weight_decay=0.0,
+        fused=trainer.device.type in ("cpu", "cuda"),
+    )
     bare = Contender("bare", model, bare_opt, [])
     step_of_bench_train = make_step(trainer.device, cfg.train.precision, "chunked")
 

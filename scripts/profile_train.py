@@ -200,7 +200,9 @@ def main() -> None:
     plain, profiled = batches[args.warmup :: 2], batches[args.warmup + 1 :: 2]
     torch.manual_seed(0)
     model = (ours if args.model == "ours" else baseline)(args, tok.vocab_size).to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    opt = torch.optim.AdamW(  # as `mt train` builds it (weight decay 0: Adam)
+        model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=True
+    )
     c = Contender(args.model, model, opt, [])
     step = make_profiled_step(device, args.precision)
 

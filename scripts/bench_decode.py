@@ -2,8 +2,10 @@
 
 What users run: a trained checkpoint and a real source file, translated in batches of --batch
 lines by each engine in turn (alternating run by run, each engine in a process of its own), with
-BLEU beside tokens/s so that a faster search that translates worse shows: ours in fp32 and int8,
-and, where ctranslate2 is installed, the same weights exported to CTranslate2 float32 and int8:
+BLEU beside tokens/s so that a faster search that translates worse shows: ours in fp32 (as `mt
+translate` loads it: linear layers on oneDNN-packed weights), in fp32 by nn.Linear's own products
+("unpacked", the baseline of that change) and in int8, and, where ctranslate2 is installed, the
+same weights exported to CTranslate2 float32 and int8:
 
     python scripts/bench_decode.py --checkpoint runs/m30k/last.pt \
         --src data/multi30k/test_2016_flickr.de --ref data/multi30k/test_2016_flickr.en --beam 4
@@ -53,8 +55,11 @@ def random_model(args: argparse.Namespace) -> Transformer:
         tie_embeddings=True,
         share_embeddings=False,
     )
+    from transformer_mt.inference.loading import pack_linear_layers
+
     torch.manual_seed(0)
-    return Transformer(**model_args(shape, args.vocab, args.vocab, pad_idx=PAD_ID, bos_idx=BOS_ID))
+    model = Transformer(**model_args(shape, args.vocab, args.vocab, pad_idx=PAD_ID, bos_idx=BOS_ID))
+    return pack_linear_layers(model.eval())  # the products a loaded checkpoint runs
 
 
 def random_sources(vocab: int, batch: int, src_len: int, seed: int = 0) -> torch.Tensor:

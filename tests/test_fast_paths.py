@@ -84,6 +84,23 @@ def test_dropout_add_is_x_plus_dropout_y_in_one_fp32_pass():
     assert torch.equal(dropout_add(x, y, 0.0), x + y)
 
 
+def test_dropout_add_gradients_in_fp64_are_those_of_its_formula():
+    # The fp32/fp64 path (fp32 CPU training): both inputs full precision, the same mask for every
+    # evaluation (the generator is reseeded), so gradcheck compares analytic and numeric slopes.
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+
+    def reseeded(a, b):
+        torch.manual_seed(7)
+        return dropout_add(a, b, 0.4)
+
+    assert torch.autograd.gradcheck(reseeded, (x, y))
+    torch.manual_seed(7)
+    mask = keep_mask(y.shape, round(0.4 * 65536)).double()
+    scale = 65536 / (65536 - round(0.4 * 65536))
+    torch.testing.assert_close(reseeded(x, y), x + y * mask * scale)
+
+
 def test_dropout_off_cases_and_module():
     x = torch.randn(8, 8)
     assert dropout(x, 0.3, training=False) is x

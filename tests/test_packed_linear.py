@@ -31,8 +31,9 @@ def test_packed_linear_computes_nn_linear_and_a_row_ignores_its_neighbours(bias)
     with torch.inference_mode():
         out = packed(x)
         torch.testing.assert_close(out, plain(x), rtol=1e-5, atol=1e-4)
-        for rows in (1, 3, 17, 64):  # the same bits, whatever batch a row sits in
-            assert torch.equal(packed(x[:rows].clone()), out[:rows])
+        if torch.backends.cpu.get_cpu_capability() == "AVX512":  # what the docstring claims
+            for rows in (1, 3, 17, 64):  # the same bits, whatever batch a row sits in
+                assert torch.equal(packed(x[:rows].clone()), out[:rows])
         x3 = torch.randn(4, 7, 256)  # (B, T, D) and a transposed (non-contiguous) input
         torch.testing.assert_close(packed(x3), plain(x3), rtol=1e-5, atol=1e-4)
         xt = torch.randn(256, 9).t()
@@ -56,6 +57,10 @@ def test_training_and_autocast_take_nn_linear_and_the_packed_copy_follows_the_we
         before = packed(x)
         packed.load_state_dict({"weight": 2 * packed.weight, "bias": 2 * packed.bias})
         torch.testing.assert_close(packed(x), 2 * before)  # repacked after the in-place copy
+        packed.double().float()  # another tensor with the same version count: repacked
+        torch.testing.assert_close(packed(x), 2 * before)
+        packed.weight.data = torch.zeros_like(packed.weight)  # a new tensor, same version
+        assert torch.equal(packed(x), packed.bias.expand(5, 8))
     clone = copy.deepcopy(packed)  # the opaque packed tensor is left out, and rebuilt
     assert clone._packed is None
     with torch.no_grad():

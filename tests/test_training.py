@@ -352,6 +352,27 @@ def test_mixed_precision_trains_on_cpu_with_finite_losses(tiny_config, tmp_path,
     assert ("scale" in scaler) == (precision == "fp16"), "fp16 keeps a gradient scaler's state"
 
 
+def test_a_run_saved_before_fused_adam_resumes_fused_under_fp16(tiny_config, tmp_path):
+    # The saved parameter groups name the implementation they ran with (fused None for runs
+    # saved before fused AdamW); loaded as they are, the optimizer runs unfused, and under
+    # fp16's gradient scaler an unfused Adam refuses the scaler's arguments on its first step.
+    run = tmp_path / "run"
+    settings = ["train.precision=fp16", "train.valid_bleu=false", "train.best_metric=loss"]
+    Trainer(load_config(tiny_config, [*settings, "train.max_steps=2"]), run, progress=False).run()
+    saved = torch.load(run / "last.pt", weights_only=True)
+    for group in saved["train_state"]["optimizer"]["param_groups"]:
+        group.update(fused=None, foreach=None)
+    ckpt_mod.save_checkpoint(saved, run / "last.pt")
+    trainer = Trainer(
+        load_config(tiny_config, [*settings, "train.max_steps=4"]), run, progress=False
+    )
+    assert trainer.state.step == 2
+    assert all(group["fused"] for group in trainer.optimizer.param_groups)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert trainer.run().step == 4
+
+
 def test_an_unsupported_autocast_precision_fails_before_training(
     tiny_config, tmp_path, monkeypatch
 ):

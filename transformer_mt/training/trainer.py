@@ -161,10 +161,7 @@ class Trainer:
             betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
             eps=train_cfg.adam_eps,
             weight_decay=train_cfg.weight_decay,
-            # One kernel over all parameters instead of a chain of per-tensor ops: on 2 CPU
-            # cores 5.5 ms against 19 ms (foreach) per step for the Multi30k model's 5.7M
-            # weights (docs/BENCHMARKS.md); CUDA has it too.
-            fused=self.device.type in ("cpu", "cuda"),
+            fused=self._fused_adam(),
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=train_cfg.precision == "fp16")
         self.state = TrainState()
@@ -221,6 +218,12 @@ class Trainer:
             },
         }
 
+    def _fused_adam(self) -> bool:
+        """Whether AdamW runs fused: one kernel over all parameters instead of a loop of
+        per-tensor operations (on 2 CPU cores 4-5 ms against 10-16 ms per step for the Multi30k
+        model; docs/BENCHMARKS.md). CPU and CUDA have the kernel."""
+        return self.device.type in ("cpu", "cuda")
+
     def _restore(self, path: Path, allow_data_change: bool) -> None:
         ckpt = load_checkpoint(path, map_location=self.device)
         check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
@@ -231,6 +234,12 @@ class Trainer:
             )
         self.model.load_state_dict(ckpt["model"])
         saved = ckpt["train_state"]
+        # A saved parameter group carries the implementation it ran with, and loading it would
+        # bring that back; this process's choice holds instead (a run saved before fused AdamW,
+        # or on another device, resumes fused; a non-fused one under fp16's gradient scaler
+        # would refuse the scaler's arguments).
+        for group in saved["optimizer"]["param_groups"]:
+            group.update(fused=self._fused_adam(), foreach=None)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scaler.load_state_dict(saved["scaler"])
         self.state = TrainState(**saved["state"])

@@ -78,6 +78,7 @@ def keep_mask(shape: torch.Size, dropped: int, dtype: torch.dtype = torch.bool) 
 
 
 def _scale_by_mask(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x * mask * scale`` in ``x``'s dtype (the second product skipped for a scale of 1)."""
     out = torch.mul(x, mask)
     return out if scale == 1.0 else out.mul_(scale)
 

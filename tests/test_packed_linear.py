@@ -100,3 +100,17 @@ def test_int8_quantizes_the_packed_layers_and_leaves_the_fp32_model_packed():
     assert {type(m).__module__ for m in direct.model.modules() if type(m).__name__ == "Linear"} == {
         type(linears[0]).__module__
     }
+
+
+def test_a_torch_without_the_packed_product_keeps_nn_linear_and_says_why(monkeypatch, caplog):
+    probe = _onednn_linear_works.__wrapped__  # uncached: the process's answer stays as it is
+
+    def broken(*args):
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken)
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        assert probe() is False
+    assert "run unpacked" in caplog.text and "no oneDNN kernel" in caplog.text
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert probe() is False

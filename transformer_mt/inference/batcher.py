@@ -32,8 +32,9 @@ decode alone, as the batch path would. If a step fails, each job in flight is
 decoded again alone; any other failure in the worker fails the jobs in flight and the worker
 goes on. It is not the default: each join costs an encoder pass and a first step
 of its own, and on 2 CPU cores that cost more than the gathering window and the batches' tails
-(scripts/bench_serve.py, Multi30k model: 72.8 against 78.5 sentences/s with 32 clients, 42.7
-against 56.2 with 8; docs/BENCHMARKS.md).
+(scripts/bench_serve.py, Multi30k model, medians of 3: 72.8 against 78.5 sentences/s with 32
+clients, 42.7 against 56.2 with 8; after the packed fp32 products, 108.7 against 112.3 and 64.6
+against 70.3; docs/BENCHMARKS.md).
 
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted

@@ -1,6 +1,9 @@
 """Rebuild a trained model and its tokenizers from one checkpoint file, ready to translate."""
 
 import copy
+import functools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -145,18 +150,20 @@ def quantize(model: Transformer, scheme: str) -> Transformer:
         raise MTError("--quantize int8 runs on the CPU: drop --device or use --device cpu")
     import warnings
 
-    model = copy.deepcopy(model)  # the given model stays as it is
-    for module in list(model.modules()):  # packed layers quantize as the nn.Linear they are
-        for name, child in list(module.named_children()):
-            if isinstance(child, PackedLinear):
-                plain = nn.Linear(child.in_features, child.out_features, device="meta")
-                plain.weight, plain.bias = child.weight, child.bias
-                setattr(module, name, plain.train(child.training))
+    # A copy (the given model stays as it is), its packed layers back to the nn.Linear they are.
+    model = _replace_linears(copy.deepcopy(model), PackedLinear, _unpacked)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(
             model, {nn.Linear}, dtype=torch.qint8, inplace=True
         )
+
+
+def _unpacked(packed: "PackedLinear") -> nn.Linear:
+    """A plain ``nn.Linear`` with ``packed``'s parameters."""
+    plain = nn.Linear(packed.in_features, packed.out_features, device="meta")
+    plain.weight, plain.bias = packed.weight, packed.bias
+    return plain.train(packed.training)
 
 
 class PackedLinear(nn.Linear):
@@ -217,29 +224,38 @@ def pack_linear_layers(model: nn.Module) -> nn.Module:
         return model
     if not torch.backends.mkldnn.enabled or not _onednn_linear_works():
         return model
+    return _replace_linears(model, nn.Linear, PackedLinear)
+
+
+def _replace_linears(
+    model: nn.Module, kind: type[nn.Linear], make: Callable[[Any], nn.Module]
+) -> nn.Module:
+    """Replace every child module of exactly type ``kind`` by ``make(child)``, in place."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear(child))
+            if type(child) is kind:
+                setattr(module, name, make(child))
     return model
 
 
-_ONEDNN_OK: bool | None = None
-
-
+@functools.cache
 def _onednn_linear_works() -> bool:
-    """Whether this torch build runs oneDNN's packed linear product, and right (checked once)."""
-    global _ONEDNN_OK
-    if _ONEDNN_OK is None:
-        try:
-            # fixed inputs: no draw from the global generator that seeds training and sampling
-            x = torch.arange(15, dtype=torch.float32).view(3, 5).sin()
-            w = torch.arange(20, dtype=torch.float32).view(4, 5).cos()
-            packed = torch.ops.mkldnn._reorder_linear_weight(w)
-            y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-            _ONEDNN_OK = torch.backends.mkldnn.is_available() and torch.allclose(
-                y, functional.linear(x, w), atol=1e-5
-            )
-        except (AttributeError, NotImplementedError, RuntimeError):
-            _ONEDNN_OK = False
-    return _ONEDNN_OK
+    """Whether this torch build runs oneDNN's packed linear product, and right (checked once per
+    process). Builds without it (torch built without oneDNN, some non-x86 CPUs) lack the ops or
+    raise in them; their linear layers stay ``nn.Linear``, and the log says why."""
+    if not torch.backends.mkldnn.is_available():
+        logger.info("fp32 linear layers run unpacked: this torch has no oneDNN")
+        return False
+    # fixed inputs: no draw from the global generator that seeds training and sampling
+    x = torch.arange(15, dtype=torch.float32).view(3, 5).sin()
+    w = torch.arange(20, dtype=torch.float32).view(4, 5).cos()
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w)
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (AttributeError, NotImplementedError, RuntimeError) as err:
+        logger.info("fp32 linear layers run unpacked: oneDNN's packed product failed (%s)", err)
+        return False
+    if not torch.allclose(y, functional.linear(x, w), atol=1e-5):
+        logger.warning("fp32 linear layers run unpacked: oneDNN's packed product is wrong here")
+        return False
+    return True

@@ -619,3 +619,29 @@ def test_atomic_write_keeps_an_old_files_mode_and_gives_new_ones_the_umask(tmp_p
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o644
+
+
+@pytest.mark.slow
+def test_compiled_training_follows_eager_training(tiny_config, tmp_path):
+    """``train.compile: true`` (torch.compile) trains the same model as eager mode: equal losses
+    step by step (without dropout, whose compiled random draws may differ), and checkpoints
+    that load into a plain Transformer; with dropout and bf16 autocast it trains too."""
+    plain = ["train.max_steps=4", "train.valid_bleu=false", "train.best_metric=loss"]
+    exact = [*plain, "model.drop_prob=0.0"]
+    Trainer(load_config(tiny_config, exact), tmp_path / "eager", progress=False).run()
+    compiled = [*exact, "train.compile=true"]
+    Trainer(load_config(tiny_config, compiled), tmp_path / "compiled", progress=False).run()
+    eager_loss = [r["loss"] for r in _metrics(tmp_path / "eager") if "loss" in r]
+    compiled_loss = [r["loss"] for r in _metrics(tmp_path / "compiled") if "loss" in r]
+    assert len(eager_loss) == 4
+    assert compiled_loss == pytest.approx(eager_loss, rel=1e-4)
+    eager_sd = torch.load(tmp_path / "eager" / "last.pt", weights_only=True)["model"]
+    compiled_sd = torch.load(tmp_path / "compiled" / "last.pt", weights_only=True)["model"]
+    assert compiled_sd.keys() == eager_sd.keys(), "no torch.compile prefix in the checkpoint"
+    for name, tensor in eager_sd.items():
+        torch.testing.assert_close(compiled_sd[name], tensor, rtol=1e-3, atol=1e-5)
+
+    dropout = [*plain, "train.compile=true", "train.precision=bf16"]
+    state = Trainer(load_config(tiny_config, dropout), tmp_path / "bf16", progress=False).run()
+    assert state.step == 4
+    assert all(math.isfinite(r["loss"]) for r in _metrics(tmp_path / "bf16") if "loss" in r)

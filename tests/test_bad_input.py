@@ -258,6 +258,11 @@ CASES = {
         "x\n",
         "decode.sampling (--sample) draws one translation per line",
     ),
+    "sampling option without --sample": (
+        [T, *CK, "--temperature", "0.7"],
+        "x\n",
+        "--temperature applies to sampling: add --sample, or drop --temperature",
+    ),
     "batch tokens 0": (
         [T, *CK, "--batch-tokens", "0"],
         "x\n",
@@ -278,6 +283,11 @@ CASES = {
         [E, "--hyp", "in.txt", "--src", "in.txt", "-r", "ref.txt"],
         None,
         "give either --hyp FILE, or --src FILE with --checkpoint",
+    ),
+    "evaluate hyp with a beam": (
+        [E, "--hyp", "in.txt", "-r", "ref.txt", "--beam", "4"],
+        None,
+        "--hyp scores translations made already; --beam is for translating --src",
     ),
     "evaluate src without checkpoint": (
         [E, "--src", "in.txt", "-r", "ref.txt"],

@@ -31,6 +31,20 @@ def test_overrides_are_typed():
     assert cfg.train.max_steps == 7
     assert cfg.train.lr_factor == 3.0 and isinstance(cfg.train.lr_factor, float)
     assert cfg.model.pre_norm is True
+    assert load_config(None, ["data.max_words=null"]).data.max_words is None  # no word limit
+
+
+def test_values_read_as_yaml_1_2(tmp_path):
+    """``1e-4`` is a number and ``no`` (Norwegian) is text, in a file and in --set, as YAML
+    1.2 reads them (PyYAML's YAML 1.1 reads text and false)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  trg_lang: no\n  src_lang: on\ntrain:\n  weight_decay: 1e-4\n")
+    cfg = load_config(path, ["train.adam_eps=1e-8", "train.lr_factor=2E+0"])
+    assert (cfg.data.src_lang, cfg.data.trg_lang) == ("on", "no")
+    assert cfg.train.weight_decay == 1e-4 and cfg.train.adam_eps == 1e-8
+    assert cfg.train.lr_factor == 2.0
+    with pytest.raises(MTError, match=r"model\.pre_norm"):
+        load_config(None, ["model.pre_norm=yes"])  # true or false only
 
 
 @pytest.mark.parametrize(

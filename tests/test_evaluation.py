@@ -40,3 +40,13 @@ def test_plain_output_prints_each_score_with_its_signature(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"BLEU = {bleu:.2f}") and "tok:13a" in lines[0]
     assert lines[1].startswith("chrF = ") and lines[2].startswith("TER  = ")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path):
+    """Editors on Windows start UTF-8 files with a BOM; it must not cost the first line a word."""
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("\ufeff" + "".join(x + "\n" for x in REF1), encoding="utf-8")
+    ref = _write(tmp_path / "r1.txt", REF1)
+    result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", ref, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["bleu"] == sacrebleu.corpus_bleu(REF1, [REF1]).score > 99.9

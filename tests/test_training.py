@@ -183,7 +183,7 @@ def test_a_validation_inside_a_log_window_is_paused_in_training(tiny_config, tmp
 def test_every_ending_leaves_the_loop_through_one_exit(tiny_config, tmp_path, monkeypatch, caplog,
                                                        ending):  # fmt: skip
     sets = ["train.max_steps=6", "train.valid_every=4", "train.average_last=1",
-            "train.valid_bleu=false", "train.best_metric=loss"]  # fmt: skip
+            "train.valid_bleu=false", "train.best_metric=loss", "train.log_every=100"]  # fmt: skip
     if ending == "time_up":
         sets += ["train.max_steps=100000", "train.max_minutes=0.002"]
     if ending == "early_stop":
@@ -220,6 +220,8 @@ def test_every_ending_leaves_the_loop_through_one_exit(tiny_config, tmp_path, mo
         assert expected[1] in messages
     # A run stopped by a signal is to be resumed: no average; every other ending writes one.
     assert (run / "average.pt").is_file() == (ending != "signal")
+    # The steps since the last metrics line (log_every is 100) get one at the end.
+    assert [r["step"] for r in _metrics(run) if "loss" in r] == [state.step]
 
 
 def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeypatch):
@@ -536,6 +538,7 @@ def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, 
     avg = torch.load(run / "average.pt", weights_only=True)
     a, b = (torch.load(run / f"step_{n}.pt", weights_only=True)["model"] for n in (20, 30))
     assert avg["averaged_from"] == [str(run / "step_20.pt"), str(run / "step_30.pt")]
+    assert avg["step"] == 30 and "train_state" not in avg
     for name, value in avg["model"].items():
         torch.testing.assert_close(value, (a[name] + b[name]) / 2, rtol=1e-6, atol=1e-7)
     assert not torch.equal(a["src_emb.weight"], b["src_emb.weight"]), "two different checkpoints"
@@ -551,6 +554,25 @@ def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, 
     assert redone["averaged_from"] == avg["averaged_from"]
     for name, value in avg["model"].items():
         assert torch.equal(redone["model"][name], value)
+
+    # Weights without a training state are not a run to resume.
+    ckpt_mod.save_checkpoint(avg, run / "last.pt")
+    with pytest.raises(MTError, match=r"last\.pt holds weights only .* new --run-dir"):
+        Trainer(cfg, run, progress=False)
+
+
+def test_averaging_refuses_checkpoints_of_another_tokenizer(tiny_config, tmp_path):
+    cfg = load_config(tiny_config, ["train.max_steps=2", "train.valid_bleu=false",
+                                    "train.best_metric=loss"])  # fmt: skip
+    Trainer(cfg, tmp_path / "run", progress=False).run()
+    other = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    other["trg_spm"] += b"\n"  # same model shape and vocabulary size, another tokenizer
+    ckpt_mod.save_checkpoint(other, tmp_path / "other.pt")
+    with pytest.raises(MTError, match=r"other\.pt: another tokenizer than .*last\.pt"):
+        ckpt_mod.average_checkpoints(
+            [tmp_path / "run" / "last.pt", tmp_path / "other.pt"], tmp_path / "avg.pt"
+        )
+    assert not (tmp_path / "avg.pt").exists()
 
 
 def test_average_last_beyond_keep_last_is_a_config_error(tiny_config):

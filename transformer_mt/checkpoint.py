@@ -127,13 +127,15 @@ def _not_a_checkpoint(path: Path, why: str) -> MTError:
 
 def average_checkpoints(paths: list[Path], output: Path) -> None:
     """Average the weights of several checkpoints of the same model into ``output`` (without
-    training state: the average is for translating, not for resuming)."""
+    training state: the average is for translating, not for resuming). Its ``step`` is the
+    latest of theirs."""
     if not paths:
         raise MTError("mt average needs at least one checkpoint")
     check_output(output, inputs=paths)  # before any work: never over one of the inputs
     first = load_checkpoint(paths[0])
     first_weights = upgrade_state_dict(first["model"])
     total = {k: v.double() for k, v in first_weights.items()}
+    steps = [first.get("step")]
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
         weights = upgrade_state_dict(ckpt["model"])
@@ -141,10 +143,17 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
             raise MTError(
                 f"{path}: a different model than {paths[0]}; average only one run's files"
             )
+        if ckpt["src_spm"] != first["src_spm"] or ckpt["trg_spm"] != first["trg_spm"]:
+            raise MTError(
+                f"{path}: another tokenizer than {paths[0]}; average only one run's files"
+            )
+        steps.append(ckpt.get("step"))
         for k, v in weights.items():
             total[k] += v.double()
     averaged = {k: (v / len(paths)).to(first_weights[k].dtype) for k, v in total.items()}
     out = {k: v for k, v in first.items() if k != "train_state"}
     out["model"] = averaged
     out["averaged_from"] = [str(p) for p in paths]
+    if all(isinstance(step, int) for step in steps):
+        out["step"] = max(steps)
     save_checkpoint(out, output, inputs=paths)

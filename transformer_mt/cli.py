@@ -430,6 +430,11 @@ def translate(
     inputs = _check_translate_paths(input, output, checkpoints, prefix_file, attention_dir,
                                     attention_layer, alignments, alignment_layer,
                                     alignment_units)  # fmt: skip
+    if not sample:
+        for option, value in (("--temperature", temperature), ("--top-k", top_k),
+                              ("--top-p", top_p), ("--seed", seed)):  # fmt: skip
+            if value is not None:
+                raise MTError(f"{option} applies to sampling: add --sample, or drop {option}")
     align_kw = {"alignment_layer": alignment_layer, "alignment_units": alignment_units or "pieces"}
     options = {"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
                "batch_tokens": batch_tokens}  # fmt: skip
@@ -576,6 +581,14 @@ def evaluate(
 
     if (hyp is None) == (src is None):
         raise MTError("give either --hyp FILE, or --src FILE with --checkpoint")
+    if hyp is not None:
+        for option, value in (("--checkpoint", checkpoint), ("--beam", beam),
+                              ("--len-penalty", len_penalty), ("--quantize", quantize)):  # fmt: skip
+            if value not in (None, []):
+                raise MTError(
+                    f"--hyp scores translations made already; {option} is for translating "
+                    "--src: drop it, or give --src instead of --hyp"
+                )
     refs = [read_lines(r) for r in ref]
     if hyp is not None:
         hyps, hyp_name = read_lines(hyp), str(hyp)

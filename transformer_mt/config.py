@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from transformer_mt.errors import MTError
-from transformer_mt.fileio import decode_utf8
+from transformer_mt.fileio import decode_utf8, write_text_atomic
 
 
 @dataclass
@@ -37,7 +37,8 @@ class DataConfig:
     toy_valid_size: int = 500  # toy corpus: validation pairs
     toy_test_size: int = 500  # toy corpus: test pairs
     toy_seed: int = 1234  # toy corpus: generator seed (same seed, same corpus)
-    max_words: int = 250  # cleaning: pairs with more whitespace words on a side are dropped
+    max_words: int | None = 250  # cleaning: pairs with more whitespace words on a side are
+    # dropped; null = no limit
     max_ratio: float | None = 3.0  # cleaning: longest allowed word-count ratio; null = no check
     skip_bad_lines: bool = False  # cleaning: skip invalid UTF-8 pairs instead of stopping
     max_tokens_per_side: int = 128  # pairs longer than this (subword pieces + EOS) are dropped
@@ -226,6 +227,35 @@ def find_config(path: Path | str) -> Path:
     )
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's plain scalars: ``1e-4`` is a float and only
+    true/false are booleans. (PyYAML follows YAML 1.1, where ``1e-4`` is text and ``no``, ``on``
+    and ``y`` are booleans: ``--set train.weight_decay=1e-4`` or ``data.trg_lang: no`` would fail.)
+    """
+
+
+_BOOL, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver(  # after the integer resolver: 100 stays an int
+    _FLOAT,
+    re.compile(
+        r"^(?:[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: builds plain data only
+
+
 def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Config:
     """Build a Config from defaults, then the YAML file (if any), then ``key=value`` overrides.
 
@@ -238,7 +268,7 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
             raise MTError(f"--config {path} is a directory; pass a YAML file")
         path = find_config(path)
         try:
-            raw = yaml.safe_load(decode_utf8(path.read_bytes(), path)) or {}
+            raw = _load_yaml(decode_utf8(path.read_bytes(), path)) or {}
         except yaml.YAMLError as err:
             raise MTError(f"{path}{_yaml_problem(err)}; fix the YAML syntax there") from None
         if not isinstance(raw, dict):
@@ -275,7 +305,7 @@ def apply_override(cfg: Config, item: str) -> None:
         raise MTError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
     dotted, text = item.split("=", 1)
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = _load_yaml(text) if text.strip() else ""
     except yaml.YAMLError as err:
         raise MTError(
             f"--set {item!r}: the value is not valid YAML{_yaml_problem(err, where='')}; write "
@@ -346,7 +376,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "toy_train_size": AT_LEAST_1,
         "toy_valid_size": AT_LEAST_1,
         "toy_test_size": AT_LEAST_1,
-        "max_words": AT_LEAST_1,
+        "max_words": Range(lo=1, none_ok=True),
         "max_ratio": Range(lo=1.0, none_ok=True),
         "max_tokens_per_side": Range(lo=2),  # one piece + EOS (or BOS) is the shortest pair
     },
@@ -549,4 +579,5 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    """Write ``cfg`` as YAML, atomically (never a half-written file, a full disk named)."""
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

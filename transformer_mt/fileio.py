@@ -83,6 +83,9 @@ def _chain(err: BaseException | None) -> Iterator[BaseException]:
         err = err.__cause__ or err.__context__
 
 
+UTF8_BOM = "\ufeff"  # the byte-order mark, as text
+
+
 def decode_utf8(data: bytes, name: str | Path) -> str:
     """``data`` as UTF-8 text, or an MTError naming ``name`` and the line of the first bad byte."""
     try:
@@ -93,15 +96,17 @@ def decode_utf8(data: bytes, name: str | Path) -> str:
 
 
 def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file without their line endings (one segment per line). A FIFO or
-    ``/dev/stdin`` (``-i <(zcat x.gz)``) is read like a file."""
+    """Lines of a UTF-8 text file without their line endings (one segment per line), and
+    without the byte-order mark some editors put first (it would be part of the first word:
+    a hypothesis that starts with one scores lower BLEU). A FIFO or ``/dev/stdin``
+    (``-i <(zcat x.gz)``) is read like a file."""
     path = Path(path)
     if path.is_dir():
         raise MTError(f"{path} is a directory; name a text file")
     if not path.exists():
         raise MTError(f"file not found: {path}")
     with open(path, "rb") as f:
-        return split_lines(decode_utf8(f.read(), path))
+        return split_lines(decode_utf8(f.read(), path).removeprefix(UTF8_BOM))
 
 
 def split_lines(text: str) -> list[str]:

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import UTF8_BOM
 
 GZIP_MAGIC = b"\x1f\x8b"
-UTF8_BOM = "\ufeff"
 
 
 def _is_gzip(path: Path) -> bool:

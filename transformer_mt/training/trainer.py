@@ -226,6 +226,11 @@ class Trainer:
 
     def _restore(self, path: Path, allow_data_change: bool) -> None:
         ckpt = load_checkpoint(path, map_location=self.device)
+        if "train_state" not in ckpt:
+            raise MTError(
+                f"{path} holds weights only (written by `mt average`?), not a training state to "
+                "resume; move it out of the run directory, or train in a new --run-dir"
+            )
         check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
         if ckpt["model_args"] != self.model_args:
             raise MTError(
@@ -340,8 +345,15 @@ class Trainer:
         return linear_decay_lr(step, d_model, train_cfg.warmup_steps, train_cfg.lr_factor, left)
 
     # ----------------------------------------------------------------------------- decisions
-    def _log_due(self) -> bool:
-        return self.state.step % self.cfg.train.log_every == 0 or self._at_max_steps()
+    def _log_due(self, step: StepResult) -> bool:
+        """A metrics line every ``log_every`` steps and for the run's last step (max_steps, the
+        time budget or a signal ends it; early stopping is known only after validation)."""
+        return (
+            self.state.step % self.cfg.train.log_every == 0
+            or self._at_max_steps()
+            or step.time_up
+            or step.stop
+        )
 
     def _validation_due(self, step: StepResult) -> bool:
         """Validate (and checkpoint) every ``valid_every`` steps, at the last step, and when the
@@ -425,7 +437,7 @@ class Trainer:
                 state.step += 1
                 bar.update(1)
                 window.add(step.loss, step.nll, step.tokens, step.grad_norm)
-                if self._log_due():
+                if self._log_due(step):
                     window = self._log_step(window, bar)
                 early_stop = saved = self._validation_due(step)
                 if saved:
@@ -436,6 +448,8 @@ class Trainer:
                     window.pause(time.perf_counter() - valid_started)
                 reason = self._stop_reason(step, early_stop)
                 if reason is not None:
+                    if window.tokens:  # early stopping, at a step not logged yet
+                        window = self._log_step(window, bar)
                     break
         if reason is StopReason.SIGNAL:
             # A rank stopped because another one was signalled reports SIGTERM.

@@ -146,3 +146,23 @@ def test_ct2_engine_refuses_alignments(tmp_path, loaded):
     cmd = ["translate", "--engine", "ct2", "-c", str(directory), "--alignments"]
     result = runner.invoke(app, cmd, input="x\n")
     assert result.exit_code == 1 and "--alignments needs --engine torch" in result.output
+
+
+def test_attention_of_a_hypothesis_that_fills_the_position_table():
+    """A hypothesis cut at the length limit may hold max_len tokens: its teacher-forced pass
+    needs max_len positions (BOS and all but the last token), not one more."""
+    from transformer_mt.decoding.search import Hypothesis
+    from transformer_mt.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(0, 0, 1, 12, 12, d_model=16, n_head=2, max_len=8, ffn_hidden=32,
+                        n_layers=1).eval()  # fmt: skip
+    src = torch.tensor([[5, 6, 7, EOS_ID]])
+    cut = Hypothesis(tokens=[4, 5, 6, 7, 8, 9, 10, 11], score=-1.0, finished=False)
+    ended = Hypothesis(tokens=[4, 5, 6, 7, 8, 9, 10], score=-1.0, finished=True)
+    for hyp in (cut, ended):
+        (weights,) = attention_matrices(model, src, [hyp])
+        assert weights.shape == (8, 4)  # a row per target piece (and EOS), a column per source
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=1e-5)
+    (both_cut, both_ended) = attention_matrices(model, src.repeat(2, 1), [cut, ended])
+    np.testing.assert_allclose(both_cut[:7], both_ended[:7], rtol=1e-5)  # same first 7 pieces

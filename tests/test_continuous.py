@@ -87,6 +87,8 @@ def test_history_stays_as_long_as_the_oldest_sentence(model, sources):
         search.add(step, sources[step % len(sources)], decode)
         search.step()
         longest = max(longest, search.history)
+        if search._running is not None:  # its token columns too: BOS and at most 12 ids
+            assert search._running.tokens.size(1) <= 13
     assert 0 < longest <= 12
     while search.running or search.queued:
         search.step()

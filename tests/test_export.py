@@ -94,6 +94,20 @@ def test_export_of_a_pre_norm_model_with_separate_vocabularies(tmp_path):
         assert torch.allclose(ours, torch.tensor(result.log_probs), atol=1e-4)
 
 
+def test_ct2_beam_output_does_not_depend_on_the_lines_batched_with_it(
+    fixture_model, source_lines, tmp_path
+):
+    """Each line keeps its own length limit under beam search, whatever shares its batch:
+    the same distinct n-best, with the same scores, alone and beside a long line."""
+    exported = load_ct2(export_ctranslate2(fixture_model, tmp_path / "ct2"))
+    decode = DecodeConfig(beam_size=4, nbest=4, max_len_a=0.0, max_len_b=0.5)
+    short, long = "The friend closed the woman.", max(source_lines, key=len)
+    (alone,) = translate_lines_ct2(exported, [short], decode)
+    batched, _ = translate_lines_ct2(exported, [short, long], decode)
+    assert batched == alone
+    assert len({text for text, _ in alone}) == 4, "four distinct hypotheses"
+
+
 def test_int8_export_translates_close_to_float32(fixture_model, source_lines, tmp_path):
     float32 = load_ct2(export_ctranslate2(fixture_model, tmp_path / "f32"))
     int8 = load_ct2(export_ctranslate2(fixture_model, tmp_path / "int8", quantization="int8"))

@@ -168,6 +168,15 @@ BAD_REQUESTS = [
     ("body size", "/v1/translate", {"text": [BIG[:250]] * 40}, 413, "max_body_bytes"),
     ("lines", "/v1/translate", {"text": ["a"] * 9}, 413, "max_lines"),
     ("characters", "/v1/translate", {"text": ["a", "b" * 301]}, 413, "max_chars"),
+    # 299 characters, 300 pieces and EOS: more than the model's 64 positions (mt translate cuts)
+    ("pieces", "/v1/translate", {"text": ["a", " ".join(["a1"] * 100)]}, 413, "text[1]: 301 sou"),
+    (
+        "libre pieces",
+        "/translate",
+        {"q": " ".join(["a1"] * 100), "source": "src", "target": "trg"},
+        413,
+        "max_len=64",
+    ),
     (
         "libre lines",
         "/translate",

@@ -163,7 +163,9 @@ class _Rows:
         if keep.numel() == 0:
             return results
         rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1)
-        self.tokens = self.tokens.index_select(0, rows)
+        # The columns the oldest sentence left behind go too (as the cache's positions do): the
+        # width stays that of the longest running history, not the search's uptime.
+        self.tokens = self.tokens.index_select(0, rows)[:, -(int(self.steps[keep].max()) + 1) :]
         self.scores, self.max_lens, self.steps = (
             self.scores[keep],
             self.max_lens[keep],

@@ -56,8 +56,11 @@ def attention_matrices(
     T = the hypothesis' tokens plus EOS if it ended with one. One teacher-forced pass."""
     src_len = (src != model.src_pad_idx).sum(dim=1).tolist()
     rows = [len(h.tokens) + int(h.finished) for h in hyps]
-    # Decoder input BOS + tokens: position t predicts token t (and EOS after the last one).
-    trg = pad_batch([h.tokens for h in hyps], model.trg_pad_idx, bos=model.trg_sos_idx)
+    # Decoder input BOS + tokens: position t predicts token t (and EOS after the last one). A
+    # hypothesis cut at the length limit needs no position after its last token (and its
+    # tokens may fill the position table).
+    inputs = [h.tokens if h.finished else h.tokens[:-1] for h in hyps]
+    trg = pad_batch(inputs, model.trg_pad_idx, bos=model.trg_sos_idx)
     weights = model.cross_attention(src, trg.to(src.device))  # (L, B, H, T, S)
     weights = weights.mean(dim=(0, 2)) if layer is None else weights[layer].mean(dim=1)  # (B, T, S)
     weights = weights.float().cpu().numpy()

@@ -8,6 +8,7 @@ position table), and batches are cut by the same token budget.
 
 import json
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,9 +60,12 @@ def translate_lines_ct2(
     """Translate ``lines`` with CTranslate2; per line, ``decode.nbest`` (text, score) pairs.
 
     Batches are cut as ours are (longest first, ``decode.batch_tokens`` padded source tokens).
-    CTranslate2 takes one length limit per call, so each batch runs to its longest sentence's
-    budget and every hypothesis is then cut to its own (``a + b * source length``): exactly our
-    greedy output; for beam search a cut matters only for sentences that reach their budget.
+    CTranslate2 takes one length limit per call, and each sentence has its own (``a + b *
+    source length``). Greedy search runs a batch to its longest sentence's limit and cuts each
+    output to its own: the same output (a greedy prefix does not depend on the limit). Beam
+    search calls CTranslate2 once per limit within a batch: a beam cut afterwards could leave
+    duplicate hypotheses with the scores of their longer versions, and make a sentence's
+    translation depend on the lines batched with it (the server batches other requests').
     Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
     use GNMT's penalty), so they compare among one model's outputs only.
     """
@@ -76,20 +80,23 @@ def translate_lines_ct2(
     ]
     results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
     for batch in longest_first_batches([len(s) for s in ids], decode.batch_tokens):
-        positions = batch.tolist()
-        # CTranslate2 appends EOS itself (add_source_eos): hand it the pieces without ours.
-        outputs = model.translator.translate_batch(
-            [model.src_tok.id_to_piece(ids[p][:-1]) for p in positions],
-            beam_size=decode.beam_size,
-            num_hypotheses=decode.nbest,
-            length_penalty=decode.len_penalty,
-            max_decoding_length=max(budgets[p] for p in positions),
-            max_batch_size=len(positions),
-            return_scores=True,
-        )
-        for p, output in zip(positions, outputs, strict=True):
-            results[line_of[p]] = [
-                (model.trg_tok.sp.decode_pieces(hyp[: budgets[p]]), float(score))
-                for hyp, score in zip(output.hypotheses, output.scores, strict=True)
-            ]
+        groups: dict[int, list[int]] = defaultdict(list)  # length limit -> positions
+        for p in batch.tolist():
+            groups[budgets[p] if decode.beam_size > 1 else 0].append(p)
+        for group in groups.values():
+            # CTranslate2 appends EOS itself (add_source_eos): hand it the pieces without ours.
+            outputs = model.translator.translate_batch(
+                [model.src_tok.id_to_piece(ids[p][:-1]) for p in group],
+                beam_size=decode.beam_size,
+                num_hypotheses=decode.nbest,
+                length_penalty=decode.len_penalty,
+                max_decoding_length=max(budgets[p] for p in group),
+                max_batch_size=len(group),
+                return_scores=True,
+            )
+            for p, output in zip(group, outputs, strict=True):
+                results[line_of[p]] = [
+                    (model.trg_tok.sp.decode_pieces(hyp[: budgets[p]]), float(score))
+                    for hyp, score in zip(output.hypotheses, output.scores, strict=True)
+                ]
     return results

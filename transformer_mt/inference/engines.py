@@ -62,6 +62,7 @@ class Engine(ABC):
     src_lang: str
     trg_lang: str
     info: dict[str, Any] = field(default_factory=dict)  # GET /v1/model, besides the above
+    max_src_len: int = 0  # longest source in pieces, EOS included (the position table); 0: any
 
     @abstractmethod
     def translate(
@@ -74,6 +75,17 @@ class Engine(ABC):
         """A search that requests with ``decode``'s beam can join between steps (continuous
         batching, see :mod:`~transformer_mt.inference.batcher`); None where this engine has none
         (then requests decode in batches through :meth:`translate`)."""
+        return None
+
+    def too_long(self, lines: Sequence[str]) -> tuple[int, int] | None:
+        """The first line longer than the model takes, and its pieces (EOS included), or None.
+        ``mt translate`` cuts such a line with a warning; a server refuses it instead."""
+        if not self.max_src_len:
+            return None
+        texts = [line.strip() for line in lines]
+        for i, ids in enumerate(self.src_tok.encode_batch(texts)):
+            if len(ids) + 1 > self.max_src_len:
+                return i, len(ids) + 1
         return None
 
     def count_tokens(self, lines: Sequence[str]) -> int:
@@ -133,6 +145,7 @@ class TorchEngine(Engine):
                 "step": loaded.step,
                 "validation": validation_report(loaded),
             },
+            max_src_len=self.model.positions.max_len,
         )
 
     def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
@@ -204,6 +217,7 @@ class CT2Engine(Engine):
                 "step": int(settings.get("step", 0)),
                 "validation": settings.get("validation"),
             },
+            max_src_len=self.model.max_len,
         )
 
     def translate(

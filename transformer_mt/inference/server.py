@@ -137,7 +137,7 @@ def create_app(
                 f"got source {req.source!r} and target {req.target!r}",
             )
         lines = [req.q] if isinstance(req.q, str) else req.q
-        _check_lines(lines, limits, "q")
+        _check_lines(lines, limits, "q", engine)
         # The model's decode settings, its beam capped by max_beam as /v1/translate caps it.
         decode = dataclasses.replace(
             engine.decode, beam_size=min(engine.decode.beam_size, limits.max_beam)
@@ -150,7 +150,7 @@ def create_app(
     async def translate(request: Request) -> dict:
         """Lines -> per line: text, score, n-best list, and on request the cross-attention."""
         req = await _read(request, TranslateRequest, limits)
-        _check_lines(req.text, limits, "text")
+        _check_lines(req.text, limits, "text", engine)
         decode = _decode_settings(engine, req, limits)
         results = await _translate(batcher, req.text, decode, req.attention)
         return {"translations": [_line_json(r) for r in results]}
@@ -224,7 +224,7 @@ def _first_error(errors: list) -> str:
     return f"field {where!r}: {message}" if where else message
 
 
-def _check_lines(lines: list[str], limits: Limits, field: str) -> None:
+def _check_lines(lines: list[str], limits: Limits, field: str, engine: Engine) -> None:
     if len(lines) > limits.max_lines:
         raise ApiError(
             413, f"{field}: {len(lines)} lines exceed max_lines={limits.max_lines} per request"
@@ -235,6 +235,14 @@ def _check_lines(lines: list[str], limits: Limits, field: str) -> None:
                 413,
                 f"{field}[{i}]: {len(line)} characters exceed max_chars={limits.max_chars} per line",
             )
+    too_long = engine.too_long(lines)
+    if too_long is not None:
+        i, pieces = too_long
+        raise ApiError(
+            413,
+            f"{field}[{i}]: {pieces} source pieces (with EOS) exceed the model's "
+            f"max_len={engine.max_src_len}; split the line",
+        )
 
 
 def _decode_settings(engine: Engine, req: TranslateRequest, limits: Limits):

@@ -1,9 +1,11 @@
 # Two commands for a fresh machine (Python 3.10+ and make):
 #   make train   set up .venv, train on the built-in toy corpus, show translations and test BLEU
 #   make test    set up .venv with the dev tools, run ruff and the tests
-# Where no NVIDIA GPU is visible, torch is installed as $(TORCH_CPU) first so that pip does not pull
-# a multi-GB CUDA build. Elsewhere, set TORCH_INDEX=https://download.pytorch.org/whl/cpu to get a
-# CPU build from PyTorch's own index.
+# Where no NVIDIA GPU is visible, torch is installed as $(TORCH_CPU) first, from pip's configured
+# index (a CPU wheel where that index has one, as on this project's machines). PyPI's own Linux
+# torch wheels are CUDA builds of several GB: there, set TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# to get the CPU build from PyTorch's index.
+# `make clean` removes what set-up and data preparation made, never the trained runs in runs/.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -82,4 +84,4 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs data/cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) data/cache .pytest_cache .ruff_cache

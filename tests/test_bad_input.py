@@ -118,6 +118,11 @@ CASES = {
     ),
     "--set bad YAML": (["train", "--set", "train.max_steps=[1"], None, "not valid YAML"),
     "--set without =": (["prepare", "--set", "train.max_steps"], None, "section.key=value"),
+    "toy corpus with one language": (
+        ["prepare", "--set", "data.trg_lang=src"],
+        None,
+        "data.src_lang and data.trg_lang are both 'src'; the toy corpus keeps each side",
+    ),
     "--set unknown key": (
         ["train", "--set", "train.max_stepz=3"],
         None,

@@ -667,3 +667,24 @@ def test_compiled_training_follows_eager_training(tiny_config, tmp_path):
     state = Trainer(load_config(tiny_config, dropout), tmp_path / "bf16", progress=False).run()
     assert state.step == 4
     assert all(math.isfinite(r["loss"]) for r in _metrics(tmp_path / "bf16") if "loss" in r)
+
+
+def test_resuming_mid_epoch_with_other_batching_starts_the_next_epoch(tiny_config, tmp_path,
+                                                                      caplog):  # fmt: skip
+    """The saved position counts batches as the run cut them; with another batch_tokens (or
+    seed, or process count) the same count would repeat or skip part of the epoch."""
+    sets = ["train.valid_bleu=false", "train.best_metric=loss"]
+    run = tmp_path / "run"
+    Trainer(load_config(tiny_config, [*sets, "train.max_steps=3"]), run, progress=False).run()
+    same = Trainer(load_config(tiny_config, [*sets, "train.max_steps=6"]), run, progress=False)
+    assert (same.state.epoch, same.state.batch_in_epoch) == (0, 3)
+    same.close()
+    with caplog.at_level("WARNING", logger="transformer_mt"):
+        other = Trainer(
+            load_config(tiny_config, [*sets, "train.max_steps=6", "train.batch_tokens=300"]),
+            run,
+            progress=False,
+        )
+    assert (other.state.epoch, other.state.batch_in_epoch) == (1, 0)
+    assert "train.batch_tokens 400 -> 300); resuming at the start of epoch 1" in caplog.text
+    assert other.run().step == 6

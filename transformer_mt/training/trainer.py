@@ -142,6 +142,17 @@ class Trainer:
         self.autocast_dtype = autocast_dtype(train_cfg.precision, self.device)
         self.data = data if data is not None else self._prepare_data()
         self.fingerprint = data_fingerprint(self.data)
+        # Every rank must read the same tokenizers and batches: on several machines, each
+        # prepares its own copy unless data.cache_dir is shared, and copies can differ.
+        fingerprints = distributed.all_gather_objects(
+            self.fingerprint, self.info, lockstep_op=False
+        )
+        differ = [rank for rank, theirs in enumerate(fingerprints) if theirs != fingerprints[0]]
+        if differ:  # the same list on every rank: all of them stop
+            raise MTError(
+                f"ranks {differ} prepared other data or tokenizers than rank 0; with several "
+                "machines, put data.cache_dir on storage that all of them share"
+            )
         self.run_dir = RunDirectory(run_dir, cfg, self.info.is_main)
         torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
         random.seed(train_cfg.seed)
@@ -249,6 +260,7 @@ class Trainer:
         self.scaler.load_state_dict(saved["scaler"])
         self.state = TrainState(**saved["state"])
         per_rank = saved.get("rng_per_rank", [saved["rng"]])
+        self._realign_epoch(path, ckpt.get("config", {}).get("train", {}), len(per_rank))
         if len(per_rank) == self.info.world_size:
             set_rng_state(per_rank[self.info.rank], self.device)
         else:  # another world size: batches differ anyway, so fresh per-rank streams are fine
@@ -257,6 +269,29 @@ class Trainer:
             if self.info.rank:
                 torch.manual_seed(rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
         log.info(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
+
+    def _realign_epoch(self, path: Path, saved_train: dict[str, Any], saved_world: int) -> None:
+        """The saved position counts this rank's batches of an epoch as the run cut them: for
+        its process count, ``train.batch_tokens`` and ``train.seed``. Cut otherwise, the same
+        count would repeat or skip part of the epoch, so a run resumed mid-epoch with other
+        settings starts the next epoch (the rest of this one is skipped, nothing is repeated)."""
+        train_cfg, state = self.cfg.train, self.state
+        changed = [
+            f"{what} {before} -> {now}"
+            for what, before, now in (
+                ("processes", saved_world, self.info.world_size),
+                ("train.batch_tokens", saved_train.get("batch_tokens"), train_cfg.batch_tokens),
+                ("train.seed", saved_train.get("seed"), train_cfg.seed),
+            )
+            if before is not None and before != now
+        ]
+        if changed and state.batch_in_epoch:
+            log.warning(
+                f"{path}: the batches of epoch {state.epoch} were cut for other settings "
+                f"({', '.join(changed)}); resuming at the start of epoch {state.epoch + 1}, the "
+                f"rest of epoch {state.epoch} skipped"
+            )
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
 
     def _save(self, best: bool) -> None:
         """Write last.pt, step_N.pt (and best.pt); a collective: every rank calls it, rank 0 writes.

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from transformer_mt.config import Config, DecodeConfig
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from transformer_mt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    TokenizerSettings,
+)
 from transformer_mt.inference import load_for_inference, translate_lines
 from transformer_mt.inference.loading import LoadedModel
 from transformer_mt.model import Transformer
@@ -106,6 +113,15 @@ def test_ct2_beam_output_does_not_depend_on_the_lines_batched_with_it(
     batched, _ = translate_lines_ct2(exported, [short, long], decode)
     assert batched == alone
     assert len({text for text, _ in alone}) == 4, "four distinct hypotheses"
+
+
+def test_ct2_pieces_give_the_text_our_ids_give(fixture_model):
+    """The CT2 engine turns pieces into text as ours turns ids: <unk> dropped on both."""
+    tok = fixture_model.trg_tok
+    ids = [*tok.encode("The friend closed the woman."), UNK_ID, *tok.encode("a dog")]
+    pieces = tok.id_to_piece(ids)
+    assert "<unk>" in pieces and "\u2047" not in tok.decode_pieces(pieces)
+    assert tok.decode_pieces(pieces) == tok.decode(ids)
 
 
 def test_int8_export_translates_close_to_float32(fixture_model, source_lines, tmp_path):

@@ -78,6 +78,11 @@ class Tokenizer:
         """Ids to detokenized text; special ids are dropped."""
         return self.sp.decode([int(i) for i in ids if i > EOS_ID])
 
+    def decode_pieces(self, pieces: Iterable[str]) -> str:
+        """Pieces (CTranslate2's output) to the text :meth:`decode` gives for their ids (an
+        unknown piece, like ``<unk>``, is dropped, not written as sentencepiece's " ⁇ ")."""
+        return self.decode(self.sp.piece_to_id(list(pieces)))
+
     @classmethod
     def load(cls, path: Path) -> "Tokenizer":
         """Read a ``.model`` file written by :meth:`save` (or by sentencepiece itself)."""

@@ -96,7 +96,7 @@ def translate_lines_ct2(
             )
             for p, output in zip(group, outputs, strict=True):
                 results[line_of[p]] = [
-                    (model.trg_tok.sp.decode_pieces(hyp[: budgets[p]]), float(score))
+                    (model.trg_tok.decode_pieces(hyp[: budgets[p]]), float(score))
                     for hyp, score in zip(output.hypotheses, output.scores, strict=True)
                 ]
     return results

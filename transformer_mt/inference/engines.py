@@ -256,7 +256,7 @@ class CT2Engine(Engine):
             )
             for i, src_pieces, output in zip(indices, pieces, outputs, strict=True):
                 nbest = [
-                    (model.trg_tok.sp.decode_pieces(hyp), float(score))
+                    (model.trg_tok.decode_pieces(hyp), float(score))
                     for hyp, score in zip(output.hypotheses, output.scores, strict=True)
                 ]
                 weights = [list(map(float, row)) for row in output.attention[0]]

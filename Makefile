@@ -5,7 +5,7 @@
 # index (a CPU wheel where that index has one, as on this project's machines). PyPI's own Linux
 # torch wheels are CUDA builds of several GB: there, set TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # to get the CPU build from PyTorch's index.
-# `make clean` removes what set-up and data preparation made, never the trained runs in runs/.
+# `make clean` removes the virtual environment and data/cache, never downloads or trained runs.
 
 PYTHON ?= python3
 VENV ?= .venv

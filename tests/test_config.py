@@ -19,6 +19,7 @@ from transformer_mt.config import (
     load_config,
     recipe_names,
     recipe_path,
+    save_config,
 )
 from transformer_mt.errors import MTError
 
@@ -45,6 +46,13 @@ def test_values_read_as_yaml_1_2(tmp_path):
     assert cfg.train.lr_factor == 2.0
     with pytest.raises(MTError, match=r"model\.pre_norm"):
         load_config(None, ["model.pre_norm=yes"])  # true or false only
+    assert load_config(None, ["train.max_steps=010", "train.log_every=1_000"]).train.max_steps == 10
+    # config.yaml reads back as written, text that looks like a number included
+    cfg = load_config(None, ["data.src_lang='1e5'", "data.trg_lang='010'"])
+    save_config(cfg, tmp_path / "run.yaml")
+    again = load_config(tmp_path / "run.yaml")
+    assert (again.data.src_lang, again.data.trg_lang) == ("1e5", "010")
+    assert again.to_dict() == cfg.to_dict()
 
 
 @pytest.mark.parametrize(

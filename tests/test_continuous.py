@@ -190,8 +190,8 @@ def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
 @pytest.mark.parametrize("seed", range(40))
 def test_attention_cache_lazy_moves_equal_eager_ones(seed):
     """Random sequences of append, select (rows repeated and reordered), join_later (either
-    history longer) or join_empty, drop_first and reads: the lazily moved cache always holds what doing each
-    move at once gives."""
+    history longer) or join_empty, drop_first and reads: the lazily moved cache always holds
+    what doing each move at once gives."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):

@@ -228,21 +228,31 @@ def find_config(path: Path | str) -> Path:
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's plain scalars: ``1e-4`` is a float and only
-    true/false are booleans. (PyYAML follows YAML 1.1, where ``1e-4`` is text and ``no``, ``on``
-    and ``y`` are booleans: ``--set train.weight_decay=1e-4`` or ``data.trg_lang: no`` would fail.)
-    """
+    """PyYAML's safe loader with YAML 1.2's plain scalars: ``1e-4`` is a float, only true/false
+    are booleans, integers are decimal (``010`` is 10; ``0o``/``0x`` prefixes, ``_`` between
+    digits), no base-60. (PyYAML follows YAML 1.1, where ``1e-4`` is text, ``no``, ``on`` and
+    ``y`` are booleans and ``1:30`` is 90: ``--set train.weight_decay=1e-4`` or
+    ``data.trg_lang: no`` would fail.)"""
 
 
-_BOOL, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+class _Dumper(yaml.SafeDumper):
+    """Writes what :class:`_Loader` reads back unchanged (quotes the text ``1e5``, say)."""
+
+
+_BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float"))
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _FLOAT)]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _INT, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
     _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
-_Loader.add_implicit_resolver(  # after the integer resolver: 100 stays an int
+_Loader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
     _FLOAT,
     re.compile(
         r"^(?:[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)"
@@ -250,6 +260,15 @@ _Loader.add_implicit_resolver(  # after the integer resolver: 100 stays an int
     ),
     list("-+0123456789."),
 )
+
+
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    return int(text, 0) if text.lstrip("+-")[:2] in ("0o", "0x") else int(text)  # 010 is 10
+
+
+_Loader.add_constructor(_INT, _construct_int)
+_Dumper.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
 
 
 def _load_yaml(text: str) -> Any:
@@ -580,4 +599,4 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 
 def save_config(cfg: Config, path: Path) -> None:
     """Write ``cfg`` as YAML, atomically (never a half-written file, a full disk named)."""
-    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(path, yaml.dump(cfg.to_dict(), Dumper=_Dumper, sort_keys=False))

@@ -49,13 +49,13 @@ def check_source(cfg: Config) -> None:
         raise MTError(f"data.corpus={name!r}: expected {expected}")
     if name == "local":
         _local_split_paths(cfg)
-        return
-    if cfg.data.src_lang == cfg.data.trg_lang:  # one file would hold both sides
-        raise MTError(
-            f"data.src_lang and data.trg_lang are both {cfg.data.src_lang!r}; the {name} corpus "
-            "keeps each side in a file named by its language: give two different codes"
-        )
-    if name != "toy":
+    elif name == "toy":
+        if cfg.data.src_lang == cfg.data.trg_lang:  # one file would hold both sides
+            raise MTError(
+                f"data.src_lang and data.trg_lang are both {cfg.data.src_lang!r}; the toy "
+                "corpus keeps each side in a file named by its language: give two codes"
+            )
+    else:
         _check_languages(cfg, get_corpus(name))
 
 

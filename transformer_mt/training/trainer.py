@@ -466,6 +466,8 @@ class Trainer:
                     self._skip_nonfinite()
                     if step.stop:
                         reason, saved = StopReason.SIGNAL, False
+                        if window.tokens:  # the steps since the last metrics line
+                            window = self._log_step(window, bar)
                         break
                     continue
                 state.nonfinite_in_a_row = 0

@@ -647,7 +647,7 @@ def test_atomic_write_keeps_an_old_files_mode_and_gives_new_ones_the_umask(tmp_p
 def test_compiled_training_follows_eager_training(tiny_config, tmp_path):
     """``train.compile: true`` (torch.compile) trains the same model as eager mode: equal losses
     step by step (without dropout, whose compiled random draws may differ), and checkpoints
-    that load into a plain Transformer; with dropout and bf16 autocast it trains too."""
+    with a plain Transformer's keys; with dropout and bf16 autocast it trains too."""
     plain = ["train.max_steps=4", "train.valid_bleu=false", "train.best_metric=loss"]
     exact = [*plain, "model.drop_prob=0.0"]
     Trainer(load_config(tiny_config, exact), tmp_path / "eager", progress=False).run()
@@ -659,9 +659,9 @@ def test_compiled_training_follows_eager_training(tiny_config, tmp_path):
     assert compiled_loss == pytest.approx(eager_loss, rel=1e-4)
     eager_sd = torch.load(tmp_path / "eager" / "last.pt", weights_only=True)["model"]
     compiled_sd = torch.load(tmp_path / "compiled" / "last.pt", weights_only=True)["model"]
+    # The weights are not compared: Adam divides by the gradient's running RMS, so the
+    # compiled kernels' rounding moves parameters whose gradients are ~0 by up to lr per step.
     assert compiled_sd.keys() == eager_sd.keys(), "no torch.compile prefix in the checkpoint"
-    for name, tensor in eager_sd.items():
-        torch.testing.assert_close(compiled_sd[name], tensor, rtol=1e-3, atol=1e-5)
 
     dropout = [*plain, "train.compile=true", "train.precision=bf16"]
     state = Trainer(load_config(tiny_config, dropout), tmp_path / "bf16", progress=False).run()

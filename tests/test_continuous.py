@@ -139,50 +139,6 @@ def test_queued_sentences_join_together_or_after_a_few_steps(model, sources):
     assert search.queued == 0
 
 
-def test_newcomers_take_their_first_step_in_the_running_step(model, sources):
-    """Sentences that join a running search cost an encoder pass and no decoder pass of their
-    own: every step, joins included, is one decoder call over all rows."""
-    decode = DecodeConfig(beam_size=3, max_len_a=40.0, max_len_b=1.0)
-    search = ContinuousSearch(model, 3, join_share=0.0)  # queued sentences join at the next step
-    calls = {"encode": 0, "decode": 0}
-
-    def counted(name):
-        method = getattr(model, name)
-
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return method(*args, **kwargs)
-
-        return call
-
-    model.encode, model.decode = counted("encode"), counted("decode")
-    try:
-        for i, ids in enumerate(sources[:5]):
-            search.add(i, ids, decode)
-        search.step()
-        for i, ids in enumerate(sources[5:]):
-            search.add(5 + i, ids, decode)
-            search.step()
-        assert search.running == len(sources)  # all still decoding: every join was into it
-        assert calls == {"encode": 4, "decode": 4}
-    finally:
-        del model.encode, model.decode
-
-
-def test_a_cache_given_its_memory_equals_one_filled_by_the_first_step(model, sources):
-    """``new_cache(memory)`` stores the cross-attention keys/values the first step would:
-    the same logits, step after step."""
-    src = torch.tensor([sources[0], sources[0][::-1]])
-    memory, src_mask = model.encode(src)
-    late, early = model.new_cache(), model.new_cache(memory)
-    assert early.cross_attn[0].keys is not None and late.cross_attn[0].empty
-    for token in (BOS_ID, 5, 7):
-        trg = torch.full((2, 1), token)
-        assert torch.equal(
-            model.decode(trg, memory, src_mask, late), model.decode(trg, memory, src_mask, early)
-        )
-
-
 def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, length - t.size(2), 0))
 
@@ -190,8 +146,8 @@ def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
 @pytest.mark.parametrize("seed", range(40))
 def test_attention_cache_lazy_moves_equal_eager_ones(seed):
     """Random sequences of append, select (rows repeated and reordered), join_later (either
-    history longer) or join_empty, drop_first and reads: the lazily moved cache always holds
-    what doing each move at once gives."""
+    history longer), drop_first and reads: the lazily moved cache always holds what doing each
+    move at once gives."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
@@ -215,11 +171,8 @@ def test_attention_cache_lazy_moves_equal_eager_ones(seed):
             cache.select(index)
             keys, values = keys.index_select(0, index), values.index_select(0, index)
         elif op == 2:
-            joined = rand(1 + pick(3), 2, pick(7), 3)  # 0 positions: rows with no history yet
-            if joined.size(2) == 0:
-                cache.join_empty(joined.size(0))
-            else:
-                cache.join_later(joined, -joined)
+            joined = rand(1 + pick(3), 2, 1 + pick(6), 3)
+            cache.join_later(joined, -joined)
             width = max(keys.size(2), joined.size(2))
             keys = torch.cat([_pad_left(keys, width), _pad_left(joined, width)])
             values = torch.cat([_pad_left(values, width), _pad_left(-joined, width)])

@@ -4,13 +4,10 @@
 sentence is done; while the long sentences finish, the batch holds fewer and fewer rows and each
 step costs nearly as much as a full one. A server whose requests arrive one at a time would then
 wait for the whole batch before it starts the next. :class:`ContinuousSearch` instead admits new
-sentences at any step: they join the running rows, each sentence at its own position (the decoder
-cache pads and masks the shorter histories, :meth:`~transformer_mt.model.DecoderCache.merge`),
-and take their first step within the running rows' next one, a single decoder pass: each joins
-with K rows of which only the first is live (the others score -inf), so its first step expands
-one row, as ``beam_search``'s does. Joining costs an encoder pass over the newcomers and no
-decoder pass of its own. A sentence leaves as soon as it is done and its result goes back at
-once.
+sentences at any step: they take their first step together (one row per sentence, as in
+``beam_search``), then join the running rows, each sentence at its own position (the decoder
+cache pads and masks the shorter histories, :meth:`~transformer_mt.model.DecoderCache.merge`).
+A sentence leaves as soon as it is done and its result goes back at once.
 
 A sentence gets the hypotheses ``beam_search`` gives it alone, up to floating-point rounding
 (its rows attend to padded, masked positions that other sentences brought), with the same
@@ -54,21 +51,11 @@ class _Rows:
     ``tokens`` (n*K, t) holds each row's generated ids at its right end (sentence i's last
     ``steps[i]`` columns), left-padded where sentences joined later."""
 
-    def __init__(
-        self,
-        model: Transformer,
-        k: int,
-        sentences: list[_Sentence],
-        src: torch.Tensor,
-        *,
-        joining: bool = False,
-    ):
-        """``joining``: these rows will :meth:`merge` into running ones before their first
-        step."""
+    def __init__(self, model: Transformer, k: int, sentences: list[_Sentence], src: torch.Tensor):
         n, dev = len(sentences), src.device
         self.k = k
         self.sentences = sentences
-        self.state = ModelState.start(model, src, use_cache=True, joining=joining)
+        self.state = ModelState.start(model, src, use_cache=True)
         budgets = [
             max_target_lengths(model, src[i : i + 1], s.decode.max_len_a, s.decode.max_len_b)
             for i, s in enumerate(sentences)
@@ -80,17 +67,7 @@ class _Rows:
         self.started = False  # the first step done: K rows per sentence
 
     def merge(self, other: "_Rows") -> None:
-        """Append ``other``'s sentences after these (which have taken their first step):
-        after their own first step, or before it if they were started ``joining``. Then each
-        gets K rows, all but the first scored -inf, so that its first step, taken in these
-        rows' next one, expands one row per sentence."""
-        if not other.started:
-            k, n = self.k, len(other.sentences)
-            other.state.repeat_beams(k)
-            other.tokens = other.tokens.repeat_interleave(k, dim=0)  # (n*K, 1): BOS
-            other.scores = torch.full((n, k), float("-inf"), device=other.scores.device)
-            other.scores[:, 0] = 0.0
-            other.started = True
+        """Append ``other``'s sentences (each after its first step) after these."""
         width = max(self.tokens.size(1), other.tokens.size(1))
         self.tokens = torch.cat([_pad_left(self.tokens, width), _pad_left(other.tokens, width)])
         self.state.merge(other.state)
@@ -182,9 +159,9 @@ def _pad_left(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 class ContinuousSearch:
     """Beam search over sentences that come and go. :meth:`add` queues a source; each
-    :meth:`step` admits the queued ones when they are many enough or have waited long enough
-    (``join_share``, ``join_wait``), advances every running one by one token (the newcomers:
-    their first), and returns the sentences that are done, with their caller's tags.
+    :meth:`step` advances the running ones by one token, admits the queued ones when they are
+    many enough or have waited long enough (their first step: ``join_share``, ``join_wait``),
+    and returns the sentences that are done, with their caller's tags.
 
     ``model`` must be a :class:`~transformer_mt.model.Transformer` in eval mode; ``beam_size`` is
     the beam of every sentence (greedy at 1: the same choices as ``greedy_search``).
@@ -202,9 +179,9 @@ class ContinuousSearch:
         if model.training:
             raise ValueError("decoding needs model.eval(): dropout would make the search random")
         self.model, self.k, self.eos_idx = model, beam_size, eos_idx
-        # Joining has a cost of its own (an encoder pass, a copy of the merged caches), so queued
-        # sentences join together: once they are join_share of the running ones, or after
-        # join_wait steps, or at once when nothing runs.
+        # Joining has a cost of its own (an encoder pass, a first step for the newcomers, a copy
+        # of the merged caches), so queued sentences join together: once they are join_share of
+        # the running ones, or after join_wait steps, or at once when nothing runs.
         self.join_share, self.join_wait = join_share, join_wait
         self._waited = 0  # steps the queued sentences have waited
         self._queued: list[tuple[_Sentence, list[int]]] = []
@@ -242,22 +219,23 @@ class ContinuousSearch:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, DecodeResult]]:
-        """Let the queued sentences join (see the class docstring), then advance every running
-        sentence by one token; returns the (tag, result) of each sentence that is done, in no
-        particular order."""
+        """Advance every running sentence by one token, then (see the class docstring) let the
+        queued ones join with their first step; returns the (tag, result) of each sentence that
+        is done, in no particular order."""
+        done = self._running.step(self.eos_idx) if self._running is not None else []
+        if self._running is not None and not self._running.sentences:
+            self._running = None
         if self._queued and not self._joins_now():
             self._waited += 1
         elif self._queued:
             self._waited = 0
-            if self._running is None:  # a new search: one row per sentence for the first step
-                self._running = self._admit(joining=False)
-            else:
-                self._running.merge(self._admit(joining=True))
-        if self._running is None:
-            return []
-        done = self._running.step(self.eos_idx)
-        if not self._running.sentences:
-            self._running = None
+            newcomers = self._admit()
+            done += newcomers.step(self.eos_idx)
+            if newcomers.sentences:
+                if self._running is None:
+                    self._running = newcomers
+                else:
+                    self._running.merge(newcomers)
         return done
 
     def _joins_now(self) -> bool:
@@ -268,8 +246,8 @@ class ContinuousSearch:
             or self._waited >= self.join_wait
         )
 
-    def _admit(self, joining: bool) -> _Rows:
+    def _admit(self) -> _Rows:
         queued, self._queued = self._queued, []
         device = next(self.model.parameters()).device
         src = pad_batch([ids for _, ids in queued], self.model.src_pad_idx).to(device)  # (n, S)
-        return _Rows(self.model, self.k, [s for s, _ in queued], src, joining=joining)
+        return _Rows(self.model, self.k, [s for s, _ in queued], src)

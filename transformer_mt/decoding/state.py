@@ -60,16 +60,10 @@ class ModelState:
         self.never = torch.tensor([model.trg_pad_idx, model.trg_sos_idx], device=memory.device)
 
     @classmethod
-    def start(
-        cls, model: Transformer, src: torch.Tensor, use_cache: bool, *, joining: bool = False
-    ) -> "ModelState":
-        """Encode the source batch (B, S); one row per sentence. ``joining``: the rows will
-        :meth:`merge` into a running state before their first step, so the cache gets their
-        cross-attention keys/values now."""
+    def start(cls, model: Transformer, src: torch.Tensor, use_cache: bool) -> "ModelState":
+        """Encode the source batch (B, S); one row per sentence."""
         memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
-        if not use_cache:
-            return cls(model, memory, src_mask, None)
-        return cls(model, memory, src_mask, model.new_cache(memory if joining else None))
+        return cls(model, memory, src_mask, model.new_cache() if use_cache else None)
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
         """Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t) (BOS
@@ -112,10 +106,8 @@ class ModelState:
 
     def merge(self, other: "ModelState") -> None:
         """Append the rows of ``other``, the state of sentences that started later (the same
-        model and beam count, both cached), after this state's rows: continuous batching. This
-        state has taken at least one step; ``other`` too, or none if it was started
-        ``joining`` (its rows then take their first step in this state's next one). The
-        shorter source is padded (and masked)."""
+        model and beam count, both cached, each after at least one step), after this state's
+        rows: continuous batching. The shorter source is padded (and masked)."""
         if self.cache is None or other.cache is None or self.beams != other.beams:
             raise ValueError("merge needs two cached states with the same number of beams")
         width = max(self.memory.size(1), other.memory.size(1))
@@ -123,7 +115,7 @@ class ModelState:
         self.src_mask = torch.cat(
             [_pad_mask(self.src_mask, width), _pad_mask(other.src_mask, width)]
         )
-        self.cache.merge(other.cache, rows=other.memory.size(0) * other.beams)
+        self.cache.merge(other.cache)
 
 
 def _pad_source(memory: torch.Tensor, width: int) -> torch.Tensor:

@@ -23,20 +23,20 @@ Continuous batching (``BatchSettings.continuous``, opt-in, for engines that offe
 model): no batch boundaries at all. The worker keeps one running beam search
 (:class:`~transformer_mt.decoding.continuous.ContinuousSearch`); between two of its steps, every
 job that has arrived is handed to it (within the token budget, counting the source pieces in
-flight; the search lets newcomers join together, a few steps later at most, and take their
-first step inside its running one),
+flight; the search lets newcomers take their first step together, a few steps later at most),
 and each job is answered as soon as its last line is done. Nothing waits for a gathering window
 or for the longest sentence of a batch. Jobs that the running search cannot take (attention
 requested, another beam size than the running one's, an n-best wider than the beam) wait, in
 order, until it is empty; then one with another beam starts the next search, and the others
 decode alone, as the batch path would. If a step fails, each job in flight is
 decoded again alone; any other failure in the worker fails the jobs in flight and the worker
-goes on. It is not the default: each join costs an encoder pass (and, before session 11, a
-first step of its own), and on 2 CPU cores joining costs more than the gathering window and the
-batches' tails (scripts/bench_serve.py, Multi30k model, medians of 3, continuous against batch
-by batch: 72.8 against 78.5 sentences/s with 32 clients, 42.7 against 56.2 with 8; after the
-packed fp32 products, 108.7 against 112.3 and 64.6 against 70.3; with the first step inside the
-running one, 116.7 against 123.8 and 79.1 against 84.1; docs/BENCHMARKS.md).
+goes on. It is not the default: each join costs an encoder pass and a first step of its own,
+and on 2 CPU cores joining costs more than the gathering window and the batches' tails
+(scripts/bench_serve.py, Multi30k model, medians of 3, continuous against batch by batch: 72.8
+against 78.5 sentences/s with 32 clients, 42.7 against 56.2 with 8; after the packed fp32
+products, 108.7 against 112.3 and 64.6 against 70.3; docs/BENCHMARKS.md). Taking the
+newcomers' first step inside the running one (tried in session 11) did not close the gap:
+116.7 against 123.8 and 79.1 against 84.1.
 
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted

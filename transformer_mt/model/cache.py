@@ -62,14 +62,6 @@ class AttentionCache:
             self._rows = self._later = None
         return self._keys, self._values
 
-    def join_empty(self, rows: int) -> None:
-        """Add ``rows`` rows with no history yet after this cache's rows (all left padding
-        once the next :meth:`append` copies them in); the cache must not be empty."""
-        self._apply_later()
-        keys = self._keys
-        none = keys.new_zeros(rows, keys.size(1), 0, keys.size(3))  # (rows, H, 0, Dh)
-        self._later = (none, none)
-
     def join_later(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Add rows (R2, H, t2, Dh) after this cache's rows; the shorter history of the two
         is left-padded with zeros (the decoder cache's key mask hides them). Done by the next
@@ -222,27 +214,15 @@ class DecoderCache:
         positions, self.positions = self.positions, self.positions + 1
         return positions, self.key_mask[:, None, None, :]
 
-    def merge(self, other: "DecoderCache", rows: int | None = None) -> None:
-        """Append the rows of ``other`` (sentences that started later) after this cache's rows;
-        this cache has taken at least one step. The shorter self-attention history is padded on
-        the left (masked out: :attr:`key_mask`), the shorter source on the right (the source
-        mask of the merged rows masks it); each row keeps its own positions.
-
-        ``other`` may not have taken a step yet, if its cross-attention keys/values are stored
-        (``Transformer.new_cache(memory)``): its ``rows`` rows then take their first step
-        (position 0) together with this cache's next one."""
-        if other.length == 0 and (rows is None or other.cross_attn[0].empty):
-            raise ValueError("merging a cache before its first step needs rows= and its memory")
-        mine_pos = self._rows_and_positions()
-        theirs_pos = (
-            other._rows_and_positions() if other.length else _no_history(rows, mine_pos[0].device)
-        )
+    def merge(self, other: "DecoderCache") -> None:
+        """Append the rows of ``other`` (sentences that started later, each after at least one
+        step) after this cache's rows. The shorter self-attention history is padded on the left
+        (masked out: :attr:`key_mask`), the shorter source on the right (the source mask of the
+        merged rows masks it); each row keeps its own positions."""
+        rows, other_rows = self._rows_and_positions(), other._rows_and_positions()
         length = max(self.length, other.length)
         for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
-            if theirs.empty:
-                mine.join_empty(rows)
-            else:
-                mine.join_later(theirs.keys, theirs.values)  # copied with the next append
+            mine.join_later(theirs.keys, theirs.values)  # copied with the next step's append
         for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):
             width = max(mine.keys.size(2), theirs.keys.size(2))
             keys, values = (
@@ -253,12 +233,9 @@ class DecoderCache:
             )
             mine.store(keys, values)
         self.key_mask = torch.cat(
-            [
-                functional.pad(mask, (length - mask.size(1), 0))
-                for mask in (mine_pos[1], theirs_pos[1])
-            ]
+            [functional.pad(mask, (length - mask.size(1), 0)) for mask in (rows[1], other_rows[1])]
         )
-        self.positions = torch.cat([mine_pos[0], theirs_pos[0]])
+        self.positions = torch.cat([rows[0], other_rows[0]])
         self.length = length
 
     def _rows_and_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,11 +267,3 @@ class DecoderCache:
         """
         for cache in self.self_attn:
             cache.select(index)
-
-
-def _no_history(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions (rows,) and key mask (rows, 0) of rows that have not taken a step."""
-    return (
-        torch.zeros(rows, dtype=torch.long, device=device),
-        torch.ones(rows, 0, dtype=torch.bool, device=device),
-    )

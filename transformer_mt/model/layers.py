@@ -43,10 +43,6 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
 
-    def memory_keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention's keys and values of ``memory`` (M, S, D), each (M, H, S, Dh)."""
-        return tuple(self._split(part) for part in self.kv_proj(memory).chunk(2, dim=-1))
-
     def forward(
         self,
         x: torch.Tensor,
@@ -76,7 +72,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and not cache.empty:
                 k, v = cache.keys, cache.values  # (M, H, S, Dh)
             else:
-                k, v = self.memory_keys_values(memory)
+                k, v = (self._split(part) for part in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:
                     cache.store(k, v)  # contiguous: every later step reads them without a copy
                     k, v = cache.keys, cache.values

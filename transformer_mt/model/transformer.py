@@ -264,16 +264,8 @@ class Transformer(nn.Module):
             cache.length += trg.size(1)
         return x, weights
 
-    def new_cache(self, memory: torch.Tensor | None = None) -> DecoderCache:
-        """An empty decoder cache. Given the ``memory`` (M, S, D) it will serve, its
-        cross-attention keys/values are computed now instead of on the first step, so that
-        rows can join a running search's cache before that step
-        (:meth:`~transformer_mt.model.DecoderCache.merge`)."""
-        cache = DecoderCache(self.n_dec_layers)
-        if memory is not None:
-            for layer, cross in zip(self.decoder, cache.cross_attn, strict=True):
-                cross.store(*layer.cross_attn.memory_keys_values(memory))
-        return cache
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(self.n_dec_layers)
 
     def cross_attention(self, src: torch.Tensor, trg: torch.Tensor) -> torch.Tensor:
         """Cross-attention weights of a teacher-forced pass: src (B, S), trg (B, T).

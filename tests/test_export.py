@@ -115,6 +115,24 @@ def test_ct2_beam_output_does_not_depend_on_the_lines_batched_with_it(
     assert len({text for text, _ in alone}) == 4, "four distinct hypotheses"
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_ct2_output_and_score_at_the_length_limit_do_not_depend_on_the_batch(
+    fixture_model, source_lines, tmp_path, beam
+):
+    """Tight limits put many outputs at exactly their own limit. CTranslate2 counts EOS in
+    ``max_decoding_length``, so an output of that length from a batch's longer call may have
+    ended with an EOS its own limit forbids: text and score must still be those of the line
+    decoded alone (greedy included, where the text agrees but the score did not)."""
+    exported = load_ct2(export_ctranslate2(fixture_model, tmp_path / "ct2"))
+    decode = DecodeConfig(beam_size=beam, nbest=1, max_len_a=0.0, max_len_b=0.8, len_penalty=1.0)
+    lines = source_lines[:40]
+    long = max(source_lines, key=len)
+    alone = [translate_lines_ct2(exported, [line], decode)[0] for line in lines]
+    batched = translate_lines_ct2(exported, [long, *lines], decode)[1:]
+    assert [t for ((t, _),) in batched] == [t for ((t, _),) in alone]
+    assert [s for ((_, s),) in batched] == pytest.approx([s for ((_, s),) in alone], abs=1e-5)
+
+
 def test_ct2_pieces_give_the_text_our_ids_give(fixture_model):
     """The CT2 engine turns pieces into text as ours turns ids: <unk> dropped on both."""
     tok = fixture_model.trg_tok

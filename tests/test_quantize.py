@@ -1,14 +1,18 @@
-"""`--quantize int8`: dynamic int8 linear layers keep the line contract and most outputs."""
+"""`--quantize int8`: int8 linear layers keep the line contract and most outputs, and a row's
+result (a sentence's translation) does not depend on what is batched with it."""
 
+import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
+from torch import nn
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID
-from transformer_mt.inference import load_for_inference
-from transformer_mt.inference.loading import quantize
+from transformer_mt.inference import load_for_inference, translate_lines
+from transformer_mt.inference.loading import Int8Linear, quantize
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 
@@ -17,9 +21,9 @@ def test_int8_quantization_keeps_the_line_contract_and_most_translations(tmp_pat
     fixture = FIXTURE
     loaded = load_for_inference(fixture / "old_last.pt")
     quantized = quantize(loaded.model, "int8")
-    linears = [m for m in quantized.modules() if type(m).__name__ == "Linear"]
-    assert linears and all("quantized" in type(m).__module__ for m in linears)
-    assert "quantized" not in type(loaded.model.out).__module__, "the original stays fp32"
+    assert isinstance(quantized.out, Int8Linear)
+    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())
+    assert not any(isinstance(m, Int8Linear) for m in loaded.model.modules()), "original: fp32"
     runner = CliRunner()
     args = ["translate", "-c", str(fixture / "old_last.pt"), "-i", str(fixture / "src.txt")]
     fp32 = runner.invoke(app, [*args, "--beam", "1"]).stdout.split("\n")
@@ -36,3 +40,33 @@ def test_int8_quantization_keeps_the_line_contract_and_most_translations(tmp_pat
     assert 0 < (exact - rounded).abs().max() < 0.2
     bad = runner.invoke(app, [*args, "--quantize", "int4"])
     assert bad.exit_code == 1 and "--quantize 'int4'" in bad.stderr
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_rounds_each_row_alone_and_stays_close_to_fp32(bias):
+    torch.manual_seed(0)
+    plain = nn.Linear(256, 512, bias=bias)
+    int8 = Int8Linear(plain)
+    x = torch.randn(6, 10, 256)
+    loud = torch.randn(1, 10, 256) * 100  # would set the whole batch's scale if it were shared
+    with torch.no_grad():
+        alone, exact = int8(x), plain(x)
+        beside = int8(torch.cat([x, loud]))[:6]
+        one_row = int8(x[2, 3])
+    assert torch.equal(alone, beside), "a row's result depends on the rows beside it"
+    assert torch.equal(one_row, alone[2, 3])
+    assert alone.shape == exact.shape == (6, 10, 512)
+    # 7-bit activations (fbgemm's reduce_range) and 8-bit weights: about 1 % of the output's scale
+    assert 0 < (alone - exact).abs().max() < 0.03 * exact.abs().max()
+
+
+def test_an_int8_translation_does_not_depend_on_the_lines_batched_with_it():
+    loaded = load_for_inference(FIXTURE / "old_last.pt", quantization="int8")
+    lines = (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()[:24]
+    for beam in (1, 4):
+        decode = dataclasses.replace(loaded.config.decode, beam_size=beam, nbest=1)
+        run = [loaded.model, loaded.src_tok, loaded.trg_tok]
+        together = translate_lines(*run, lines, decode)
+        alone = [translate_lines(*run, [line], decode)[0] for line in lines]
+        assert [t for ((t, _),) in together] == [t for ((t, _),) in alone]
+        assert [s for ((_, s),) in together] == pytest.approx([s for ((_, s),) in alone], abs=1e-5)

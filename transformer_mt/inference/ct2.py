@@ -35,7 +35,9 @@ class CT2Model:
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
     """Load a directory written by ``export_ctranslate2``."""
     directory = Path(directory)
-    device_type = check_device(device).type  # CTranslate2 takes "cpu" or "cuda"
+    dev = check_device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise MTError(f"--engine ct2 runs on cpu or cuda, not {dev.type}: use --engine torch")
     settings_path = directory / SETTINGS_FILE
     if not settings_path.is_file():
         raise MTError(f"{directory} is not a model exported by `mt export` (no {SETTINGS_FILE})")
@@ -48,7 +50,11 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
         else Tokenizer((directory / "spm.trg.model").read_bytes())
     )
     translator = ctranslate2.Translator(
-        str(directory), device=device_type, inter_threads=1, intra_threads=threads
+        str(directory),
+        device=dev.type,
+        device_index=dev.index or 0,  # cuda:1 is GPU 1, not CTranslate2's default GPU 0
+        inter_threads=1,
+        intra_threads=threads,
     )
     decode = config_from_dict({"decode": settings["decode"]}).decode
     return CT2Model(translator, src_tok, trg_tok, decode, int(settings["max_len"]))
@@ -61,12 +67,12 @@ def translate_lines_ct2(
 
     Batches are cut as ours are (longest first, ``decode.batch_tokens`` padded source tokens).
     CTranslate2 takes one length limit per call, and each sentence has its own (``a + b *
-    source length``), so a batch runs to its longest sentence's limit. Greedy outputs are then
-    cut to their own limit: the same output (a greedy prefix does not depend on the limit). Under
-    beam search a sentence with a hypothesis longer than its own limit is decoded again, with
-    the sentences of the same limit, in a call of that limit: a cut beam could leave duplicate
-    hypotheses with the scores of their longer versions, and the translation would depend on the
-    lines batched with it (a server batches other requests'). One call per limit in every batch
+    source length``), so a batch runs to its longest sentence's limit. A sentence with a
+    hypothesis as long as its own limit or longer (CTranslate2 counts EOS in the limit) is decoded
+    again, with the sentences of the same limit, in a call of that limit: a cut beam could leave
+    duplicate hypotheses with the scores of their longer versions, a cut greedy output the score
+    of its longer version, and the translation would depend on the lines batched with it (a
+    server batches other requests'). One call per limit in every batch
     would be exact in all cases but costs CTranslate2 about 6x in batches of 32 (a call has a
     fixed cost); what is left is a sentence whose beams outgrow its limit in the long call while
     every hypothesis returned still fits (rare: it needs a beam alive at its limit).
@@ -85,20 +91,23 @@ def translate_lines_ct2(
     results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
 
     def run(group: list[int]) -> list[int]:
-        """Decode ``group`` to its longest limit; the positions whose beams outgrew their own."""
+        """Decode ``group`` to its longest limit; the positions whose outputs reached their own."""
         # CTranslate2 appends EOS itself (add_source_eos): hand it the pieces without ours.
+        call_limit = max(budgets[p] for p in group)
         outputs = model.translator.translate_batch(
             [model.src_tok.id_to_piece(ids[p][:-1]) for p in group],
             beam_size=decode.beam_size,
             num_hypotheses=decode.nbest,
             length_penalty=decode.len_penalty,
-            max_decoding_length=max(budgets[p] for p in group),
+            max_decoding_length=call_limit,
             max_batch_size=len(group),
             return_scores=True,
         )
         again = []
         for p, output in zip(group, outputs, strict=True):
-            if decode.beam_size > 1 and max(map(len, output.hypotheses)) > budgets[p]:
+            # CTranslate2 counts EOS in the limit: a hypothesis as long as this sentence's own
+            # limit may have ended with an EOS that its own call would not have allowed.
+            if max(map(len, output.hypotheses)) >= budgets[p] and call_limit > budgets[p]:
                 again.append(p)
             results[line_of[p]] = [
                 (model.trg_tok.decode_pieces(hyp[: budgets[p]]), float(score))

@@ -3,6 +3,7 @@
 import copy
 import functools
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,26 +138,72 @@ QUANTIZATIONS = ("int8",)
 
 
 def quantize(model: Transformer, scheme: str) -> Transformer:
-    """The model with its linear layers quantized dynamically (``int8``: weights stored as int8,
-    activations quantized per batch; CPU only), through ``torch.ao.quantization.quantize_dynamic``.
+    """A copy of the model with its linear layers in int8 (``int8``: :class:`Int8Linear`, CPU
+    only); the given model stays as it is.
 
     Embeddings stay in fp32; the output projection, tied to the target embedding in training,
-    becomes an int8 copy. torch marks this API deprecated in favour of torchao, which is not a
-    dependency here; its warnings are silenced.
+    becomes an int8 copy.
     """
     if scheme not in QUANTIZATIONS:
         raise MTError(f"--quantize {scheme!r}: expected one of {', '.join(QUANTIZATIONS)}")
     if next(model.parameters()).device.type != "cpu":
         raise MTError("--quantize int8 runs on the CPU: drop --device or use --device cpu")
-    import warnings
-
-    # A copy (the given model stays as it is), its packed layers back to the nn.Linear they are.
+    # A copy, its packed layers back to the nn.Linear they are, then each one in int8.
     model = _replace_linears(copy.deepcopy(model), PackedLinear, _unpacked)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(
-            model, {nn.Linear}, dtype=torch.qint8, inplace=True
-        )
+    return _replace_linears(model, nn.Linear, Int8Linear)
+
+
+class Int8Linear(nn.Module):
+    """A linear layer in int8: weights per output row, activations per input row.
+
+    The weight is rounded once, symmetrically, with one scale per output feature. Each input row
+    is rounded with its own scale (its largest magnitude), as CTranslate2's int8 does, so a row's
+    result depends on that row alone: a sentence translates the same whatever is batched with
+    it (torch's ``quantize_dynamic`` takes one scale for the whole input, so the other sentences
+    of a batch, or another user's request in ``mt serve``, moved a sentence's rounding).
+
+    The product is fbgemm's dynamic int8 linear (``quantized::linear_dynamic``, what
+    ``quantize_dynamic`` calls), which takes its activation scale from the whole input: the rows
+    go in divided by their own largest magnitude, with two rows of +1 and -1 appended, so that
+    scale is the same fixed one in every call; the result is multiplied back row by row. torch
+    marks its quantized tensors deprecated in favour of torchao, which is not a dependency here;
+    those warnings are silenced.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.qweight = torch.quantize_per_channel(
+                weight, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
+            )
+        bias = linear.bias
+        self.bias = None if bias is None else bias.detach().float().clone()
+        self._packed: Any = None  # fbgemm's packed weight, made on first use
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the packed weight out; they pack their own on first use."""
+        return {**super().__getstate__(), "_packed": None}
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None:
+            self._packed = torch.ops.quantized.linear_prepack(self.qweight, None)
+        rows = x.reshape(-1, self.in_features).float()
+        n = rows.size(0)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # (n, 1)
+        scaled = rows.new_empty((n + 2, self.in_features))
+        torch.div(rows, scale, out=scaled[:n])
+        scaled[n].fill_(1.0)  # the two fixed rows: the input's range is [-1, 1] in every call
+        scaled[n + 1].fill_(-1.0)
+        out = torch.ops.quantized.linear_dynamic(scaled, self._packed, True)[:n]
+        out = out.mul_(scale) if self.bias is None else torch.addcmul(self.bias, out, scale)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def _unpacked(packed: "PackedLinear") -> nn.Linear:

@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (Python 3.10+ and make):
 #   make train   set up .venv, train on the built-in toy corpus, show translations and test BLEU
 #   make test    set up .venv with the dev tools, run ruff and the tests
+# `make lint` runs ruff alone (lint and format check), the same set-up as `make test`.
 # Where no NVIDIA GPU is visible, torch is installed as $(TORCH_CPU) first, from pip's configured
 # index (a CPU wheel where that index has one, as on this project's machines). PyPI's own Linux
 # torch wheels are CUDA builds of several GB: there, set TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -46,9 +47,11 @@ train: $(VENV)/.installed
 	@echo "--- test set scores ---"
 	$(BIN)/mt evaluate --checkpoint $(RUN_DIR)/best.pt --src $(TOY_TEST).src --ref $(TOY_TEST).trg
 
-test: $(VENV)/.installed-dev
+lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/pytest -q
 
 test-slow: $(VENV)/.installed-dev

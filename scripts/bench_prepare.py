@@ -3,12 +3,17 @@
     python scripts/bench_prepare.py                    # configs/multi30k_de_en.yaml, 4096 tokens
     python scripts/bench_prepare.py --batch-tokens 2048 --vocab-size 1000
 
-The original Multi30k files (../shared/data/multi30k, or $MT_SHARED_DATA) are served from a
-loopback HTTP server, so the cold run goes through the real path of ``mt prepare``: download,
-checksum, gunzip, clean, train sentencepiece, binarize. The warm run repeats it with everything
-in place, which should only hash the inputs and open the caches. Each run is a fresh process, so
-its peak resident memory (``ru_maxrss``) is its own; the figure after imports is printed too, to
-show how much of the peak preparation itself adds.
+Needs the original Multi30k .gz files in ../shared/data/multi30k or $MT_SHARED_DATA (a directory
+holding train.de.gz and the others, or its parent); without them it prints "skipped" and exits.
+`mt download multi30k` puts them in data/multi30k/ (keeping the .gz beside the unpacked files):
+
+    MT_SHARED_DATA=data/multi30k python scripts/bench_prepare.py
+
+The files are served from a loopback HTTP server, so the cold run goes through the real path of
+``mt prepare``: download, checksum, gunzip, clean, train sentencepiece, binarize. The warm run
+repeats it with everything in place, which should only hash the inputs and open the caches. Each
+run is a fresh process, so its peak resident memory (``ru_maxrss``) is its own; the figure after
+imports is printed too, to show how much of the peak preparation itself adds.
 
 Padding: the training batches of one epoch at a token budget (padding included, the trainer's
 rule), cut from the length-sorted order by ``make_batches`` against the same greedy cut over a

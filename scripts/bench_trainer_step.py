@@ -14,6 +14,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ def main() -> None:
 
     cfg = load_config(args.config, args.set)
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(cfg, run_dir, resume=False, progress=False)
+        trainer = Trainer(cfg, Path(run_dir), resume=False, progress=False)
     data = trainer.data.train
     batches = make_batches(
         data.src_lengths, data.trg_lengths + 1, cfg.train.batch_tokens, seed=0, epoch=0

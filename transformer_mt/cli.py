@@ -89,7 +89,11 @@ BeamOpt = Annotated[
     int | None, typer.Option(help="Beam size; 1 = greedy; default: the run's decode.beam_size.")
 ]
 LenPenaltyOpt = Annotated[
-    float | None, typer.Option(help="GNMT length penalty alpha; default: the run's.")
+    float | None,
+    typer.Option(
+        help="Length penalty alpha: scores are divided by GNMT's ((5 + len) / 6) ** alpha; with "
+        "--engine ct2, by CTranslate2's len ** alpha. Default: the run's."
+    ),
 ]
 EngineOpt = Annotated[
     str,
@@ -424,7 +428,7 @@ def translate(
         ),
     ] = None,
 ) -> None:
-    """Translate text, one output line per input line, in order (empty in, empty out)."""
+    """Translate text in order: one output line per input line (K with --nbest K); empty in, empty out."""
     from transformer_mt.inference import format_best, format_nbest
 
     inputs = _check_translate_paths(input, output, checkpoints, prefix_file, attention_dir,
@@ -562,7 +566,10 @@ def evaluate(
     checkpoint: Annotated[
         list[Path] | None,
         typer.Option(
-            "--checkpoint", "-c", help="Model to translate --src with (repeat: an ensemble)."
+            "--checkpoint",
+            "-c",
+            help="Model to translate --src with (repeat: an ensemble); with --engine ct2, a "
+            "directory written by `mt export`.",
         ),
     ] = None,
     beam: BeamOpt = None,
@@ -674,7 +681,11 @@ def download(
     ] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the known corpora.")] = False,
 ) -> None:
-    """Download a known corpus: resumable, checksummed, unpacked safely; a second run does nothing."""
+    """Download a known corpus: resumable, unpacked safely; a second run does nothing.
+
+    Files with a known SHA-256 in the registry are verified (--list shows how many each corpus
+    has); the others are fetched unverified, with a warning that logs the hash they got.
+    """
     from transformer_mt.data.download import download_corpus
     from transformer_mt.data.registry import list_corpora
 

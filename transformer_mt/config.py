@@ -39,7 +39,8 @@ class DataConfig:
     toy_seed: int = 1234  # toy corpus: generator seed (same seed, same corpus)
     max_words: int | None = 250  # cleaning: pairs with more whitespace words on a side are
     # dropped; null = no limit
-    max_ratio: float | None = 3.0  # cleaning: longest allowed word-count ratio; null = no check
+    max_ratio: float | None = 3.0  # cleaning: longest allowed word-count ratio, checked only when
+    # the longer side has more than 5 words (CleanConfig.ratio_min_words); null = no check
     skip_bad_lines: bool = False  # cleaning: skip invalid UTF-8 pairs instead of stopping
     max_tokens_per_side: int = 128  # pairs longer than this (subword pieces + EOS) are dropped
     download_dir: str = "data"  # known corpora are downloaded to <download_dir>/<corpus>

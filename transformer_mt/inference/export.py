@@ -45,7 +45,7 @@ def import_ctranslate2():
     except ImportError as err:
         raise MTError(
             "exporting to CTranslate2 needs the ctranslate2 package: "
-            "pip install 'transformer-mt[ct2]'"
+            "pip install 'transformer-mt[ct2]' (in a checkout: pip install -e '.[ct2]')"
         ) from err
     return ctranslate2
 

@@ -44,7 +44,7 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise MTError(
         f"`mt serve` needs FastAPI and uvicorn ({err.name} is missing): "
-        "pip install 'transformer-mt[serve]'"
+        "pip install 'transformer-mt[serve]' (in a checkout: pip install -e '.[serve]')"
     ) from err
 
 logger = logging.getLogger(__name__)

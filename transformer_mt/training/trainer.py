@@ -90,13 +90,14 @@ class Trainer:
     def __init__(
         self,
         cfg: Config,
-        run_dir: Path,
+        run_dir: str | Path,
         *,
         resume: bool = True,
         progress: bool = True,
         data: PreparedData | None = None,
         allow_data_change: bool = False,
     ) -> None:
+        run_dir = Path(run_dir)  # a str (e.g. from tempfile.TemporaryDirectory) is accepted too
         self.cfg, self.progress = cfg, progress
         self.stop_signal: int | None = None  # the signal that stopped run(), if one did
         check_source(cfg)  # a wrong corpus name or file fails before any work or directory

@@ -4,6 +4,7 @@ import os
 import select
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
@@ -56,3 +57,25 @@ def test_interactive_refuses_file_options_before_loading_the_model(tmp_path):
         assert len(errors) == 1 and f"--interactive {what}" in errors[0], (option, result.output)
         assert f"drop {option} " in errors[0] and "drop --interactive" in errors[0]
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_interactive_numbers_pictures_and_warnings_by_the_line_of_the_session(tmp_path):
+    """Each line is translated on its own, yet its attention picture and its truncation warning
+    carry its own line number (before: every picture overwrote 000001.png, every warning said
+    line 1)."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    lines = (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+    too_long = " ".join([lines[0]] * 200)  # beyond the model's position table
+    pictures = tmp_path / "att"
+    args = ["translate", "-c", str(FIXTURE / "old_last.pt"), "--beam", "1", "--interactive",
+            "--attention-dir", str(pictures)]  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(app, args, input=f"{lines[0]}\n{lines[1]}\n{too_long}\n")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in pictures.iterdir()) == [f"00000{i}.png" for i in (1, 2, 3)]
+    warned = [str(w.message) for w in caught if "exceed max_src_len" in str(w.message)]
+    assert len(warned) == 1 and warned[0].startswith("line 3:"), warned

@@ -266,7 +266,7 @@ def _ct2_translator(model_paths: list[Path], device: str, options: dict, quantiz
                             ("--alignments", "alignments")):  # fmt: skip
             if kw.get(key) is not None:
                 raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
-        return translate_lines_ct2(model, lines, decode)
+        return translate_lines_ct2(model, lines, decode, kw.get("first_line", 1))
 
     return translate, decode
 
@@ -493,7 +493,7 @@ def _translate_interactively(translate, nbest: int, alignments: bool, **kw) -> N
         except UnicodeDecodeError:
             raise MTError(f"stdin:{number}: invalid UTF-8; type or pipe UTF-8 text") from None
         aligned = [] if alignments else None
-        results = translate([line], alignments=aligned, **kw)
+        results = translate([line], alignments=aligned, first_line=number, **kw)
         formats = format_nbest if nbest > 1 else format_best
         _write_lines(None, formats(results, aligned))
 

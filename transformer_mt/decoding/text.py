@@ -34,19 +34,26 @@ OnBatch = BatchCallback
 """Called after each batch with its line indices, its padded source ids (B, S) and its results."""
 
 
-def encode_sources(src_tok: Tokenizer, lines: list[str], max_src_len: int) -> dict[int, list[int]]:
+def encode_sources(
+    src_tok: Tokenizer, lines: list[str], max_src_len: int, first_line: int = 1
+) -> dict[int, list[int]]:
     """Source ids (ending with EOS) of every line that has something to translate, by line index.
 
     Surrounding whitespace is ignored; a line longer than ``max_src_len`` pieces (EOS included)
-    keeps its first ``max_src_len - 1`` pieces, with a warning.
+    keeps its first ``max_src_len - 1`` pieces, with a warning (``first_line``: the number it
+    gives ``lines[0]``).
     """
-    return encode_lines(src_tok, lines, max_src_len, "source pieces (with EOS) exceed max_src_len")
+    what = "source pieces (with EOS) exceed max_src_len"
+    return encode_lines(src_tok, lines, max_src_len, what, first_line)
 
 
-def encode_lines(tok: Tokenizer, lines: list[str], limit: int, what: str) -> dict[int, list[int]]:
+def encode_lines(
+    tok: Tokenizer, lines: list[str], limit: int, what: str, first_line: int = 1
+) -> dict[int, list[int]]:
     """Ids plus EOS of every line with something in it, by line index (a line that is empty,
     blank, or empty after the tokenizer's normalization has none). A line over ``limit`` ids (EOS
-    included) keeps its first ``limit - 1`` pieces, with a warning: "line N: M <what>=<limit>"."""
+    included) keeps its first ``limit - 1`` pieces, with a warning: "line N: M <what>=<limit>",
+    where ``lines[0]`` is line ``first_line``."""
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
     encoded: dict[int, list[int]] = {}
@@ -55,7 +62,7 @@ def encode_lines(tok: Tokenizer, lines: list[str], limit: int, what: str) -> dic
             continue
         if len(ids) + 1 > limit:
             warnings.warn(
-                f"line {i + 1}: {len(ids) + 1} {what}={limit}; using its first {limit - 1} "
+                f"line {i + first_line}: {len(ids) + 1} {what}={limit}; using its first {limit - 1} "
                 "pieces only",
                 stacklevel=3,
             )
@@ -65,16 +72,21 @@ def encode_lines(tok: Tokenizer, lines: list[str], limit: int, what: str) -> dic
 
 
 def encode_prefixes(
-    trg_tok: Tokenizer, prefixes: Sequence[str], lines: list[int], max_pieces: int
+    trg_tok: Tokenizer,
+    prefixes: Sequence[str],
+    lines: list[int],
+    max_pieces: int,
+    first_line: int = 1,
 ) -> list[list[int]]:
     """Target ids (no EOS) of the prefixes of input lines ``lines`` (indices into ``prefixes``),
     in that order. Surrounding whitespace is ignored; a prefix longer than ``max_pieces`` keeps
-    its first ``max_pieces`` pieces, with a warning naming its line."""
+    its first ``max_pieces`` pieces, with a warning naming its line (``prefixes[0]``'s is
+    ``first_line``)."""
     encoded = trg_tok.encode_batch([prefixes[i].strip() for i in lines])
     for i, ids in zip(lines, encoded, strict=True):
         if len(ids) > max_pieces:
             warnings.warn(
-                f"line {i + 1}: a prefix of {len(ids)} target pieces leaves no room in the "
+                f"line {i + first_line}: a prefix of {len(ids)} target pieces leaves no room in the "
                 f"model's {max_pieces + 1} target positions; forcing its first {max_pieces} only",
                 stacklevel=3,
             )
@@ -104,6 +116,7 @@ def translate_texts(
     progress: bool = False,
     on_batch: OnBatch | None = None,
     prefixes: Sequence[str] | None = None,
+    first_line: int = 1,
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0).
@@ -122,6 +135,8 @@ def translate_texts(
             its tokens count toward the length budget and their log-probs toward the score. A
             prefix is cut (with a warning) to leave one of the model's target positions free.
             A count other than the lines' is an MTError.
+        first_line: the number warnings give ``lines[0]`` (a caller feeding lines one at a
+            time passes its own count).
     """
     table = model.positions.max_len
     limit = table if max_src_len is None else min(max_src_len, table)
@@ -134,9 +149,13 @@ def translate_texts(
             f"{len(prefixes)} prefixes for {len(lines)} input lines: give one prefix per input "
             "line (an empty line for none)"
         )
-    sources = encode_sources(src_tok, lines, limit)
+    sources = encode_sources(src_tok, lines, limit, first_line)
     line_of = list(sources)  # position in the batch input -> line index
-    forced = None if prefixes is None else encode_prefixes(trg_tok, prefixes, line_of, table - 1)
+    forced = (
+        None
+        if prefixes is None
+        else encode_prefixes(trg_tok, prefixes, line_of, table - 1, first_line)
+    )
     # Lines with nothing to translate are answered now, without the model.
     results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
 

@@ -104,12 +104,14 @@ class AttentionPictures:
         trg_tok: Tokenizer,
         out_dir: Path,
         layer: int | None = None,
+        first_line: int = 1,
     ) -> None:
         n_layers = model.n_dec_layers
         if layer is not None and not -n_layers <= layer < n_layers:
             raise ValueError(f"attention_layer={layer} outside the model's {n_layers} layers")
         self.model, self.src_tok, self.trg_tok = model, src_tok, trg_tok
         self.out_dir, self.layer = Path(out_dir), layer
+        self.first_line = first_line  # the number of line index 0 (files: 1)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise MTError(f"--attention-dir {out_dir} is a file; name a directory for the PNGs")
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -121,8 +123,9 @@ class AttentionPictures:
         for line, hyp, ids, weights in zip(lines, hyps, src.tolist(), matrices, strict=True):
             src_pieces = self.src_tok.id_to_piece(ids[: weights.shape[1]])
             trg_pieces = self.trg_tok.id_to_piece([*hyp.tokens, EOS_ID][: weights.shape[0]])
-            title = f"line {line + 1}, cross-attention, {which}, mean of heads"
-            path = self.out_dir / f"{line + 1:06d}.png"
+            number = line + self.first_line
+            title = f"line {number}, cross-attention, {which}, mean of heads"
+            path = self.out_dir / f"{number:06d}.png"
             plot_attention(weights, src_pieces, trg_pieces, path, title)
 
 

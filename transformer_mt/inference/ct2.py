@@ -61,7 +61,7 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
 
 
 def translate_lines_ct2(
-    model: CT2Model, lines: list[str], decode: DecodeConfig
+    model: CT2Model, lines: list[str], decode: DecodeConfig, first_line: int = 1
 ) -> list[Translation]:
     """Translate ``lines`` with CTranslate2; per line, ``decode.nbest`` (text, score) pairs.
 
@@ -76,12 +76,12 @@ def translate_lines_ct2(
     would be exact in all cases but costs CTranslate2 about 6x in batches of 32 (a call has a
     fixed cost); what is left is a sentence whose beams outgrow its limit in the long call while
     every hypothesis returned still fits (rare: it needs a beam alive at its limit).
-    Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
+    ``first_line`` is the number warnings give ``lines[0]``. Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
     use GNMT's penalty), so they compare among one model's outputs only.
     """
     if decode.sampling:
         raise MTError("--engine ct2 does not sample here; use --engine torch for --sample")
-    sources = encode_sources(model.src_tok, lines, model.max_len)
+    sources = encode_sources(model.src_tok, lines, model.max_len, first_line)
     line_of = list(sources)
     ids = list(sources.values())
     budgets = [

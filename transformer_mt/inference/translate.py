@@ -53,6 +53,7 @@ def translate_lines(
     alignments: list[list[Alignment]] | None = None,
     alignment_layer: int | None = None,
     alignment_units: str = "pieces",
+    first_line: int = 1,
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first.
@@ -81,13 +82,17 @@ def translate_lines(
         alignment_layer: decoder layer for the alignments (negative counts from the end); None
             averages all layers.
         alignment_units: "pieces" (sentencepiece pieces, EOS excluded) or "words".
+        first_line: the line number of ``lines[0]`` in pictures and warnings (`mt translate
+            --interactive` passes each line's own).
     """
     callbacks: list = []
     if attention_dir is not None:
         if not isinstance(model, Transformer):
             raise MTError("attention pictures need one checkpoint, not an ensemble")
         callbacks.append(
-            AttentionPictures(model, src_tok, trg_tok, Path(attention_dir), attention_layer)
+            AttentionPictures(
+                model, src_tok, trg_tok, Path(attention_dir), attention_layer, first_line
+            )
         )
     aligner = None
     if alignments is not None:
@@ -112,6 +117,7 @@ def translate_lines(
         progress=progress,
         on_batch=on_batch if callbacks else None,
         prefixes=prefixes,
+        first_line=first_line,
     )
     if aligner is not None:
         alignments[:] = aligner.per_line(len(lines), decode.nbest)

@@ -389,7 +389,13 @@ def translate(
     top_p: Annotated[
         float | None, typer.Option(help="With --sample: nucleus mass; 1 = all.")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="With --sample: seed of the draws.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="With --sample: seed of the draws. The same input, seed and --batch-tokens give "
+            "the same output; one line's sample depends on the lines decoded beside it."
+        ),
+    ] = None,
     prefix_file: Annotated[
         Path | None,
         typer.Option(help="One target prefix per input line (empty: none); outputs start with it."),

@@ -128,7 +128,8 @@ class DecodeConfig:
     temperature: float = 1.0  # sampling: softmax temperature (> 0; lower is closer to greedy)
     top_k: int = 0  # sampling: keep the k most likely tokens; 0 = all
     top_p: float = 1.0  # sampling: keep the smallest set holding this probability mass; 1 = all
-    sample_seed: int = 0  # sampling: seed of the draws (same input and seed, same output)
+    sample_seed: int = 0  # sampling: seed of the draws (same input file, seed and batch_tokens,
+    # same output; a line's sample also depends on the lines decoded beside it)
 
 
 @dataclass

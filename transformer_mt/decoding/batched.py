@@ -36,7 +36,9 @@ def decode_sources(
         decode: the search (beam size, n-best, sampling), length rule and ``batch_tokens``, the
             budget of padded source tokens per batch (a longer source gets a batch of its own).
         generator: the draws of sampling. None with ``decode.sampling``: a generator on the
-            model's device seeded with ``decode.sample_seed`` (same input and seed, same output).
+            model's device seeded with ``decode.sample_seed`` (same input, seed and batches,
+            same output: all rows draw from this one generator, so one line's sample depends
+            on its batch).
         on_batch: called after each batch (progress bars, attention pictures), see
             :data:`BatchCallback`.
         prefixes: target ids (no BOS/EOS, possibly empty) that each source's output must start

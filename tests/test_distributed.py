@@ -148,3 +148,42 @@ def test_single_process_helpers_are_no_ops():
     distributed.agree_on_error(None, info)
     with pytest.raises(KeyError):
         distributed.agree_on_error(KeyError("x"), info)
+
+
+def _fingerprint_worker(rank: int, tmp: str, queue) -> None:
+    """Each rank prepares its own copy of the data (as machines without a shared cache do);
+    rank 1's toy corpus has another seed, so its tokenizer and batches differ from rank 0's."""
+    from conftest import TINY_CONFIG
+
+    from transformer_mt.training.trainer import Trainer
+
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                                         world_size=2)  # fmt: skip
+    config = Path(tmp) / f"c{rank}.yaml"
+    config.write_text(TINY_CONFIG.format(cache=f"{tmp}/cache{rank}", steps=4))
+    cfg = load_config(config, [f"data.toy_seed={1 + rank}"])
+    try:
+        data = prepare(cfg, progress=False)
+        Trainer(cfg, Path(tmp) / "run", resume=False, progress=False, data=data)
+        queue.put((rank, "no error"))
+    except MTError as err:
+        queue.put((rank, str(err)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_ranks_that_prepared_different_data_all_stop_before_training(tmp_path):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_fingerprint_worker, args=(r, str(tmp_path), queue))
+             for r in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT_S)
+        assert p.exitcode == 0
+    got = dict(queue.get(timeout=5) for _ in procs)
+    for rank in (0, 1):
+        assert got[rank].startswith("ranks [1] prepared other data or tokenizers than rank 0"), got
+    assert not (tmp_path / "run" / "last.pt").exists()

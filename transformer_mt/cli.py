@@ -101,7 +101,10 @@ EngineOpt = Annotated[
 ]
 QuantizeOpt = Annotated[
     str | None,
-    typer.Option(help="int8: dynamic int8 quantization of the linear layers (CPU, torch engine)."),
+    typer.Option(
+        help="int8: int8 linear layers, weights rounded per output row, activations per input "
+        "row (a line's output does not depend on its batch; CPU, torch engine)."
+    ),
 ]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config

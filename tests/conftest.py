@@ -1,6 +1,7 @@
 """Shared fixtures: small models and tokenizers that make tests fast on 2 CPU cores."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,38 @@ def shared_multi30k() -> Path | None:
         if (c / "train.de.gz").is_file():
             return c
     return None
+
+
+def run_together(commands: list[list[str]], timeout: float = 300) -> list[tuple[int, str]]:
+    """Run processes that print "ready" once set up and then wait for a line on stdin; start
+    their real work at the same moment (after every one's imports). Returns each one's (exit
+    status, output after "ready", stderr included)."""
+    procs = [
+        subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command in commands
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            ready = proc.stdout.readline()
+            assert ready == "ready\n", ready + proc.communicate(timeout=timeout)[0]
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return [(proc.returncode, out) for proc, out in zip(procs, outputs, strict=True)]
 
 
 def random_sources(vocab: int) -> torch.Tensor:

@@ -292,11 +292,18 @@ def test_builds_left_by_killed_runs_are_removed_by_the_next_build(tmp_path: Path
     left = {
         f"c.tmp-{here}-{dead}": ["src_tokens.bin", "src_lengths.tmp"],
         f"c.tmp-{dead}": ["src_tokens.bin"],  # an older version's name: no host, so this one
-        f"other-train.old-{here}-{dead}": ["meta.json", "trg_offsets.npy", ".meta.json.x1.tmp"],
+        # Set aside by a rebuild killed before it deleted the old cache: prepare's report too.
+        f"other-train.old-{here}-{dead}": [
+            "meta.json",
+            "trg_offsets.npy",
+            ".meta.json.x1.tmp",
+            "clean_report.txt",
+        ],
         f"c.tmp-{here}-{os.getppid()}": ["src_tokens.bin"],  # its process runs: in progress
         f"c.tmp-other-host.lan-{dead}": ["src_tokens.bin"],  # another host's: cannot tell
         f"mine.tmp-{here}-{dead}": ["notes.txt"],  # not a build's files: not ours to delete
         f"file.tmp-{here}-{dead}": None,  # a file, not a directory
+        "c.lock": None,  # a lock file (data.locking): only the process holding it deletes it
     }
     for name, files in left.items():
         if files is None:
@@ -314,6 +321,7 @@ def test_builds_left_by_killed_runs_are_removed_by_the_next_build(tmp_path: Path
             f"c.tmp-other-host.lan-{dead}",
             f"mine.tmp-{here}-{dead}",
             f"file.tmp-{here}-{dead}",
+            "c.lock",
         ]
     )
 

@@ -16,15 +16,17 @@ import io
 import logging
 import os
 import re
+import sys
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import shared_multi30k
+from conftest import run_together, shared_multi30k
 
 from transformer_mt.data.download import CLI_NAMES, CONFIG_NAMES, download_corpus
 from transformer_mt.data.registry import Corpus, CorpusFile, Unpack, get_corpus, list_corpora
@@ -53,6 +55,7 @@ class ServerState:
     corrupt: set[str] = field(default_factory=set)  # flip one byte of the body, every time
     fail_first: dict[str, int] = field(default_factory=dict)  # answer 503 this many times
     honor_range: bool = True  # False: ignore Range and answer 200 with the whole file
+    pause: float = 0.0  # seconds to wait after each 64 KiB of a body: a slow link
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -97,8 +100,11 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             state.cut_once.discard(self.path)
             body = body[: len(body) // 2]
             self.close_connection = True
-        self.wfile.write(body)
-        self.wfile.flush()
+        step = 1 << 16 if state.pause else max(len(body), 1)
+        for start in range(0, len(body), step):
+            self.wfile.write(body[start : start + step])
+            self.wfile.flush()
+            time.sleep(state.pause)
 
 
 @dataclass
@@ -289,6 +295,41 @@ def test_server_ignoring_range_restarts_from_zero(server: Loopback, tmp_path: Pa
     download_corpus(corpus, tmp_path / "d", server.url, backoff=0, progress=False)
     assert server.requests_for("blob.bin") == [None, "bytes=25000-"]  # asked, got a 200 instead
     assert (tmp_path / "d" / "blob.bin").read_bytes() == data
+
+
+_FETCH_WHEN_TOLD = """
+import hashlib, sys
+from pathlib import Path
+from transformer_mt.data.download import download_corpus
+from transformer_mt.data.registry import Corpus, CorpusFile
+
+url, dest, sha256 = sys.argv[1:]
+files = (CorpusFile(path="blob.bin", sha256=sha256, unpack="none", local_name="blob.bin"),)
+corpus = Corpus("tiny", "a test corpus", "http://unused.invalid/", files)
+print("ready", flush=True)
+sys.stdin.readline()
+(out,) = download_corpus(corpus, Path(dest), url, progress=False)
+print(hashlib.sha256(out.read_bytes()).hexdigest(), flush=True)
+"""
+
+
+def test_two_processes_fetching_one_file_at_once_both_get_it(
+    server: Loopback, tmp_path: Path
+) -> None:
+    """Two runs started together on a fresh machine download into one directory: one fetches the
+    file, under a lock beside it; the other waits, then finds it done (no two writers appending
+    to one .part, no rename of a .part the other one already moved)."""
+    data = os.urandom(1 << 20)
+    _serve(server, "blob.bin", data)
+    server.state.pause = 0.03  # about half a second a transfer: the two overlap
+    sha = hashlib.sha256(data).hexdigest()
+    dest = tmp_path / "d"
+    args = [sys.executable, "-c", _FETCH_WHEN_TOLD, server.url, str(dest), sha]
+    results = run_together([args, args], timeout=120)
+    assert results == [(0, sha + "\n"), (0, sha + "\n")], results
+    assert (dest / "blob.bin").read_bytes() == data
+    assert server.requests_for("blob.bin") == [None]  # fetched once
+    assert sorted(p.name for p in dest.iterdir()) == [".mt-download", "blob.bin"]
 
 
 def test_5xx_is_retried_then_gives_up_with_a_clear_error(server: Loopback, tmp_path: Path) -> None:

@@ -17,20 +17,22 @@ import itertools
 import logging
 import random
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_multi30k
+from conftest import run_together, shared_multi30k
 from typer.testing import CliRunner
 
-from transformer_mt.config import Config, load_config
+from transformer_mt.config import Config, load_config, save_config
 from transformer_mt.data import prepare as prep
 from transformer_mt.data import registry, sources
 from transformer_mt.data.registry import Corpus, CorpusFile
 from transformer_mt.data.tokenizer import EOS_ID, UNK_ID, Tokenizer
+from transformer_mt.data.toy import toy_splits
 from transformer_mt.errors import MTError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,6 +224,79 @@ def test_separate_vocabularies_give_two_tokenizers(tmp_path, corpus):
     assert len(list((tmp_path / "cache").glob("spm-*-joint.model"))) == 1
 
 
+def test_pairs_empty_after_tokenization_are_dropped_and_reported(tmp_path, corpus, caplog):
+    """A side that cleaning keeps but sentencepiece normalizes away (a zero-width space, control
+    characters: str.strip() keeps both) would train on an empty target or a source of EOS alone.
+    Such a pair is dropped and counted in every split, in the sampled draws, and in the
+    validation text that BLEU is computed on (sources and references alike)."""
+    caplog.set_level(logging.INFO, logger="transformer_mt")
+    bad = {3: ("abc de", "\u200b"), 5: ("\x01\x02", "nop qr")}  # short: the ratio check passes
+    for split in ("train", "valid"):
+        paths = corpus[f"{split}_src"], corpus[f"{split}_trg"]
+        src, trg = (path.read_text(encoding="utf-8").splitlines() for path in paths)
+        for i, (bad_src, bad_trg) in bad.items():
+            src[i], trg[i] = bad_src, bad_trg
+        _write(paths[0], src)
+        _write(paths[1], trg)
+    cfg = _config(tmp_path, corpus, "tokenizer.sample_alpha=0.1", "tokenizer.sample_draws=2")
+    data = prep.prepare(cfg, progress=False)
+    assert data.sampler is not None
+    assert len(data.train) == 398 and data.sampler.n_pairs == 398 and len(data.valid) == 38
+    for pairs in (data.train, data.valid, data.sampler.draws):
+        assert pairs.src_lengths.min() >= 2 and pairs.trg_lengths.min() >= 1  # EOS + a piece
+    valid = [pair for i, pair in enumerate(_pairs(40, 2)) if i not in bad]
+    assert list(zip(data.valid_src, data.valid_trg, strict=True)) == valid
+    text = _messages(caplog)
+    assert re.search(r"^train: .*\n  kept 400 of 400 pairs", text, re.M)  # cleaning kept them
+    assert text.count("dropped 2 pairs with a side empty after subword tokenization") == 3
+    assert re.search(r"^train: .*(\n  .*)*\n  -> 398 pairs", text, re.M)
+
+
+def test_two_processes_preparing_one_cache_at_once_build_it_once(tmp_path, corpus):
+    """A seed sweep started in parallel on a fresh machine: every process prepares the same cache
+    at the same moment. One of them trains the tokenizer and builds each split, under a lock
+    beside it; the other waits for the lock, then reuses what was built."""
+    config = tmp_path / "prep.yaml"
+    save_config(_config(tmp_path, corpus), config)
+    command = [sys.executable, "-c", _PREPARE_WHEN_TOLD, str(config)]
+    results = run_together([command, command])
+    assert [rc for rc, _ in results] == [0, 0], results
+    text = "".join(out for _, out in results)
+    assert text.count("tokenizer: training") == 1 and text.count("tokenizer: reusing") == 1
+    for split in ("train", "valid"):
+        assert len(re.findall(rf"^{split}: (?!reusing)", text, re.M)) == 1, text
+        assert len(re.findall(rf"^{split}: reusing", text, re.M)) == 1, text
+    assert len({line for line in text.splitlines() if line.startswith("done ")}) == 1
+    left = _leftovers(tmp_path / "cache")
+    assert [p for p in left if p.endswith(".lock") or ".tmp-" in p or ".old-" in p] == []
+
+
+def test_lock_files_left_by_killed_runs_neither_block_nor_stay(tmp_path, corpus):
+    """The kernel drops a killed holder's lock with its process; the file it leaves is locked
+    again by the next build of the same output, and deleted when that build is done."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("prep-train.lock", "prep-valid.lock"):
+        (cache / name).write_text("")
+    data = prep.prepare(_config(tmp_path, corpus), progress=False)
+    assert len(data.train) == 400
+    assert [p for p in _leftovers(cache) if p.endswith(".lock")] == []
+
+
+_PREPARE_WHEN_TOLD = """
+import logging, sys
+from transformer_mt.config import load_config
+from transformer_mt.data.prepare import prepare
+
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+cfg = load_config(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+data = prepare(cfg, progress=False)
+print(f"done {len(data.train)} {data.train.key} {data.valid.key}", flush=True)
+"""
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 
@@ -324,6 +399,42 @@ def test_unknown_multi30k_language_is_a_config_error(tmp_path):
     with pytest.raises(MTError, match=r"data\.src_lang='xx'.*de, en"):
         prep.prepare(cfg, progress=False)
     assert list(tmp_path.iterdir()) == []  # nothing was downloaded
+
+
+# --- the toy corpus's text files -----------------------------------------------------------------
+
+
+def _toy_texts(cache: Path, src: str, trg: str) -> dict[str, tuple[str, str]]:
+    """The toy corpus of one language pair, as its files hold it: split -> (source, target)."""
+    sets = [f"data.src_lang={src}", f"data.trg_lang={trg}", f"data.cache_dir={cache}"]
+    sets += ["data.toy_train_size=30", "data.toy_valid_size=5", "data.toy_test_size=5"]
+    files = sources.corpus_files(load_config(None, ["data.corpus=toy", *sets]))
+    return {
+        split: (src_file.read_text(encoding="utf-8"), trg_file.read_text(encoding="utf-8"))
+        for split, (src_file, trg_file) in files.items()
+    }
+
+
+def test_toy_files_of_one_language_pair_never_serve_another(tmp_path):
+    """The toy files are named by language (``train.<lang>``), and the generator's English always
+    goes to the source side: another pair's run, or the same codes swapped, must leave nothing
+    that a later run reads as its own (en->xx once found English in train.xx after xx->yy)."""
+    splits = toy_splits(30, 5, 5, seed=load_config(None, []).data.toy_seed)
+    expected = {
+        split: ("".join(s + "\n" for s, _ in pairs), "".join(t + "\n" for _, t in pairs))
+        for split, pairs in splits.items()
+    }
+    cache = tmp_path / "cache"
+    assert _toy_texts(cache, "en", "xx") == expected
+    assert _toy_texts(cache, "xx", "yy") == expected
+    assert _toy_texts(cache, "en", "xx") == expected
+    assert _toy_texts(cache, "xx", "en") == expected  # swapped codes: English is the source still
+    assert _toy_texts(cache, "en", "xx") == expected
+    # A set with a file missing (deleted by hand, or a killed run) is written again, whole.
+    (en_xx,) = [d for d in cache.iterdir() if d.name.endswith("-en-xx")]
+    (en_xx / "valid.xx").unlink()
+    (en_xx / "train.en").write_text("a file of an older version\n", encoding="utf-8")
+    assert _toy_texts(cache, "en", "xx") == expected
 
 
 # --- corpora downloaded from a loopback server ---------------------------------------------------

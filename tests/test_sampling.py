@@ -1,11 +1,16 @@
 """Subword regularization: sampled epochs are reproducible, lossless, and keep the binarized pairs."""
 
+import tracemalloc
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from transformer_mt.config import load_config
 from transformer_mt.data.batching import make_batches
+from transformer_mt.data.binarized import BinarizedPair
 from transformer_mt.data.prepare import prepare
+from transformer_mt.data.sampling import SampledEpochs
 from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.errors import MTError
 from transformer_mt.training.batches import BatchStream, collate
@@ -141,3 +146,28 @@ def test_every_draw_is_read_once_per_cycle_of_epochs(tiny_config):
     assert np.array_equal(np.sort(cycle, axis=0), np.arange(n)[None, :] * 4 + np.arange(4)[:, None])
     first_cycle = np.stack([data.sampler.epoch(e).chosen for e in range(4)])
     assert not np.array_equal(first_cycle, cycle), "each cycle has an order of its own"
+
+
+def test_an_epoch_takes_memory_for_its_pairs_not_for_every_draw():
+    """Picking one of D draws for each of N pairs needs memory for N pairs: no N x D matrix of
+    draw orders, no lengths of every cached draw (a large corpus has many draws per rank)."""
+    n_pairs, n_draws = 50_000, 64
+    lengths = np.arange(n_pairs * n_draws) % 7 + 1  # draw j of pair i: (i * D + j) % 7 + 1 ids
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.full(int(offsets[-1]), 5, dtype=np.uint16)
+    meta = {"key": "k", "dtype": "uint16", "vocab_size": 8}
+    draws = BinarizedPair(Path("in-memory"), meta, tokens, offsets, tokens, offsets)
+    sampler = SampledEpochs(draws, n_draws, seed=1)
+    tracemalloc.start()
+    try:
+        pairs = sampler.epoch(5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    matrix = n_pairs * n_draws * 8  # one N x D int64 array
+    assert peak < matrix // 4, f"an epoch took {peak:,} bytes, an N x D matrix is {matrix:,}"
+    chosen = pairs.chosen
+    assert np.array_equal(chosen // n_draws, np.arange(n_pairs))  # one draw of each pair, in order
+    assert np.array_equal(pairs.src_lengths, lengths[chosen])
+    assert np.array_equal(pairs.trg_lengths, lengths[chosen])
+    assert len(pairs[7][0]) == lengths[chosen[7]]

@@ -52,9 +52,17 @@ SIDES = ("src", "trg")
 # Token ids buffered before a write to disk: 1 Mi ids is 2-4 MiB, small next to any model.
 CHUNK_TOKENS = 1 << 20
 HASH_CHUNK_BYTES = 1 << 20
-# Every file a build writes in its directory: a leftover build directory is deleted only when it
-# holds nothing else (the cache directory may be one the user shares with other files).
-_BUILD_FILES = re.compile(r"(src|trg)_(tokens\.bin|lengths\.tmp|offsets\.npy)|meta\.json|\..*\.tmp")
+REPORT_FILE = "clean_report.txt"
+"""A text file a caller may keep in a cache directory beside the ids (data preparation's cleaning
+report): it belongs to the cache, and goes with a leftover copy of it."""
+# Every file a build writes in its directory, or its caller beside the ids: a leftover build
+# directory is deleted only when it holds nothing else (the cache directory may be one the user
+# shares with other files).
+_BUILD_FILES = re.compile(
+    r"(src|trg)_(tokens\.bin|lengths\.tmp|offsets\.npy)|meta\.json|"
+    + re.escape(REPORT_FILE)
+    + r"|\..*\.tmp"
+)
 
 
 def _hash_part(part: Any) -> bytes:
@@ -309,8 +317,10 @@ def build_binarized(
     the temporary directory is removed and ``out_dir`` is left as it was. Build directories that
     killed runs left beside ``out_dir`` are removed first (:func:`remove_stale_builds`).
 
-    Build on one process only (rank 0 in a distributed run, the others waiting and then calling
-    :func:`load_binarized`): two builders racing to replace the same ``out_dir`` may fail.
+    Build on one process at a time: processes that may build the same ``out_dir`` at once hold
+    :func:`transformer_mt.data.locking.exclusive_lock` on its ``lock_path`` around the check for
+    a cache and the build (data preparation does), so that the later ones find the cache built;
+    two unlocked builders racing to replace the same ``out_dir`` may fail.
 
     Raises:
         MTError: the disk is full (naming ``out_dir`` and the space); nothing is left behind.

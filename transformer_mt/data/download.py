@@ -8,6 +8,9 @@ The path of one file through this module::
     -> unpack (gunzip beside it / extract tar or zip, refusing members that escape the dest)
     -> .mt-download/<name>.json marker               (a second run reads it and fetches nothing)
 
+All of it under a lock on ``<name>.lock`` (:mod:`transformer_mt.data.locking`): of processes that
+fetch one file into one directory at once, one fetches it and the others wait, then reuse it.
+
 Only the standard library's urllib talks to the network, so nothing beyond the package's own
 dependencies is needed to download a corpus.
 """
@@ -36,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from tqdm import tqdm
 
 from transformer_mt import __version__
+from transformer_mt.data.locking import exclusive_lock, lock_path
 from transformer_mt.data.registry import Corpus, CorpusFile, get_corpus
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import atomic_write, write_text_atomic
@@ -387,11 +391,35 @@ def ensure_file(
     progress: bool = True,
     names: SettingNames = CLI_NAMES,
 ) -> list[Path]:
-    """Download, verify and unpack one corpus file into ``dest`` unless that is already done."""
+    """Download, verify and unpack one corpus file into ``dest`` unless that is already done.
+
+    Another process fetching the same file into ``dest`` is waited for (its ``.part`` is not
+    ours to append to), and its result reused.
+    """
     dest = dest.resolve()
     outputs = _recorded_outputs(dest, f)
     if outputs is not None:
         return outputs
+    with exclusive_lock(lock_path(dest / f.local_name)):
+        outputs = _recorded_outputs(dest, f)  # done by the process we waited for, if any
+        if outputs is not None:
+            return outputs
+        return _fetch_and_unpack(
+            f, dest, base_url, retries=retries, backoff=backoff, progress=progress, names=names
+        )
+
+
+def _fetch_and_unpack(
+    f: CorpusFile,
+    dest: Path,
+    base_url: str,
+    *,
+    retries: int,
+    backoff: float,
+    progress: bool,
+    names: SettingNames,
+) -> list[Path]:
+    """The body of :func:`ensure_file`, run under its lock."""
     target = dest / f.local_name
     url = f.url(base_url)
     actual: str | None = None

@@ -13,6 +13,10 @@ Failure leaves nothing half-made: the small validation split is checked first (a
 fails in a second, not after an hour of tokenizer training), the training files are read to the end
 by the tokenizer training before any model file is written, and every file or directory of the
 cache is written aside and renamed into place only when complete.
+
+Processes that share the cache (runs started in parallel on a fresh machine) build each part of it
+once: the one building it holds a lock beside it (:mod:`transformer_mt.data.locking`), the others
+wait, then find it built and reuse it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import Config
-from transformer_mt.data.binarized import BinarizedPair, build_binarized, cache_key, load_binarized
+from transformer_mt.data.binarized import (
+    REPORT_FILE,
+    BinarizedPair,
+    build_binarized,
+    cache_key,
+    load_binarized,
+)
 from transformer_mt.data.corpus import CleanConfig, CleanReport, clean_parallel, iter_clean_pairs
+from transformer_mt.data.locking import exclusive_lock, lock_path
 from transformer_mt.data.sampling import SampledEpochs, SamplingSettings
 from transformer_mt.data.sources import SplitFiles, corpus_files
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, TokenizerSettings
@@ -37,7 +48,7 @@ log = logging.getLogger(__name__)
 
 _ENCODE_CHUNK = 10_000  # sentences encoded per sentencepiece call (it runs them in parallel);
 # with subword sampling, draws x pairs: it bounds the memory of one chunk's ids
-REPORT_FILE = "clean_report.txt"  # beside a binarized split: its cleaning report, shown on reuse
+# REPORT_FILE (imported above): beside a binarized split, its cleaning report, shown on reuse
 
 
 @dataclass
@@ -48,7 +59,7 @@ class PreparedData:
     trg_tok: Tokenizer
     train: BinarizedPair
     valid: BinarizedPair
-    valid_src: list[str]  # cleaned validation text, decoded for BLEU during training
+    valid_src: list[str]  # cleaned validation text that tokenizes, translated for BLEU
     valid_trg: list[str]
     files: SplitFiles  # split -> (source file, target file)
     sampler: SampledEpochs | None = None  # tokenizer.sample_alpha > 0: each epoch's sampled ids
@@ -116,21 +127,36 @@ def train_tokenizers(
         [("joint", (0, 1))] if tok_cfg.joint else [("src", (0,)), ("trg", (1,))]
     )
     paths = [cache / f"spm-{key}-{name}.model" for name, _ in sides]
-    if all(p.is_file() for p in paths):
-        log.info(f"tokenizer: reusing {', '.join(str(p) for p in paths)}")
-        toks = [Tokenizer.load(p) for p in paths]
-        return toks[0], toks[-1]
+    if not all(p.is_file() for p in paths):
+        # Another process may be training the same models: wait for it, then look again.
+        with exclusive_lock(cache / f"spm-{key}.lock"):
+            if not all(p.is_file() for p in paths):
+                toks = _train_and_save(train, clean, settings, sides, paths)
+                return toks[0], toks[-1]
+    log.info(f"tokenizer: reusing {', '.join(str(p) for p in paths)}")
+    toks = [Tokenizer.load(p) for p in paths]
+    return toks[0], toks[-1]
+
+
+def _train_and_save(
+    train: tuple[Path, Path],
+    clean: CleanConfig,
+    settings: TokenizerSettings,
+    sides: list[tuple[str, tuple[int, ...]]],
+    paths: list[Path],
+) -> list[Tokenizer]:
+    """Train one model per entry of ``sides`` (its name, the corpus sides it reads) on the
+    cleaned training pairs, and save each to its path."""
     log.info(
-        f"tokenizer: training sentencepiece ({tok_cfg.model_type}, vocab {tok_cfg.vocab_size}, "
-        f"{'joint' if tok_cfg.joint else 'separate'}) on {train[0].name} / {train[1].name}"
+        f"tokenizer: training sentencepiece ({settings.model_type}, vocab {settings.vocab_size}, "
+        f"{'joint' if len(sides) == 1 else 'separate'}) on {train[0].name} / {train[1].name}"
     )
     # Streamed: sentencepiece keeps only a sample, so the corpus is never loaded whole. Both
     # models are trained before either is saved, so a bad line leaves no model behind.
     toks = [Tokenizer.train(_training_sentences(train, clean, idx), settings) for _, idx in sides]
-    cache.mkdir(parents=True, exist_ok=True)
     for tok, path in zip(toks, paths, strict=True):
         tok.save(path)  # atomic: a killed run leaves no half-written model to be reused
-    return toks[0], toks[-1]
+    return toks
 
 
 # --- binarized ids --------------------------------------------------------------------------------
@@ -140,6 +166,13 @@ def train_tokenizers(
 class _EncodeCount:
     kept: int = 0
     too_long: int = 0
+    empty: int = 0  # a side that sentencepiece's normalization leaves without a single piece
+
+
+def _fits(ids: list[int], max_tokens: int) -> bool:
+    """Whether one side's ids, with the EOS (source) or BOS/EOS (target) that the model adds,
+    make a usable side: at least one piece, at most ``max_tokens`` ids."""
+    return 1 <= len(ids) <= max_tokens - 1
 
 
 def _encoded_pairs(
@@ -151,10 +184,13 @@ def _encoded_pairs(
     sampling: SamplingSettings | None = None,
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Source ids end with EOS; target ids are stored bare (the trainer adds BOS and EOS). Pairs
-    whose source + EOS or target + BOS/EOS exceed ``max_tokens`` are dropped and counted.
+    with a side that encodes to no piece at all (text that sentencepiece's normalization removes:
+    a zero-width space, control characters) or whose source + EOS or target + BOS/EOS exceed
+    ``max_tokens`` are dropped and counted.
 
     With ``sampling``, each kept pair is yielded ``sampling.draws`` times, in sampled
-    segmentations; a sampled side over the limit is replaced by that side's best segmentation.
+    segmentations; a sampled side that is empty or over the limit is replaced by that side's best
+    segmentation. Which pairs are kept depends on the best segmentations only.
     """
     draws = sampling.draws if sampling else 1
     while chunk := list(itertools.islice(pairs, max(1, _ENCODE_CHUNK // draws))):
@@ -171,15 +207,18 @@ def _encoded_pairs(
                 for _ in range(draws)
             ]
         for i, (src_ids, trg_ids) in enumerate(zip(src_best, trg_best, strict=True)):
-            if len(src_ids) + 1 > max_tokens or len(trg_ids) + 1 > max_tokens:
+            if not src_ids or not trg_ids:
+                count.empty += 1
+                continue
+            if not (_fits(src_ids, max_tokens) and _fits(trg_ids, max_tokens)):
                 count.too_long += 1
                 continue
             count.kept += 1
             if sampling is None:
                 yield [*src_ids, EOS_ID], trg_ids
             for src_draw, trg_draw in samples:
-                src_sampled = src_draw[i] if len(src_draw[i]) + 1 <= max_tokens else src_ids
-                trg_sampled = trg_draw[i] if len(trg_draw[i]) + 1 <= max_tokens else trg_ids
+                src_sampled = src_draw[i] if _fits(src_draw[i], max_tokens) else src_ids
+                trg_sampled = trg_draw[i] if _fits(trg_draw[i], max_tokens) else trg_ids
                 yield [*src_sampled, EOS_ID], trg_sampled
 
 
@@ -199,22 +238,45 @@ def binarize_split(
     kept beside the ids to be logged again when the cache is reused. With ``sampling``, the
     cache holds ``sampling.draws`` sampled segmentations of each pair instead of its best one.
     """
-    clean = _clean_cfg(cfg)
-    max_tokens = cfg.data.max_tokens_per_side
-    settings: dict[str, Any] = {"clean": _clean_key(clean), "max_tokens": max_tokens}
+    settings: dict[str, Any] = {
+        "clean": _clean_key(_clean_cfg(cfg)),
+        "max_tokens": cfg.data.max_tokens_per_side,
+        # Caches built before pairs with an empty side were dropped may hold some: another key.
+        "drop_empty_sides": True,
+    }
     if sampling is not None:
         settings["sampling"] = asdict(sampling)
     key = cache_key(files_key, src_tok.model_proto, trg_tok.model_proto, settings)
     out = Path(cfg.data.cache_dir) / f"{cfg.name}-{name}"
     cached = load_binarized(out, key)
-    if cached is not None:
-        report_path = out / REPORT_FILE
-        stored = report_path.read_text(encoding="utf-8") if report_path.is_file() else ""
-        log.info(f"{name}: reusing {out} ({len(cached):,} pairs; inputs and settings unchanged)")
-        if stored:
-            log.info("  " + stored.rstrip("\n").replace("\n", "\n  "))
-        return cached
+    if cached is None:
+        # Another process may be building the same split (runs started in parallel on one
+        # cache): one builds it under the lock, the others wait, then find it built.
+        with exclusive_lock(lock_path(out)):
+            cached = load_binarized(out, key)
+            if cached is None:
+                return _build_split(cfg, files, out, key, (src_tok, trg_tok), name, sampling)
+    report_path = out / REPORT_FILE
+    stored = report_path.read_text(encoding="utf-8") if report_path.is_file() else ""
+    log.info(f"{name}: reusing {out} ({len(cached):,} pairs; inputs and settings unchanged)")
+    if stored:
+        log.info("  " + stored.rstrip("\n").replace("\n", "\n  "))
+    return cached
 
+
+def _build_split(
+    cfg: Config,
+    files: tuple[Path, Path],
+    out: Path,
+    key: str,
+    toks: tuple[Tokenizer, Tokenizer],
+    name: str,
+    sampling: SamplingSettings | None,
+) -> BinarizedPair:
+    """Clean, encode and binarize one split into ``out``, then write and log its report."""
+    clean = _clean_cfg(cfg)
+    max_tokens = cfg.data.max_tokens_per_side
+    src_tok, trg_tok = toks
     report = CleanReport()
     count = _EncodeCount()
 
@@ -223,10 +285,14 @@ def binarize_split(
         yield from _encoded_pairs(texts, src_tok, trg_tok, max_tokens, count, sampling)
         # Raised inside the stream, so build_binarized discards the build: no empty cache.
         if count.kept == 0:
-            raise _no_pairs_error(name, files, f"cleaning and the {max_tokens}-token limit")
+            raise _no_pairs_error(
+                name, files, f"cleaning, tokenization and the {max_tokens}-token limit"
+            )
 
     data = build_binarized(out, key, pairs(), max(src_tok.vocab_size, trg_tok.vocab_size))
     lines = [f"{files[0]} / {files[1]}", *report.format().splitlines()]
+    if count.empty:
+        lines.append(f"dropped {count.empty:,} pairs with a side empty after subword tokenization")
     if count.too_long:
         lines.append(f"dropped {count.too_long:,} pairs over {max_tokens} subword tokens a side")
     n_src, n_trg = data.n_tokens
@@ -245,6 +311,23 @@ def binarize_split(
 
 
 # --- all of it --------------------------------------------------------------------------------
+
+
+def _tokenizable(
+    srcs: list[str], trgs: list[str], src_tok: Tokenizer, trg_tok: Tokenizer
+) -> tuple[list[str], list[str]]:
+    """The pairs whose two sides both encode to at least one piece: the validation text for BLEU
+    loses the pairs that the binarized split drops as empty, sources and references alike."""
+    keep = [
+        bool(src_ids) and bool(trg_ids)
+        for src_ids, trg_ids in zip(
+            src_tok.encode_batch(srcs), trg_tok.encode_batch(trgs), strict=True
+        )
+    ]
+    return (
+        [s for s, k in zip(srcs, keep, strict=True) if k],
+        [t for t, k in zip(trgs, keep, strict=True) if k],
+    )
 
 
 def prepare(cfg: Config, progress: bool = True) -> PreparedData:
@@ -269,6 +352,7 @@ def prepare(cfg: Config, progress: bool = True) -> PreparedData:
     src_tok, trg_tok = train_tokenizers(cfg, files["train"], keys["train"], cache)
     train = binarize_split(cfg, files["train"], keys["train"], src_tok, trg_tok, "train")
     valid = binarize_split(cfg, files["valid"], keys["valid"], src_tok, trg_tok, "valid")
+    valid_src, valid_trg = _tokenizable(valid_src, valid_trg, src_tok, trg_tok)
     tok_cfg = cfg.tokenizer
     sampler = None
     if tok_cfg.sample_alpha > 0:

@@ -11,6 +11,9 @@ training pair, stored as one binarized cache (pair ``i``'s draw ``j`` at index `
 Each epoch then picks one draw per pair, from the seed and the epoch number alone; every run of
 ``draws`` epochs uses each draw of a pair once, in a seeded order. So:
 
+- an epoch takes memory for its pairs, never for pairs x draws: each pair goes through its draws
+  in turn from an offset of its own (the draws are independent samples, so an order among them
+  matters no more than which one comes first), and only the chosen draws' lengths are read;
 - epoch ``e`` reads the same ids in every process and after a resume. (sentencepiece cannot give
   this itself: with sentencepiece 0.2.3, the same ``set_random_generator_seed`` and
   ``num_threads=1`` gave other samples in another process, though the same in one process);
@@ -23,8 +26,8 @@ Each epoch then picks one draw per pair, from the seed and the epoch number alon
 
 The cache is built by :func:`transformer_mt.data.prepare.binarize_split`, which encodes the
 binarized training split too. Its pairs are that split's: the same cleaning, and a pair is dropped
-exactly when its best segmentation is over the token limit. A sampled side over the limit
-(sampling makes them longer) is replaced by its best segmentation.
+exactly when its best segmentation has an empty side or one over the token limit. A sampled side
+over the limit (sampling makes them longer), or empty, is replaced by its best segmentation.
 """
 
 from __future__ import annotations
@@ -55,12 +58,14 @@ class SampledEpochs:
         self.n_pairs = len(draws) // n_draws
 
     def epoch(self, epoch: int) -> EpochPairs:
-        """Epoch ``epoch``'s pairs. Each pair goes through its draws in an order of its own, drawn
-        from the seed and ``epoch // n_draws``, and reads the ``epoch % n_draws``-th of them."""
+        """Epoch ``epoch``'s pairs. In each cycle of ``n_draws`` epochs, pair ``i`` reads its draws
+        in turn from an offset of its own, drawn from the seed and the cycle ``epoch // n_draws``:
+        draw ``(offset[i] + epoch % n_draws) % n_draws``, so each draw once per cycle. Memory:
+        a few integers per pair, not per draw."""
         cycle, position = divmod(epoch, self.n_draws)
         rng = np.random.default_rng([self.seed, cycle, 0x5AB])  # not make_batches' generator
-        orders = rng.permuted(np.tile(np.arange(self.n_draws), (self.n_pairs, 1)), axis=1)
-        chosen = np.arange(self.n_pairs) * self.n_draws + orders[:, position]
+        offsets = rng.integers(0, self.n_draws, size=self.n_pairs)
+        chosen = np.arange(self.n_pairs) * self.n_draws + (offsets + position) % self.n_draws
         return EpochPairs(self.draws, chosen)
 
 
@@ -69,11 +74,18 @@ class EpochPairs:
 
     def __init__(self, draws: BinarizedPair, chosen: np.ndarray) -> None:
         self.draws, self.chosen = draws, chosen
-        self.src_lengths = draws.src_lengths[chosen]
-        self.trg_lengths = draws.trg_lengths[chosen]
+        # From the offsets, for the chosen draws only: draws.src_lengths would hold every draw's.
+        (_, src_offsets), (_, trg_offsets) = draws.sides
+        self.src_lengths = _lengths(src_offsets, chosen)
+        self.trg_lengths = _lengths(trg_offsets, chosen)
 
     def __len__(self) -> int:
         return len(self.chosen)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.draws[int(self.chosen[i])]
+
+
+def _lengths(offsets: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """The lengths (int64) of the sentences ``chosen``, from a side's (memory-mapped) offsets."""
+    return np.asarray(offsets[chosen + 1], dtype=np.int64) - offsets[chosen]

@@ -76,11 +76,19 @@ def corpus_files(cfg: Config, progress: bool = True) -> SplitFiles:
 
 
 def _toy_files(cfg: Config) -> SplitFiles:
-    """Write the built-in corpus as plain text files (so users can read what the model learns)."""
+    """Write the built-in corpus as plain text files (so users can read what the model learns).
+
+    The files are named by language (``train.<lang>``) and the generator's English always goes
+    to the source side, so each language pair has a directory of its own: a shared one would let
+    one pair read another's files (``train.xx`` the target of en->xx but the source of xx->yy).
+    A set with a file missing is written again whole; its contents never depend on which other
+    sets exist.
+    """
     data = cfg.data
     sizes = (data.toy_train_size, data.toy_valid_size, data.toy_test_size)
     out = Path(data.cache_dir) / (
-        f"toy-v{TOY_VERSION}-seed{data.toy_seed}-" + "-".join(map(str, sizes))
+        f"toy-v{TOY_VERSION}-seed{data.toy_seed}-{'-'.join(map(str, sizes))}-"
+        f"{data.src_lang}-{data.trg_lang}"
     )
     files = {
         s: (out / f"{s}.{data.src_lang}", out / f"{s}.{data.trg_lang}") for s in TRAINING_SPLITS

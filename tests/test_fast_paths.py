@@ -112,16 +112,19 @@ def test_dropout_off_cases_and_module():
     assert list(module.state_dict()) == []
 
 
-@pytest.mark.parametrize("masked", ["pad", "causal", "none"])
+@pytest.mark.parametrize("masked", ["pad", "causal", "none", "blind"])
 def test_explicit_attention_equals_sdpa_in_fp32_and_close_in_bf16(masked):
+    """With "blind", a sentence with no key to attend to (all padding): zeros from both."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 4, 6, 8, dtype=torch.float64) for _ in range(3))
-    lengths = torch.tensor([6, 4, 1])
+    lengths = torch.tensor([6, 4, 0 if masked == "blind" else 1])
     mask = (torch.arange(6)[None] < lengths[:, None])[:, None, None, :]  # (3, 1, 1, 6)
     if masked == "causal":
         mask = mask & torch.ones(6, 6, dtype=torch.bool).tril()
     m = None if masked == "none" else mask
     ref = functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    if masked == "blind":
+        assert ref[2].abs().sum() == 0, "the fused kernel gives a blind query zeros"
     torch.testing.assert_close(_explicit_attention(q, k, v, m, 0.0)[0], ref)
     low = _explicit_attention(*(t.bfloat16() for t in (q, k, v)), m, 0.0)[0]
     assert low.dtype == torch.bfloat16

@@ -172,6 +172,12 @@ def _explicit_attention(
     if mask is not None:
         scores.masked_fill_(mask.logical_not(), float("-inf"))
     weights = scores.softmax(dim=-1)
+    if mask is not None:
+        # A query with no key to attend to gets zeros, as from the fused kernel (softmax over
+        # -inf alone is NaN); no input the CLI builds has one (every source ends with EOS).
+        blind = mask.logical_not().all(dim=-1, keepdim=True)
+        if blind.any():
+            weights = weights.masked_fill(blind, 0.0)
     return dropout(weights, drop).to(q.dtype) @ v, weights
 
 

@@ -169,6 +169,11 @@ class Transformer(nn.Module):
         self.register_load_state_dict_pre_hook(_upgrade_old_keys)
 
     def _init_weights(self) -> None:
+        # Xavier over each whole matrix, the fused ones included: self-attention's (3D, D)
+        # Q/K/V matrix and cross-attention's (2D, D) K/V start sqrt(2) and sqrt(3/2) smaller
+        # than a D x D projection would, as torch's nn.MultiheadAttention initialises its fused
+        # in_proj_weight. Every figure in docs/BENCHMARKS.md trained with this; a per-block
+        # Xavier would be another recipe, to be judged on its own seeds.
         for name, p in self.named_parameters():
             if p.dim() > 1 and "emb" not in name:
                 nn.init.xavier_uniform_(p)

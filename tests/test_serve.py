@@ -233,7 +233,8 @@ def test_chunked_body_over_the_limit_and_unknown_routes(served):
 
     reply = client.post("/v1/translate", content=chunks())
     assert reply.status_code == 413 and "max_body_bytes" in reply.json()["error"]
-    assert client.get("/v1/translate").status_code == 405
+    wrong_method = client.get("/v1/translate")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert "error" in client.get("/no/such/page").json()
     assert client.get("/health").json()["status"] == "ok"
 
@@ -463,6 +464,66 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stalled_upload(port: int):
+    """A connection that sends its headers and 10 of the 100 body bytes it announces, then
+    nothing: a slow or stuck client."""
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n" + b'{"text": ['
+    )
+    return sock
+
+
+def test_a_body_that_does_not_arrive_gets_a_408_and_the_server_serves_on(engine):
+    app = create_app(engine, dataclasses.replace(LIMITS, body_timeout_s=0.5))
+    with running(app) as url:
+        sock = _stalled_upload(int(url.rsplit(":", 1)[1]))
+        with sock:
+            started = time.monotonic()
+            answer = sock.recv(4096).decode()
+            waited = time.monotonic() - started
+        assert answer.startswith("HTTP/1.1 408"), answer
+        assert "body_timeout_s=0.5" in answer and 0.4 < waited < 10
+        assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
+
+
+def test_sigterm_ends_the_server_beside_a_client_that_never_finishes_its_body():
+    # Before: uvicorn waited for that connection forever, and so did the process.
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt", "serve", "-c", str(CKPT), "--port", str(port),
+         "--body-timeout", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+    )  # fmt: skip
+    try:
+        _wait_until_serving(proc, f"http://127.0.0.1:{port}")
+        with _stalled_upload(port):
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_until_serving(proc: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
+
+
 def test_sigterm_lets_requests_in_flight_finish(lines):
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -473,16 +534,7 @@ def test_sigterm_lets_requests_in_flight_finish(lines):
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+        _wait_until_serving(proc, url)
         with httpx.Client(base_url=url, timeout=30) as client, ThreadPoolExecutor(4) as pool:
             futures = [
                 pool.submit(client.post, "/v1/translate", json={"text": [line]})

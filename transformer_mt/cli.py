@@ -793,6 +793,9 @@ def serve(
     max_lines: Annotated[int, typer.Option(min=1, help="Lines per request.")] = 64,
     max_chars: Annotated[int, typer.Option(min=1, help="Characters per line.")] = 2000,
     max_body_kib: Annotated[int, typer.Option(min=1, help="Request body size, KiB.")] = 1024,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds to receive a request's body (slower: 408).")
+    ] = 30.0,
     max_beam: Annotated[
         int, typer.Option(min=1, max=64, help="Largest beam a request may ask.")
     ] = 16,
@@ -811,7 +814,7 @@ def serve(
 
     limits = Limits(
         max_body_bytes=max_body_kib * 1024, max_lines=max_lines, max_chars=max_chars,
-        max_beam=max_beam,
+        max_beam=max_beam, body_timeout_s=body_timeout,
     )  # fmt: skip
     settings = BatchSettings(
         enabled=batching, continuous=continuous, window_s=batch_window_ms / 1000,

@@ -18,6 +18,7 @@ fields and every limit of :class:`Limits` get our one-line message. Decoding goe
 stops accepting, lets the requests in flight finish, and the worker drains before the process ends.
 """
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -40,6 +41,7 @@ try:
     from fastapi.responses import FileResponse, JSONResponse
     from pydantic import BaseModel, ConfigDict, ValidationError
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
     from starlette.staticfiles import StaticFiles
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise MTError(
@@ -61,6 +63,13 @@ class Limits:
     max_chars: int = 2000  # characters per line
     max_beam: int = 16  # beam sizes 1..max_beam; n-best 1..beam
     max_waiting: int = 1024  # requests waiting for the decode worker; more -> 503
+    body_timeout_s: float = 30.0  # to receive a request's body; slower -> 408
+
+
+# On SIGTERM uvicorn waits for every open connection; a client that never finishes sending its
+# body (or never reads its answer) would keep the process alive for good. After this long the
+# connections left are closed; the decode worker still answers what was submitted before exiting.
+SHUTDOWN_TIMEOUT_S = 30
 
 
 class ApiError(Exception):
@@ -120,7 +129,10 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def _http_error(_request: Request, err: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(err.detail)}, status_code=err.status_code)
+        # err.headers: e.g. the Allow header of a 405
+        return JSONResponse(
+            {"error": str(err.detail)}, status_code=err.status_code, headers=err.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
@@ -188,16 +200,28 @@ def create_app(
 
 
 async def _read(request: Request, model: type[BaseModel], limits: Limits):
-    """The request body, size-checked and parsed into ``model`` (or an ApiError)."""
+    """The request body, size-checked, received within ``limits.body_timeout_s`` and parsed
+    into ``model`` (or an ApiError)."""
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {int(declared)} bytes exceeds max_body_bytes={limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body exceeds max_body_bytes={limit}")
+
+    async def receive() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise ApiError(413, f"request body exceeds max_body_bytes={limit}")
+
+    try:
+        await asyncio.wait_for(receive(), limits.body_timeout_s)
+    except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+        raise ApiError(
+            408, f"the request body did not arrive within body_timeout_s={limits.body_timeout_s}"
+        ) from None
+    except ClientDisconnect:  # the client left: nobody to answer
+        raise ApiError(400, "the client closed the connection before sending its body") from None
     if not body:
         raise ApiError(400, "empty request body: send a JSON object")
     try:
@@ -335,7 +359,14 @@ def serve(
     stops = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, _stopped) for sig in stops} if quiet else {}
     try:
-        uvicorn.run(app, host=host, port=port, access_log=access_log, log_level="info")
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            access_log=access_log,
+            log_level="info",
+            timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
+        )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -118,6 +118,46 @@ def test_libretranslate_contract(served, engine, lines):
     assert "src -> trg" in wrong.json()["error"] and "'de'" in wrong.json()["error"]
 
 
+def test_libretranslate_form_bodies_lines_alternatives_and_detection(served, engine, lines):
+    """What LibreTranslate's own clients send and read: a form body (libretranslatepy), a text
+    of several lines (translated line by line, put back together), ``alternatives`` (the
+    n-best's next), and ``detectedLanguage`` for source "auto"."""
+    client, _ = served
+    by_line = [r.text for r in engine.translate(lines[:2], engine.decode)]
+    form = client.post(
+        "/translate", data={"q": f"{lines[0]}\n\n{lines[1]}", "source": "src", "target": "trg"}
+    )
+    assert form.status_code == 200, form.text
+    assert form.json() == {"translatedText": f"{by_line[0]}\n\n{by_line[1]}"}
+    beam = max(min(engine.decode.beam_size, LIMITS.max_beam), 3)  # the server's rule
+    three = dataclasses.replace(engine.decode, beam_size=beam, nbest=3)
+    nbest = [text for text, _ in engine.translate([lines[0]], three)[0].nbest]
+    alt = client.post(
+        "/translate",
+        json={"q": [lines[0]], "source": "auto", "target": "trg", "alternatives": 2},
+    )
+    assert alt.status_code == 200, alt.text
+    assert alt.json() == {
+        "translatedText": [nbest[0]],
+        "alternatives": [nbest[1:]],
+        "detectedLanguage": [{"language": "src", "confidence": 100.0}],
+    }
+    for body, field in (
+        ({"q": "x", "source": "src", "target": "trg", "alternatives": "one"}, "'alternatives'"),
+        ({"q": "x", "source": "src", "target": "trg", "colour": "red"}, "colour"),
+        ({"q": ["x", "y"], "source": "src", "target": "trg"}, "given twice"),
+    ):
+        refused = client.post("/translate", data=body)
+        assert refused.status_code == 400 and field in refused.json()["error"], refused.text
+    too_many = client.post(
+        "/translate", json={"q": "x", "source": "src", "target": "trg", "alternatives": 99}
+    )
+    assert too_many.status_code == 400 and "max_beam" in too_many.json()["error"]
+    lines_over = "\n".join(["x"] * (LIMITS.max_lines + 1))
+    over = client.post("/translate", json={"q": lines_over, "source": "src", "target": "trg"})
+    assert over.status_code == 413 and "max_lines" in over.json()["error"]
+
+
 def test_libretranslate_beam_is_capped_by_max_beam(engine, lines):
     """/translate decodes with the model's settings, its beam capped by --max-beam as
     /v1/translate caps its default: on lines where greedy and the model's beam differ, a server

@@ -4,7 +4,9 @@ Endpoints:
 
 - ``POST /translate``, LibreTranslate's shape: ``{"q": "text" | ["t1", ...], "source": "de",
   "target": "en"}`` -> ``{"translatedText": "..." | [...]}``; the languages must be the model's
-  (``source`` may be "auto"); LibreTranslate's ``format`` ("text") and ``api_key`` are accepted.
+  (``source`` may be "auto": ``detectedLanguage`` answers the model's); LibreTranslate's
+  ``format`` ("text"), ``api_key`` and ``alternatives`` (the n-best's next) are accepted, as
+  are form bodies; a text of several lines is translated line by line.
 - ``POST /v1/translate``: ``{"text": [...], "beam": 4, "nbest": 1, "len_penalty": 1.0,
   "attention": false}`` -> ``{"translations": [{"text", "score", "nbest": [{"text", "score"}],
   "attention": {"source", "target", "weights"}}]}``, one per line, in order.
@@ -24,6 +26,7 @@ import logging
 import math
 import signal
 import threading
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -86,10 +89,11 @@ class _Strict(BaseModel):
 
 
 class LibreRequest(_Strict):
-    q: str | list[str]  # one text, or several
+    q: str | list[str]  # one text, or several; a text's lines are translated line by line
     source: str  # the model's source language, or "auto"
     target: str  # the model's target language
     format: Literal["text"] = "text"  # LibreTranslate's; only plain text here
+    alternatives: int = 0  # LibreTranslate's: this many more translations (the n-best's next)
     api_key: str | None = None  # LibreTranslate's; ignored (no keys here)
 
 
@@ -141,22 +145,47 @@ def create_app(
     @app.post("/translate", openapi_extra=_body_schema(LibreRequest))
     async def libre_translate(request: Request) -> dict:
         """LibreTranslate's endpoint: ``{"q", "source", "target"}`` -> ``{"translatedText"}``."""
-        req = await _read(request, LibreRequest, limits)
+        req = await _read(request, LibreRequest, limits, form=True)
         if req.source not in (engine.src_lang, "auto") or req.target != engine.trg_lang:
             raise ApiError(
                 400,
                 f"this model translates {engine.src_lang} -> {engine.trg_lang}; "
                 f"got source {req.source!r} and target {req.target!r}",
             )
-        lines = [req.q] if isinstance(req.q, str) else req.q
-        _check_lines(lines, limits, "q", engine)
-        # The model's decode settings, its beam capped by max_beam as /v1/translate caps it.
-        decode = dataclasses.replace(
-            engine.decode, beam_size=min(engine.decode.beam_size, limits.max_beam)
-        )
-        results = await _translate(batcher, lines, decode, False)
-        texts = [r.text for r in results]
-        return {"translatedText": texts[0] if isinstance(req.q, str) else texts}
+        texts = [req.q] if isinstance(req.q, str) else req.q
+        # A text of several lines is translated line by line and put back together.
+        split = [text.split("\n") for text in texts]
+        lines = [line.removesuffix("\r") for text in split for line in text]
+        _check_lines(lines, limits, "q lines", engine)
+        # The model's decode settings, its beam capped by max_beam as /v1/translate caps it,
+        # and widened to give the alternatives asked for.
+        beam = min(engine.decode.beam_size, limits.max_beam)
+        if not 0 <= req.alternatives < limits.max_beam:
+            raise ApiError(
+                400,
+                f"alternatives is {req.alternatives}; it must be between 0 and max_beam - 1 "
+                f"({limits.max_beam - 1})",
+            )
+        nbest = 1 + req.alternatives
+        decode = dataclasses.replace(engine.decode, beam_size=max(beam, nbest), nbest=nbest)
+        results = iter(await _translate(batcher, lines, decode, False))
+        answers = []  # per text: its translation, then its alternatives
+        for text in split:
+            per_line = [next(results).nbest for _ in text]
+            answers.append(
+                [
+                    "\n".join(nb[k][0] if k < len(nb) else "" for nb in per_line)
+                    for k in range(nbest)
+                ]
+            )
+        one = isinstance(req.q, str)
+        reply: dict = {"translatedText": answers[0][0] if one else [a[0] for a in answers]}
+        if req.alternatives:
+            reply["alternatives"] = answers[0][1:] if one else [a[1:] for a in answers]
+        if req.source == "auto":  # one language in, as LibreTranslate reports a detection
+            detected = {"language": engine.src_lang, "confidence": 100.0}
+            reply["detectedLanguage"] = detected if one else [detected] * len(answers)
+        return reply
 
     @app.post("/v1/translate", openapi_extra=_body_schema(TranslateRequest))
     async def translate(request: Request) -> dict:
@@ -199,9 +228,10 @@ def create_app(
     return app
 
 
-async def _read(request: Request, model: type[BaseModel], limits: Limits):
+async def _read(request: Request, model: type[BaseModel], limits: Limits, form: bool = False):
     """The request body, size-checked, received within ``limits.body_timeout_s`` and parsed
-    into ``model`` (or an ApiError)."""
+    into ``model`` (or an ApiError). With ``form``, an ``application/x-www-form-urlencoded``
+    body is read too (LibreTranslate's clients send one), its fields as JSON's."""
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -224,10 +254,35 @@ async def _read(request: Request, model: type[BaseModel], limits: Limits):
         raise ApiError(400, "the client closed the connection before sending its body") from None
     if not body:
         raise ApiError(400, "empty request body: send a JSON object")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     try:
+        if form and content_type == "application/x-www-form-urlencoded":
+            return model.model_validate(_form_fields(bytes(body), model))
         return model.model_validate_json(bytes(body))
     except ValidationError as err:
         raise ApiError(400, _first_error(err.errors())) from None
+
+
+def _form_fields(body: bytes, model: type[BaseModel]) -> dict:
+    """A form body's fields, each given once; integer fields of ``model`` parsed as integers."""
+    try:
+        pairs = urllib.parse.parse_qsl(
+            body.decode("ascii"), keep_blank_values=True, strict_parsing=True, errors="strict"
+        )
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ApiError(400, f"the form body is not valid: {err}") from None
+    fields: dict = {}
+    for name, value in pairs:
+        if name in fields:
+            raise ApiError(400, f"form field {name!r} given twice")
+        annotation = model.model_fields[name].annotation if name in model.model_fields else None
+        if annotation is int:
+            if not value.lstrip("-").isdigit():
+                raise ApiError(400, f"form field {name!r}: {value!r} is not an integer")
+            fields[name] = int(value)
+        else:
+            fields[name] = value
+    return fields
 
 
 def _first_error(errors: list) -> str:

@@ -50,6 +50,17 @@ def _workdir(d: Path) -> None:
     (d / "truncated.pt").write_bytes((FIXTURE / "old_last.pt").read_bytes()[:4000])
     torch.save({"hook": os.system}, d / "foreign.pt")  # a pickle of a function: never loaded
     torch.save({"weights": torch.ones(2)}, d / "notours.pt")
+    ckpt = torch.load(d / "ck.pt", weights_only=True)
+    ckpt["config"]["train"]["seed"] += 1  # the same model trained from another start
+    torch.save(ckpt, d / "otherseed.pt")
+    ckpt["config"]["train"]["seed"] -= 1
+    name = next(iter(ckpt["model"]))
+    ckpt["model"][name] = ckpt["model"][name].flatten()[:3]
+    torch.save(ckpt, d / "badshape.pt")
+    small = torch.load(d / "ck.pt", weights_only=True)  # 150 embedding rows, 200 pieces
+    small["model_args"].update(enc_voc_size=150, dec_voc_size=150)
+    small["model"] = {k: v[:150] if v.shape[0] == 200 else v for k, v in small["model"].items()}
+    torch.save(small, d / "smallvocab.pt")
     (d / "adir").mkdir()
     (d / "afile").write_text("not a directory\n")
     (d / "link.txt").symlink_to("in.txt")
@@ -356,6 +367,27 @@ CASES = {
         ["average", "ck.pt", "run/last.pt", "-o", "run/last.pt"],
         None,
         "output run/last.pt is the input run/last.pt",
+    ),
+    "translate with a tokenizer larger than the model's vocabulary": (
+        ["translate", "-c", "smallvocab.pt", "-i", "in.txt"],
+        None,
+        "smallvocab.pt: a damaged checkpoint (its weights, model arguments or tokenizers do not "
+        "fit together: the source tokenizer has 200 pieces, the model 150 rows)",
+    ),
+    "average a file twice": (
+        ["average", "ck.pt", "run/../ck.pt", "-o", "avg.pt"],
+        None,
+        "run/../ck.pt is ck.pt again: name each file once",
+    ),
+    "average another run": (
+        ["average", "ck.pt", "otherseed.pt", "-o", "avg.pt"],
+        None,
+        "otherseed.pt: another run than ck.pt (train.seed",
+    ),
+    "average a damaged tensor": (
+        ["average", "ck.pt", "badshape.pt", "-o", "avg.pt"],
+        None,
+        "badshape.pt: ",
     ),
     "average onto a directory": (
         ["average", "ck.pt", "-o", "adir"],
@@ -737,3 +769,11 @@ def test_outputs_on_a_full_disk_are_one_line_and_leave_nothing(tmp_path):
         assert lines[0].split("to write ")[1].split(" bytes")[0].replace(",", "").isdigit()
     assert sorted(result["files"]) == ["fill", "old.txt"], "no temporary file left behind"
     assert result["old"] == "old\n", "the old output is unchanged"
+
+
+def test_average_of_other_runs_only_when_asked(workdir):
+    refused = runner.invoke(app, ["average", "ck.pt", "otherseed.pt", "-o", "avg.pt"])
+    assert "--other-runs" in one_line_error(refused) and not (workdir / "avg.pt").exists()
+    done = runner.invoke(app, ["average", "ck.pt", "otherseed.pt", "--other-runs", "-o", "avg.pt"])
+    assert done.exit_code == 0, done.output
+    assert (workdir / "avg.pt").is_file()

@@ -125,20 +125,26 @@ def _not_a_checkpoint(path: Path, why: str) -> MTError:
     )
 
 
-def average_checkpoints(paths: list[Path], output: Path) -> None:
+def average_checkpoints(paths: list[Path], output: Path, *, other_runs: bool = False) -> None:
     """Average the weights of several checkpoints of the same model into ``output`` (without
     training state: the average is for translating, not for resuming). Its ``step`` is the
-    latest of theirs."""
+    latest of theirs.
+
+    Checkpoints of one run only (weights of independent runs do not average into a model): a
+    file whose training seed or data fingerprint differs from the first's is refused unless
+    ``other_runs``; so is a file given twice (it would count double).
+    """
     if not paths:
         raise MTError("mt average needs at least one checkpoint")
     check_output(output, inputs=paths)  # before any work: never over one of the inputs
+    _refuse_repeats(paths)
     first = load_checkpoint(paths[0])
-    first_weights = upgrade_state_dict(first["model"])
+    first_weights = _weights(first, paths[0])
     total = {k: v.double() for k, v in first_weights.items()}
     steps = [first.get("step")]
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
-        weights = upgrade_state_dict(ckpt["model"])
+        weights = _weights(ckpt, path)
         if ckpt["model_args"] != first["model_args"] or weights.keys() != total.keys():
             raise MTError(
                 f"{path}: a different model than {paths[0]}; average only one run's files"
@@ -147,9 +153,18 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
             raise MTError(
                 f"{path}: another tokenizer than {paths[0]}; average only one run's files"
             )
-        steps.append(ckpt.get("step"))
+        differs = _other_run(first, ckpt)
+        if differs and not other_runs:
+            raise MTError(
+                f"{path}: another run than {paths[0]} ({differs}); average one run's "
+                "checkpoints, or pass --other-runs if these runs share their start"
+            )
         for k, v in weights.items():
+            if v.shape != total[k].shape:
+                raise MTError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} "
+                              f"{tuple(total[k].shape)}; the file is damaged or another model's")  # fmt: skip
             total[k] += v.double()
+        steps.append(ckpt.get("step"))
     averaged = {k: (v / len(paths)).to(first_weights[k].dtype) for k, v in total.items()}
     out = {k: v for k, v in first.items() if k != "train_state"}
     out["model"] = averaged
@@ -157,3 +172,36 @@ def average_checkpoints(paths: list[Path], output: Path) -> None:
     if all(isinstance(step, int) for step in steps):
         out["step"] = max(steps)
     save_checkpoint(out, output, inputs=paths)
+
+
+def _refuse_repeats(paths: list[Path]) -> None:
+    """A checkpoint named twice (even by two paths) would count twice in the average."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        try:
+            st = Path(path).stat()
+        except OSError:
+            continue  # load_checkpoint names the problem
+        if (st.st_dev, st.st_ino) in seen:
+            raise MTError(f"{path} is {seen[st.st_dev, st.st_ino]} again: name each file once")
+        seen[st.st_dev, st.st_ino] = path
+
+
+def _weights(ckpt: dict, path: Path) -> dict:
+    """The checkpoint's model weights (renamed keys upgraded), or an MTError naming the file."""
+    model = ckpt["model"]
+    if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        raise MTError(f"{path}: its model entry is not a dict of tensors; the file is damaged")
+    return upgrade_state_dict(model)
+
+
+def _other_run(first: dict, ckpt: dict) -> str:
+    """Why ``ckpt`` comes from another training run than ``first`` ("" when nothing says so):
+    another seed, or another data fingerprint where both record one."""
+    seeds = [c.get("config", {}).get("train", {}).get("seed") for c in (first, ckpt)]
+    if seeds[0] != seeds[1]:
+        return f"train.seed {seeds[1]} against {seeds[0]}"
+    prints = [c.get("train_state", {}).get("data_fingerprint") for c in (first, ckpt)]
+    if None not in prints and prints[0] != prints[1]:
+        return "trained on other data"
+    return ""

@@ -744,11 +744,20 @@ def export(
 def average(
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the average.")],
+    other_runs: Annotated[
+        bool,
+        typer.Option(
+            "--other-runs",
+            help="Also average checkpoints of other runs (another seed or data): only for runs "
+            "that share their start, e.g. fine-tuned from one checkpoint.",
+        ),
+    ] = False,
 ) -> None:
     """Average the weights of several checkpoints (e.g. the last few of a run)."""
     from transformer_mt.checkpoint import average_checkpoints
 
-    average_checkpoints(checkpoints, output)  # refuses an output that is one of the inputs
+    # refuses an output that is one of the inputs, a file given twice, another run's file
+    average_checkpoints(checkpoints, output, other_runs=other_runs)
     _note(f"wrote {output} (average of {len(checkpoints)} checkpoints)")
 
 

@@ -59,6 +59,14 @@ def load_for_inference(
         src_tok = Tokenizer(ckpt["src_spm"])
         trg_tok = src_tok if ckpt["trg_spm"] == ckpt["src_spm"] else Tokenizer(ckpt["trg_spm"])
         config = config_from_dict(ckpt["config"])
+        for side, tok, rows in (
+            ("source", src_tok, model.src_emb.num_embeddings),
+            ("target", trg_tok, model.out.out_features),
+        ):
+            if tok.vocab_size > rows:  # its pieces would index past the embedding
+                raise ValueError(
+                    f"the {side} tokenizer has {tok.vocab_size} pieces, the model {rows} rows"
+                )
     except MTError as err:
         raise MTError(f"{path}: {err}") from err
     # What a checkpoint that does not fit together raises: the constructor's TypeError (unknown

@@ -777,3 +777,13 @@ def test_average_of_other_runs_only_when_asked(workdir):
     done = runner.invoke(app, ["average", "ck.pt", "otherseed.pt", "--other-runs", "-o", "avg.pt"])
     assert done.exit_code == 0, done.output
     assert (workdir / "avg.pt").is_file()
+
+
+def test_plot_draws_a_validation_line_without_its_loss(workdir):
+    good = '{"step": 1, "loss": 5.0, "nll": 4.9, "lr": 0.001}\n'
+    (workdir / "run" / "metrics.jsonl").write_text(
+        good + '{"step": 1, "time_s": 2.0, "val_bleu": 1.0}\n' + good.replace("1,", "2,")
+    )
+    result = runner.invoke(app, ["plot", "run"])
+    assert result.exit_code == 0, result.output
+    assert (workdir / "run" / "metrics.png").read_bytes()[:4] == b"\x89PNG"

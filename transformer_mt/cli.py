@@ -652,6 +652,10 @@ def score(
     count, and the average per token, tab separated (e.g. -12.3456<TAB>9<TAB>-1.3717). A pair
     with an empty source or target gives an empty line (with --json: {"logprob": null, "tokens":
     0, "avg": null}). A side longer than the model's max_len is truncated with a warning.
+
+    A target is scored as its text tokenizes now, EOS included: an `mt translate` output may
+    score otherwise than its search did when the search's pieces spell the same text another
+    way, or when it stopped at the length limit without EOS.
     """
     from transformer_mt.fileio import read_lines
     from transformer_mt.inference import load_for_inference

@@ -58,8 +58,8 @@ def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
     for i, (name, records) in enumerate(runs):
         colour = f"C{i}"
         train = [r for r in records if "loss" in r]
-        valid = [r for r in records if any(k.startswith("val") for k in r)]
-        bleu = [r for r in valid if "val_bleu" in r]
+        valid = [r for r in records if "val_loss" in r]  # a BLEU-only line has no loss to draw
+        bleu = [r for r in records if "val_bleu" in r]
         # Both curves are plain NLL per target token: the training "loss" includes label
         # smoothing and would sit above the validation curve for that reason alone.
         steps, nll = [r["step"] for r in train], [r["nll"] for r in train]

@@ -94,18 +94,39 @@ def export_ctranslate2(
             "validation": validation_report(loaded),
         }
         write_text_atomic(tmp / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
+        _swap_in(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
 
 
+def _swap_in(tmp: Path, output: Path) -> None:
+    """Rename ``tmp`` to ``output``. An earlier export there is renamed aside first and removed
+    only once the new one is in place (put back if the rename fails), so an interruption never
+    leaves neither of them."""
+    if not output.exists():
+        os.replace(tmp, output)
+        return
+    old = output.with_name(f".{output.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(output, old)
+    try:
+        os.replace(tmp, output)
+    except BaseException:
+        os.replace(old, output)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _check_replaceable(output: Path) -> None:
     """An existing ``output`` is replaced only when it is an earlier export or empty: never a
-    directory of the user's that happens to have the name."""
+    directory of the user's that happens to have the name (nor a link: the export would replace
+    the link, not what it points to)."""
+    if output.is_symlink():
+        raise MTError(
+            f"--output {output} is a symbolic link; name the directory itself ({output.resolve()})"
+        )
     if not output.exists():
         if not output.parent.is_dir():
             raise MTError(f"--output {output}: {output.parent} is not a directory; create it first")

@@ -170,12 +170,13 @@ class RunDirectory:
         return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
     def save(self, ckpt: dict[str, Any], step: int, best: bool) -> None:
-        """last.pt (and best.pt), then step_N.pt; then only the newest ``keep_last`` step files
-        stay. last.pt first: a process killed between the two writes leaves a run to resume,
-        never a step file without the last.pt that a resume needs."""
-        save_checkpoint(ckpt, self.last)
+        """best.pt (when ``best``), last.pt, then step_N.pt; then only the newest ``keep_last``
+        step files stay. In that order, a process killed between two writes leaves files that
+        agree: never a last.pt that records a best whose weights best.pt lacks (a resume would
+        not write it again), never a step file without the last.pt that a resume needs."""
         if best:
             save_checkpoint(ckpt, self.path / "best.pt")
+        save_checkpoint(ckpt, self.last)
         save_checkpoint(ckpt, self.path / f"step_{step}.pt")
         step_files = self.step_checkpoints()
         for old in step_files[: max(0, len(step_files) - self.keep_last)]:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import EOS_ID
-from transformer_mt.decoding import greedy_search
+from transformer_mt.decoding import beam_search, greedy_search
 from transformer_mt.inference import load_for_inference, translate_lines
 from transformer_mt.inference.attention import attention_matrices, to_words, word_indices
 
@@ -90,14 +90,32 @@ def test_alignment_is_the_argmax_of_the_attention_matrices(tmp_path, loaded, lin
     assert aligned == [[[(int(np.argmax(layer0[j, :n_src])), j) for j in range(n_trg)]]]
 
 
-def test_nbest_lines_carry_their_own_alignment(tmp_path):
+def _beam(loaded, line: str, beam: int, nbest: int):
+    src_ids = [*loaded.src_tok.encode(line.strip()), EOS_ID]
+    decode = dataclasses.replace(loaded.config.decode, beam_size=beam, nbest=nbest)
+    return src_ids, beam_search(loaded.model, torch.tensor([src_ids]), decode)[0].nbest
+
+
+def test_nbest_lines_carry_their_own_alignment(tmp_path, loaded, lines):
     got = _translate(tmp_path, "--beam", "3", "--nbest", "2", "--alignments")
     plain = (FIXTURE / "expected.beam3.nbest2.txt").read_text(encoding="utf-8").splitlines()
     assert len(got) == len(plain) == 62
-    for out, want in zip(got, plain, strict=True):
-        text, score, field = out.split("\t")
-        assert f"{text}\t{score}" == want
-        assert [j for _, j in _pairs(field)] == sorted({j for _, j in _pairs(field)})
+    differ = 0  # inputs whose two hypotheses have different numbers of target pieces
+    for i, line in enumerate(lines):
+        outs = [out.split("\t") for out in got[2 * i : 2 * i + 2]]
+        assert [f"{text}\t{score}" for text, score, _ in outs] == plain[2 * i : 2 * i + 2]
+        if not line.strip():
+            assert [field for _, _, field in outs] == ["", ""]
+            continue
+        src_ids, hyps = _beam(loaded, line, 3, 2)
+        assert [loaded.trg_tok.decode(hyp.tokens) for hyp in hyps] == [t for t, _, _ in outs]
+        for (_, _, field), hyp in zip(outs, hyps, strict=True):
+            pairs = _pairs(field)
+            # each target piece of this line's own hypothesis exactly once, in order
+            assert [j for _, j in pairs] == list(range(len(hyp.tokens))), (i, field)
+            assert all(0 <= src < len(src_ids) - 1 for src, _ in pairs)
+        differ += len(hyps[0].tokens) != len(hyps[1].tokens)
+    assert differ >= 10, "too few second hypotheses with another length to tell them apart"
     assert got[8].endswith("\t") and got[9].endswith("\t")  # the empty line's two entries
 
 

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 
 runner = CliRunner()
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 
 
 @pytest.fixture(scope="module")
@@ -35,37 +36,46 @@ def test_train_writes_a_run_directory(trained):
     assert all("step" in r for r in lines) and any("loss" in r for r in lines)
 
 
-def test_translate_keeps_one_line_per_input(trained, tmp_path):
-    run, data = trained
-    src = (data / "test.src").read_text().splitlines()[:5]
+def test_translate_keeps_one_line_per_input(tmp_path):
+    # The fixture model's beam-1 output is pinned (expected.beam1.txt, test_compat.py); blank and
+    # whitespace-only lines among its inputs must give empty lines in their places.
+    src = (FIXTURE / "src.txt").read_text(encoding="utf-8").splitlines()
+    want = (FIXTURE / "expected.beam1.txt").read_text(encoding="utf-8").splitlines()
+    assert len(src) == len(want) == 31
+    given, expected = [], []
+    for i, (line, translation) in enumerate(zip(src, want, strict=True)):
+        if i % 7 == 1:
+            given.append("" if i % 2 else "  \t ")
+            expected.append("")
+        given.append(line)
+        expected.append(translation)
+    assert len(given) == 36 and expected.count("") == 6  # line 5 of src.txt is empty too
     inp = tmp_path / "in.txt"
-    inp.write_text("\n".join([src[0], "", src[1], "   ", *src[2:]]) + "\n")
+    inp.write_text("\n".join(given) + "\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    result = runner.invoke(
-        app,
-        ["translate", "-c", str(run / "best.pt"), "-i", str(inp), "-o", str(out), "--beam", "1"],
-    )
+    ckpt = ["translate", "-c", str(FIXTURE / "old_last.pt"), "--beam", "1"]
+    result = runner.invoke(app, [*ckpt, "-i", str(inp), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    lines = out.read_text().split("\n")[:-1]
-    assert len(lines) == 7 and lines[1] == "" and lines[3] == ""
-    # stdin -> stdout gives the same translations
-    piped = runner.invoke(
-        app, ["translate", "-c", str(run / "best.pt"), "--beam", "1"], input=inp.read_text()
-    )
-    assert piped.exit_code == 0 and piped.stdout.split("\n")[:-1] == lines
+    assert out.read_text(encoding="utf-8").split("\n") == [*expected, ""]
+    # stdin -> stdout gives the same translations, in the same order
+    piped = runner.invoke(app, ckpt, input=inp.read_text(encoding="utf-8"))
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout.split("\n") == [*expected, ""]
 
 
-def test_evaluate_translates_and_scores(trained):
-    run, data = trained
+def test_evaluate_translates_and_scores():
+    # The reference is the model's own pinned beam-1 output: translating --src must match it.
     result = runner.invoke(
         app,
-        ["evaluate", "-c", str(run / "best.pt"), "--src", str(data / "test.src"),
-         "--ref", str(data / "test.trg"), "--json"],
+        ["evaluate", "-c", str(FIXTURE / "old_last.pt"), "--src", str(FIXTURE / "src.txt"),
+         "--ref", str(FIXTURE / "expected.beam1.txt"), "--beam", "1", "--json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     scores = json.loads(result.stdout)
     assert set(scores) >= {"bleu", "chrf", "ter", "bleu_signature"}
     assert "tok:13a" in scores["bleu_signature"]
+    assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100)
+    assert scores["ter"] == pytest.approx(0)
 
 
 def test_evaluate_passes_len_penalty_to_the_search(trained, monkeypatch):
@@ -89,23 +99,27 @@ def test_evaluate_passes_len_penalty_to_the_search(trained, monkeypatch):
     assert seen == [1.0, 0.6], "the run's decode.len_penalty, then the option's"
 
 
-def test_tune_len_penalty_script_scores_each_alpha_as_evaluate_does(trained, monkeypatch, capsys):
+def test_tune_len_penalty_script_scores_each_alpha_as_evaluate_does(monkeypatch, capsys):
     import runpy
     import sys
 
-    run, data = trained
-    ckpt, src, ref = str(run / "best.pt"), str(data / "test.src"), str(data / "test.trg")
+    # At beam 3 the fixture model's outputs for src.txt differ between alpha 0 and 3 (and its
+    # config's len_penalty is 1.0, which gives alpha 0's outputs): each row must be its own alpha's.
+    ckpt, src = str(FIXTURE / "old_last.pt"), str(FIXTURE / "src.txt")
+    ref = str(FIXTURE / "expected.beam1.txt")
     script = Path(__file__).resolve().parents[1] / "scripts" / "tune_len_penalty.py"
-    argv = [str(script), "-c", ckpt, "--src", src, "--ref", ref, "--beam", "2"]
-    argv += ["--alphas", "0", "1"]
+    argv = [str(script), "-c", ckpt, "--src", src, "--ref", ref, "--beam", "3"]
+    argv += ["--alphas", "0", "3"]
     monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(script), run_name="__main__")
     lines = capsys.readouterr().out.splitlines()
     rows = {float(x.split("|")[0]): float(x.split("|")[1]) for x in lines[2:4]}
-    assert set(rows) == {0.0, 1.0}
+    assert set(rows) == {0.0, 3.0}
+    assert rows[0.0] != rows[3.0], f"alpha 0 and 3 give the same BLEU: {rows}"
     for alpha, bleu in rows.items():
-        args = ["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--beam", "2", "--json"]
+        args = ["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--beam", "3", "--json"]
         direct = runner.invoke(app, [*args, "--len-penalty", str(alpha)])
+        assert direct.exit_code == 0, direct.output
         assert round(json.loads(direct.stdout)["bleu"], 2) == bleu
     best = max(rows, key=rows.get)
     assert lines[-1].startswith(f"best alpha by BLEU: {best:g} ")

@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID
-from transformer_mt.inference import load_for_inference, translate_lines
+from transformer_mt.inference import format_nbest, load_for_inference, translate_lines
 from transformer_mt.inference.loading import Int8Linear, quantize
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 
 
-def test_int8_quantization_keeps_the_line_contract_and_most_translations(tmp_path):
+def test_cli_int8_reaches_the_model_keeps_the_line_contract_and_half_the_texts(tmp_path):
     fixture = FIXTURE
     loaded = load_for_inference(fixture / "old_last.pt")
     quantized = quantize(loaded.model, "int8")
@@ -26,14 +26,35 @@ def test_int8_quantization_keeps_the_line_contract_and_most_translations(tmp_pat
     assert not any(isinstance(m, Int8Linear) for m in loaded.model.modules()), "original: fp32"
     runner = CliRunner()
     args = ["translate", "-c", str(fixture / "old_last.pt"), "-i", str(fixture / "src.txt")]
-    fp32 = runner.invoke(app, [*args, "--beam", "1"]).stdout.split("\n")
-    int8 = runner.invoke(app, [*args, "--beam", "1", "--quantize", "int8"])
+    args += ["--beam", "2", "--nbest", "2"]  # n-best lines: "text<TAB>score", 2 per input line
+    fp32 = runner.invoke(app, args)
+    int8 = runner.invoke(app, [*args, "--quantize", "int8"])
+    assert fp32.exit_code == 0, fp32.output
     assert int8.exit_code == 0, int8.output
     lines = int8.stdout.split("\n")
-    assert len(lines) == len(fp32) and lines[4] == ""
+    assert len(lines) == len(fp32.stdout.split("\n")) == 2 * 31 + 1
+    assert lines[8:10] == ["\t0.0000", "\t0.0000"]  # line 5 is empty
+    # The CLI's int8 output is the int8 model's, as the library gives it ...
+    library = load_for_inference(fixture / "old_last.pt", quantization="int8")
+    decode = dataclasses.replace(library.config.decode, beam_size=2, nbest=2)
+    sources = (fixture / "src.txt").read_text(encoding="utf-8").splitlines()
+    results = translate_lines(library.model, library.src_tok, library.trg_tok, sources, decode)
+    assert int8.stdout == "".join(line + "\n" for line in format_nbest(results))
+    # ... not fp32's: int8 rounding moves the score of every non-empty line's hypotheses
+    pairs = [
+        (a.split("\t"), b.split("\t"))
+        for a, b in zip(fp32.stdout.splitlines(), int8.stdout.splitlines(), strict=True)
+    ]
+    moved = sum(a[1] != b[1] for a, b in pairs if a[0] and b[0])
+    assert moved >= 0.9 * 60, f"only {moved} of 60 scores differ from fp32's"
+    # and about half or more of the best translations stay fp32's (17 of the 30 here).
+    best = [(a[0], b[0]) for a, b in pairs[::2] if a[0]]
+    same = sum(a == b for a, b in best)
+    assert len(best) == 30 and same >= 0.5 * len(best), f"only {same} of 30 best texts kept"
     # int8 rounding moves a tiny (d_model 32) model's probabilities by a few hundredths.
+    greedy = (fixture / "expected.beam1.txt").read_text(encoding="utf-8").splitlines()
     src = torch.tensor([[*loaded.src_tok.encode("Di stair staustaet eni bistor ."), EOS_ID]])
-    trg = torch.tensor([[BOS_ID, *loaded.trg_tok.encode(fp32[0])]])
+    trg = torch.tensor([[BOS_ID, *loaded.trg_tok.encode(greedy[0])]])
     with torch.no_grad():
         exact = torch.softmax(loaded.model(src, trg), dim=-1)
         rounded = torch.softmax(quantized(src, trg), dim=-1)

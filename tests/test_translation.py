@@ -12,7 +12,7 @@ import torch
 
 from transformer_mt.config import DecodeConfig, validate_decode
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
-from transformer_mt.decoding import Hypothesis
+from transformer_mt.decoding import Hypothesis, greedy_search
 from transformer_mt.errors import MTError
 from transformer_mt.inference import format_best, format_nbest, translate_lines
 from transformer_mt.inference.attention import attention_matrices
@@ -99,10 +99,19 @@ def test_over_long_line_truncated_with_warning_not_dropped(model, tok):
         results = translate_lines(model, tok, tok, lines, FAST, max_src_len=6)
     assert len(record) == 1
     assert len(results) == 4 and results[1] == [("", 0.0)]
+    # The long line is translated from its first max_src_len - 1 = 5 pieces (and EOS).
+    cut = tok.encode(" ".join(WORDS))[:5]
+    assert tok.decode(cut) == "the a cat dog sat"
+    (alone,) = greedy_search(model, torch.tensor([[*cut, EOS_ID]]), FAST)
+    text, score = results[2][0]
+    assert text and text == tok.decode(alone.nbest[0].tokens)
+    assert score == pytest.approx(alone.nbest[0].score, abs=1e-4)
+    assert text != translate_lines(model, tok, tok, [" ".join(WORDS)], FAST)[0][0][0], "not cut"
     # Without max_src_len the model's position table (48) is the cap: no crash, a warning.
     huge = " ".join(WORDS * 4)
     with pytest.warns(UserWarning, match="line 2"):
-        assert len(translate_lines(model, tok, tok, ["dog", huge], FAST)) == 2
+        capped = translate_lines(model, tok, tok, ["dog", huge], FAST)
+    assert len(capped) == 2 and capped[1][0][0], "the over-long line still gets a translation"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # short lines warn about nothing
         translate_lines(model, tok, tok, ["the cat", "dog"], FAST, max_src_len=6)

@@ -222,6 +222,14 @@ def test_every_ending_leaves_the_loop_through_one_exit(tiny_config, tmp_path, mo
     assert (run / "average.pt").is_file() == (ending != "signal")
     # The steps since the last metrics line (log_every is 100) get one at the end.
     assert [r["step"] for r in _metrics(run) if "loss" in r] == [state.step]
+    if ending == "signal":  # saved for the resume alone: no step file crowds out a validated one
+        assert sorted(p.name for p in run.glob("step_*.pt")) == []
+        return
+    # The run has ended: the same command again trains no step and rewrites nothing (an early-
+    # stopped or timed-out run took more steps before; validate would now raise StopIteration).
+    before = {p.name: p.stat().st_mtime_ns for p in run.glob("*.pt")}
+    assert Trainer(cfg, run, progress=False).run().step == state.step
+    assert {p.name: p.stat().st_mtime_ns for p in run.glob("*.pt")} == before
 
 
 def test_nonfinite_loss_skips_the_step_then_stops(tiny_config, tmp_path, monkeypatch):
@@ -559,6 +567,19 @@ def test_average_last_writes_the_mean_of_the_last_step_checkpoints(tiny_config, 
     ckpt_mod.save_checkpoint(avg, run / "last.pt")
     with pytest.raises(MTError, match=r"last\.pt holds weights only .* new --run-dir"):
         Trainer(cfg, run, progress=False)
+
+
+def test_a_run_resumed_with_another_seed_ends_with_a_fresh_average(tiny_config, tmp_path):
+    sets = ["train.keep_last=2", "train.average_last=2", "train.valid_bleu=false",
+            "train.best_metric=loss"]  # fmt: skip
+    run = tmp_path / "run"
+    Trainer(load_config(tiny_config, [*sets, "train.max_steps=20"]), run, progress=False).run()
+    first = torch.load(run / "average.pt", weights_only=True)
+    more = load_config(tiny_config, [*sets, "train.max_steps=30", "train.seed=2"])
+    Trainer(more, run, progress=False).run()  # refused "another run" at its end before
+    avg = torch.load(run / "average.pt", weights_only=True)
+    assert avg["step"] == 30 and first["step"] == 20
+    assert avg["averaged_from"] == [str(run / "step_20.pt"), str(run / "step_30.pt")]
 
 
 def test_averaging_refuses_checkpoints_of_another_tokenizer(tiny_config, tmp_path):

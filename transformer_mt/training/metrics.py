@@ -106,8 +106,9 @@ class MetricsLog:
         self.tensorboard = tensorboard and enabled
         self.writer: Any = None
 
-    def open(self) -> None:
-        """Open the TensorBoard writer, when asked for (fails with what to do if it is missing)."""
+    def open(self, step: int = 0) -> None:
+        """Open the TensorBoard writer, when asked for (fails with what to do if it is missing);
+        a run resumed at ``step`` drops the events logged after it, as :meth:`trim` drops lines."""
         if not self.tensorboard:
             return
         try:
@@ -117,7 +118,9 @@ class MetricsLog:
                 "train.tensorboard: true needs the tensorboard package; pip install tensorboard "
                 "or set train.tensorboard=false"
             ) from err
-        self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
+        self.writer = SummaryWriter(
+            str(self.path.parent / "tensorboard"), purge_step=step + 1 if step else None
+        )
 
     def trim(self, last_step: int) -> None:
         """On resume, drop the lines logged after the checkpoint: they will be logged again (and

@@ -169,14 +169,18 @@ class RunDirectory:
         steps = {p: _STEP_FILE.fullmatch(p.name) for p in self.path.glob("step_*.pt")}
         return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
-    def save(self, ckpt: dict[str, Any], step: int, best: bool) -> None:
+    def save(self, ckpt: dict[str, Any], step: int, best: bool, step_file: bool = True) -> None:
         """best.pt (when ``best``), last.pt, then step_N.pt; then only the newest ``keep_last``
         step files stay. In that order, a process killed between two writes leaves files that
         agree: never a last.pt that records a best whose weights best.pt lacks (a resume would
-        not write it again), never a step file without the last.pt that a resume needs."""
+        not write it again), never a step file without the last.pt that a resume needs. Without
+        ``step_file`` (a save for a signal, at a step no validation saw), last.pt alone: no step
+        file to crowd a validated one out of the ``keep_last`` that average.pt is made from."""
         if best:
             save_checkpoint(ckpt, self.path / "best.pt")
         save_checkpoint(ckpt, self.last)
+        if not step_file:
+            return
         save_checkpoint(ckpt, self.path / f"step_{step}.pt")
         step_files = self.step_checkpoints()
         for old in step_files[: max(0, len(step_files) - self.keep_last)]:
@@ -186,6 +190,11 @@ class RunDirectory:
         """average.pt: the weights averaged over the newest ``n_last`` step checkpoints. Averaging
         the last few checkpoints of a run usually adds BLEU for free."""
         chosen = self.step_checkpoints()[-n_last:]
-        average_checkpoints(chosen, self.path / "average.pt")
+        target = self.path / "average.pt"
+        try:  # step files of one run directory: a resume may have changed the seed
+            average_checkpoints(chosen, target, other_runs=True)
+        except MTError as err:  # e.g. another tokenizer since a resume with --allow-data-change
+            log.warning(f"no average.pt: {err}")
+            return
         names = ", ".join(p.name for p in chosen)
         log.info(f"wrote {self.path / 'average.pt'}: the average of {names}")

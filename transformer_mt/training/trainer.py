@@ -294,14 +294,16 @@ class Trainer:
             )
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
 
-    def _save(self, best: bool) -> None:
+    def _save(self, best: bool, step_file: bool = True) -> None:
         """Write last.pt, step_N.pt (and best.pt); a collective: every rank calls it, rank 0 writes.
 
         A failed write (disk full) stops every rank with rank 0's message instead of leaving the
         others to wait in the next collective.
         """
         rngs = distributed.all_gather_objects(rng_state(self.device), self.info)
-        write = lambda: self.run_dir.save(self._checkpoint(rngs), self.state.step, best)  # noqa: E731
+        write = lambda: self.run_dir.save(  # noqa: E731
+            self._checkpoint(rngs), self.state.step, best, step_file
+        )
         distributed.main_first(write, self.info, lambda: None)
 
     # ---------------------------------------------------------------------------------- step
@@ -498,20 +500,23 @@ class Trainer:
 
     def _begin(self) -> bool:
         """Write the run's setup files and say what is about to happen; False when the run has
-        already reached max_steps (nothing to do)."""
+        already ended (max_steps, early stopping or max_minutes: nothing to do)."""
         train_cfg, state = self.cfg.train, self.state
         setup = lambda: self.run_dir.write_setup(  # noqa: E731
             self.cfg, self.data.src_tok, self.data.trg_tok, state.step
         )
         distributed.main_first(setup, self.info, lambda: None)
-        if state.step >= train_cfg.max_steps:
-            log.info(
-                f"{self.run_dir.path} has already reached train.max_steps={train_cfg.max_steps}"
-            )
-            if train_cfg.average_last > 0 and not (self.run_dir.path / "average.pt").is_file():
+        average = self.run_dir.path / "average.pt"
+        ended = self._ended()
+        if ended:
+            log.info(f"{self.run_dir.path} {ended}")
+            if train_cfg.average_last > 0 and not average.is_file():
                 self._write_average()  # the run ended before it could (a crash at the end)
             return False
-        self.run_dir.metrics.open()
+        if state.step > 0 and self.info.is_main and average.is_file():
+            average.unlink()  # an earlier end's: the run goes on, and its end writes a new one
+            log.info(f"removed {average}: it averaged the run as it was at an earlier end")
+        self.run_dir.metrics.open(state.step)
         log.info(
             f"training on {self.device} ({self.info.world_size} process(es)): "
             f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
@@ -519,6 +524,21 @@ class Trainer:
         )
         self.model.train()
         return True
+
+    def _ended(self) -> str:
+        """Why a resumed run has nothing left to do ("" when it goes on): each way it can end,
+        checked against the config of this invocation (raise the limit to go on)."""
+        train_cfg, state = self.cfg.train, self.state
+        if state.step >= train_cfg.max_steps:
+            return f"has already reached train.max_steps={train_cfg.max_steps}"
+        if train_cfg.patience > 0 and state.bad_validations >= train_cfg.patience:
+            return (
+                f"stopped early ({state.bad_validations} validations without improvement, "
+                f"train.patience={train_cfg.patience}); raise train.patience to train on"
+            )
+        if train_cfg.max_minutes > 0 and state.train_seconds >= train_cfg.max_minutes * 60:
+            return f"has spent train.max_minutes={train_cfg.max_minutes:g}; raise it to train on"
+        return ""
 
     def _skip_nonfinite(self) -> None:
         """Count a step whose loss was not finite (its update was skipped); too many in a row
@@ -600,7 +620,7 @@ class Trainer:
         train_cfg, step = self.cfg.train, self.state.step
         if reason is StopReason.SIGNAL:
             if not saved:
-                self._save(best=False)
+                self._save(best=False, step_file=False)
             log.info(f"stopped by signal at step {step}; resume with the same command")
         else:
             if reason is StopReason.EARLY_STOP:

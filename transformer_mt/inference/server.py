@@ -168,6 +168,10 @@ def create_app(
             )
         nbest = 1 + req.alternatives
         decode = dataclasses.replace(engine.decode, beam_size=max(beam, nbest), nbest=nbest)
+        try:
+            validate_decode(decode)
+        except MTError as err:
+            raise ApiError(400, str(err)) from None
         results = iter(await _translate(batcher, lines, decode, False))
         answers = []  # per text: its translation, then its alternatives
         for text in split:

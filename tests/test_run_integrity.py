@@ -275,3 +275,33 @@ def test_a_stalled_rank_is_named_after_the_collective_timeout(tmp_path):
     assert "error: rank 2 did not answer" in errors[0] and "collective_timeout_s" in errors[0]
     assert not any("rank 0 did not" in e or "rank 1 did not" in e or "ranks" in e for e in errors)
     assert took < 60, f"took {took:.0f} s"
+
+
+def test_a_save_cut_short_never_leaves_last_pt_recording_a_best_that_best_pt_lacks(
+    tiny_config, tmp_path, monkeypatch
+):
+    """A disk that fails (or a kill) between two of a validation's writes: best.pt is written
+    before last.pt, so last.pt never records a best whose weights best.pt does not hold (a resume
+    would not write best.pt again)."""
+    from transformer_mt.training import run_dir as run_dir_mod
+
+    cfg = load_config(tiny_config, ["train.max_steps=20", "train.valid_bleu=false",
+                                    "train.best_metric=loss"])  # fmt: skip
+    run = tmp_path / "run"
+    real_save = run_dir_mod.save_checkpoint
+    failed = []
+
+    def best_pt_fails_at_step_20(ckpt, path, **kwargs):
+        if ckpt["step"] == 20 and path.name == "best.pt":
+            failed.append(path)
+            raise OSError(28, "No space left on device", str(path))
+        return real_save(ckpt, path, **kwargs)
+
+    monkeypatch.setattr(run_dir_mod, "save_checkpoint", best_pt_fails_at_step_20)
+    with pytest.raises((OSError, MTError)):
+        Trainer(cfg, run, progress=False).run()
+    assert failed, "the validation loss improved at step 20 (the tiny run's does)"
+    last = torch.load(run / "last.pt", weights_only=True)
+    best = torch.load(run / "best.pt", weights_only=True)
+    # Before: last.pt of step 20 (recording step 20 as the best) beside best.pt of step 10.
+    assert last["step"] == best["step"] == 10

@@ -125,18 +125,23 @@ def _agree_worker(rank: int, store: str, queue) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_agree_on_error_raises_on_every_rank(tmp_path):
-    # No port at all: a file store in the test's directory is the rendezvous.
+def _two_ranks(worker, arg: str) -> dict[int, str]:
+    """Run ``worker(rank, arg, queue)`` as ranks 0 and 1 in spawned processes; what each rank
+    put on the queue, by rank."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_agree_worker, args=(r, str(tmp_path / "store"), queue))
-             for r in range(2)]  # fmt: skip
+    procs = [ctx.Process(target=worker, args=(r, arg, queue)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(TIMEOUT_S)
         assert p.exitcode == 0
-    got = dict(queue.get(timeout=5) for _ in procs)
+    return dict(queue.get(timeout=5) for _ in procs)
+
+
+def test_agree_on_error_raises_on_every_rank(tmp_path):
+    # No port at all: a file store in the test's directory is the rendezvous.
+    got = _two_ranks(_agree_worker, str(tmp_path / "store"))
     assert got == {0: "MTError: rank 1 failed: disk on fire", 1: "ValueError: disk on fire"}
 
 
@@ -174,16 +179,7 @@ def _fingerprint_worker(rank: int, tmp: str, queue) -> None:
 
 
 def test_ranks_that_prepared_different_data_all_stop_before_training(tmp_path):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_fingerprint_worker, args=(r, str(tmp_path), queue))
-             for r in range(2)]  # fmt: skip
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(TIMEOUT_S)
-        assert p.exitcode == 0
-    got = dict(queue.get(timeout=5) for _ in procs)
+    got = _two_ranks(_fingerprint_worker, str(tmp_path))
     for rank in (0, 1):
         assert got[rank].startswith("ranks [1] prepared other data or tokenizers than rank 0"), got
     assert not (tmp_path / "run" / "last.pt").exists()

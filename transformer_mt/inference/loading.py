@@ -307,6 +307,8 @@ def _onednn_linear_works() -> bool:
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w)
         y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    # The probe's answers when the build cannot: ops missing (AttributeError), no kernel for
+    # this backend (torch raises NotImplementedError), oneDNN refusing this CPU (RuntimeError).
     except (AttributeError, NotImplementedError, RuntimeError) as err:
         logger.info("fp32 linear layers run unpacked: oneDNN's packed product failed (%s)", err)
         return False

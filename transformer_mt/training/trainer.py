@@ -344,8 +344,7 @@ class Trainer:
             self.info,
             self.device,
         )
-        budget_s = train_cfg.max_minutes * 60.0
-        time_up = budget_s > 0 and seconds >= budget_s
+        time_up = self._time_spent(seconds)
         result = StepResult(loss_sum, nll_sum, global_tokens, math.nan, stops > 0, time_up)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
@@ -404,6 +403,16 @@ class Trainer:
 
     def _at_max_steps(self) -> bool:
         return self.state.step >= self.cfg.train.max_steps
+
+    def _time_spent(self, seconds: float) -> bool:
+        """Whether ``seconds`` of training use up train.max_minutes (0: no budget)."""
+        budget_s = self.cfg.train.max_minutes * 60.0
+        return budget_s > 0 and seconds >= budget_s
+
+    def _patience_spent(self) -> bool:
+        """Whether train.patience validations in a row brought no improvement (0: never)."""
+        patience = self.cfg.train.patience
+        return patience > 0 and self.state.bad_validations >= patience
 
     def _stop_reason(self, step: StepResult, early_stop: bool) -> StopReason | None:
         """Why to stop after this step, if at all (in this order of precedence)."""
@@ -529,14 +538,14 @@ class Trainer:
         """Why a resumed run has nothing left to do ("" when it goes on): each way it can end,
         checked against the config of this invocation (raise the limit to go on)."""
         train_cfg, state = self.cfg.train, self.state
-        if state.step >= train_cfg.max_steps:
+        if self._at_max_steps():
             return f"has already reached train.max_steps={train_cfg.max_steps}"
-        if train_cfg.patience > 0 and state.bad_validations >= train_cfg.patience:
+        if self._patience_spent():
             return (
                 f"stopped early ({state.bad_validations} validations without improvement, "
                 f"train.patience={train_cfg.patience}); raise train.patience to train on"
             )
-        if train_cfg.max_minutes > 0 and state.train_seconds >= train_cfg.max_minutes * 60:
+        if self._time_spent(state.train_seconds):
             return f"has spent train.max_minutes={train_cfg.max_minutes:g}; raise it to train on"
         return ""
 
@@ -602,7 +611,7 @@ class Trainer:
         self._save(best=better)
         if self.kept_freed_memory:
             release_freed_memory()  # the pages validation's odd shapes left behind
-        return train_cfg.patience > 0 and state.bad_validations >= train_cfg.patience
+        return self._patience_spent()
 
     def _memory_mib(self) -> dict[str, float]:
         """Memory for the validation record (rank 0 logs it): the peak GPU memory torch allocated

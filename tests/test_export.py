@@ -239,3 +239,29 @@ def test_export_replaces_its_own_in_one_swap_and_refuses_a_link(fixture_model, t
     with pytest.raises(MTError, match="is a symbolic link"):
         export_ctranslate2(fixture_model, tmp_path / "link")
     assert (tmp_path / "link").is_symlink() and (first / "model.bin").is_file()
+
+
+def test_a_swap_that_fails_puts_the_earlier_export_back(fixture_model, tmp_path, monkeypatch):
+    """The rename of the new export into place fails (a full disk, a signal): the earlier export
+    is back under its name, unchanged, and nothing is left aside."""
+    import os
+
+    from transformer_mt.inference import export
+
+    output = export_ctranslate2(fixture_model, tmp_path / "ct2")
+    before = (output / "model.bin").read_bytes()
+    new = tmp_path / ".ct2.tmp"
+    new.mkdir()
+    (new / "model.bin").write_bytes(b"new")
+    real_replace = os.replace
+
+    def replace(src, dst):  # the OS refuses the one rename that moves the new export in
+        if Path(src) == new:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", replace)
+    with pytest.raises(OSError, match="No space left"):
+        export._swap_in(new, output)
+    assert (output / "model.bin").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ct2.tmp", "ct2"]

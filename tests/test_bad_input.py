@@ -73,6 +73,7 @@ def _workdir(d: Path) -> None:
     (d / "list.yaml").write_text("- model\n- train\n")
     (d / "unknown.yaml").write_text("model:\n  d_modle: 16\n")
     (d / "wrongtype.yaml").write_text("train:\n  max_steps: many\n")
+    (d / "twice.yaml").write_text("train:\n  seed: 7\nmodel:\n  d_model: 16\ntrain:\n  seed: 8\n")
     run = d / "run"
     run.mkdir()
     shutil.copyfile(d / "ck.pt", run / "last.pt")
@@ -126,6 +127,34 @@ CASES = {
         ["train", "--config", "wrongtype.yaml"],
         None,
         "'train.max_steps': expected int, got 'many'",
+    ),
+    "config repeats a section": (  # PyYAML alone keeps the last: the first section vanishes
+        ["train", "--config", "twice.yaml"],
+        None,
+        "twice.yaml:5: invalid YAML (the key 'train' is repeated: first on line 1)",
+    ),
+    "config repeats a key": (
+        ["prepare", "--set", "model={d_model: 16, d_model: 32}"],
+        None,
+        "the key 'd_model' is repeated",
+    ),
+    "run name that leaves runs/": (
+        ["train", "--config", "tiny.yaml", "--set", "name=.."],
+        None,
+        "name='..': the run name names directories",
+    ),
+    "run name with a slash": (["prepare", "--set", "name=a/b"], None, "name='a/b': the run"),
+    "run name not text": (["prepare", "--set", "name=null"], None, "'name': expected str"),
+    "local files for another corpus": (  # a forgotten `corpus: local` trained on the toy data
+        ["prepare", "--set", "data.train_src=a.src"],
+        None,
+        "data.train_src is set but data.corpus is 'toy', which does not read it; set "
+        "data.corpus: local",
+    ),
+    "local corpus with one file for both sides": (
+        ["prepare", "--config", "local.yaml", "--set", "data.valid_trg=a.src"],
+        None,
+        "data.valid_src and data.valid_trg are the same file (a.src)",
     ),
     "--set bad YAML": (["train", "--set", "train.max_steps=[1"], None, "not valid YAML"),
     "--set without =": (["prepare", "--set", "train.max_steps"], None, "section.key=value"),

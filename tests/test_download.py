@@ -52,9 +52,13 @@ class ServerState:
 
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     cut_once: set[str] = field(default_factory=set)  # send half the body, then hang up, once
+    down: bool = False  # answer every request 503 (the server went away)
+    down_after_cut: bool = False  # go down once a cut_once transfer is cut
     corrupt: set[str] = field(default_factory=set)  # flip one byte of the body, every time
     fail_first: dict[str, int] = field(default_factory=dict)  # answer 503 this many times
     honor_range: bool = True  # False: ignore Range and answer 200 with the whole file
+    etag: bool = True  # send a strong ETag (honouring If-Range); False: no validator at all
+    headers: list[dict[str, str]] = field(default_factory=list)  # each request's headers
     pause: float = 0.0  # seconds to wait after each 64 KiB of a body: a slow link
 
 
@@ -71,6 +75,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         state = self.server.state
         state.requests.append((self.path, self.headers.get("Range")))
+        state.headers.append(dict(self.headers))
+        if state.down:
+            self.send_error(503, "down")
+            return
         if state.fail_first.get(self.path, 0) > 0:
             state.fail_first[self.path] -= 1
             self.send_error(503, "busy, try later")
@@ -83,8 +91,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         if self.path in state.corrupt:
             data[len(data) // 2] ^= 0xFF
         start = 0
+        etag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
         match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-        if match and state.honor_range:
+        if_range = self.headers.get("If-Range")
+        if match and state.honor_range and (if_range is None or if_range == etag):
             start = int(match.group(1))
             if start >= len(data):
                 self.send_error(416, "range not satisfiable")
@@ -95,11 +105,14 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.send_response(200)
         body = bytes(data[start:])
         self.send_header("Content-Length", str(len(body)))  # always the full promise
+        if state.etag:
+            self.send_header("ETag", etag)
         self.end_headers()
         if self.path in state.cut_once:
             state.cut_once.discard(self.path)
             body = body[: len(body) // 2]
             self.close_connection = True
+            state.down = state.down_after_cut
         step = 1 << 16 if state.pause else max(len(body), 1)
         for start in range(0, len(body), step):
             self.wfile.write(body[start : start + step])
@@ -147,6 +160,8 @@ def m30k_server(server: Loopback) -> Loopback:
 
 def _sums() -> dict[str, str]:
     assert SHARED is not None
+    if not (SHARED / "SHA256SUMS").is_file():  # $MT_SHARED_DATA may name an `mt download` copy
+        pytest.skip(f"{SHARED} has no SHA256SUMS to check the downloads against")
     lines = (SHARED / "SHA256SUMS").read_text().split("\n")
     return {name: digest for digest, name in (line.split() for line in lines if line.strip())}
 
@@ -156,7 +171,8 @@ def _sha(path: Path) -> str:
 
 
 def _no_leftovers(dest: Path) -> list[str]:
-    return sorted(p.name for p in dest.rglob("*") if p.name.endswith((".part", ".tmp")))
+    suffixes = (".part", ".tmp", ".validator")
+    return sorted(p.name for p in dest.rglob("*") if p.name.endswith(suffixes))
 
 
 # --- Multi30k from the loopback server ----------------------------------------------------------
@@ -295,6 +311,47 @@ def test_server_ignoring_range_restarts_from_zero(server: Loopback, tmp_path: Pa
     download_corpus(corpus, tmp_path / "d", server.url, backoff=0, progress=False)
     assert server.requests_for("blob.bin") == [None, "bytes=25000-"]  # asked, got a 200 instead
     assert (tmp_path / "d" / "blob.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_a_part_of_a_file_changed_on_the_server_is_not_spliced(
+    server: Loopback, tmp_path: Path, verified: bool
+) -> None:
+    """A .part of version 1, then the server publishes version 2: the resumed request names
+    version 1 (If-Range), so the server sends version 2 whole instead of its tail."""
+    v1, v2 = os.urandom(40_000), os.urandom(40_000)
+    _serve(server, "blob.bin", v1)
+    server.state.cut_once.add("/blob.bin")
+    server.state.down_after_cut = True
+    corpus = _corpus("blob.bin", None, "none")
+    with pytest.raises(MTError, match="could not download"):  # cut, then the server went away
+        download_corpus(corpus, tmp_path / "d", server.url, retries=1, backoff=0, progress=False)
+    assert (tmp_path / "d" / "blob.bin.part").read_bytes() == v1[:20_000]
+    server.state.down = False
+    server.state.requests.clear()
+    _serve(server, "blob.bin", v2)
+    corpus = _corpus("blob.bin", hashlib.sha256(v2).hexdigest() if verified else None, "none")
+    download_corpus(corpus, tmp_path / "d", server.url, progress=False)
+    assert (tmp_path / "d" / "blob.bin").read_bytes() == v2
+    assert server.requests_for("blob.bin") == ["bytes=20000-"]  # answered 200: all of v2
+    assert server.state.headers[-1]["If-Range"] == f'"{hashlib.sha256(v1).hexdigest()[:16]}"'
+    assert _no_leftovers(tmp_path / "d") == []
+
+
+def test_a_part_without_validator_resumes_only_when_a_checksum_will_check_it(
+    server: Loopback, tmp_path: Path
+) -> None:
+    data = os.urandom(30_000)
+    _serve(server, "blob.bin", data)
+    server.state.etag = False  # nothing to tell a changed file by
+    for verified, asked in ((True, "bytes=1000-"), (False, None)):
+        dest = tmp_path / str(verified)
+        dest.mkdir()
+        (dest / "blob.bin.part").write_bytes(data[:1000])
+        sha = hashlib.sha256(data).hexdigest() if verified else None
+        download_corpus(_corpus("blob.bin", sha, "none"), dest, server.url, progress=False)
+        assert server.requests_for("blob.bin")[-1] == asked
+        assert (dest / "blob.bin").read_bytes() == data
 
 
 _FETCH_WHEN_TOLD = """

@@ -205,6 +205,9 @@ def test_changed_setting_rebuilds_what_depends_on_it(
         # Every kept pair fits the new limit (source EOS and target BOS/EOS included).
         assert data.train.src_lengths.max() <= 20 and data.train.trg_lengths.max() + 1 <= 20
         assert 0 < len(data.train) < 400
+        # Validation BLEU is scored on the pairs the validation loss is.
+        assert 0 < len(data.valid) < 40
+        assert len(data.valid_src) == len(data.valid_trg) == len(data.valid)
 
 
 def test_separate_vocabularies_give_two_tokenizers(tmp_path, corpus):

@@ -8,6 +8,7 @@ overrides one field. Mistakes raise :class:`MTError` naming the key, before any 
 import dataclasses
 import importlib.resources
 import math
+import os
 import re
 import types
 import typing
@@ -234,14 +235,32 @@ class _Loader(yaml.SafeLoader):
     are booleans, integers are decimal (``010`` is 10; ``0o``/``0x`` prefixes, ``_`` between
     digits), no base-60. (PyYAML follows YAML 1.1, where ``1e-4`` is text, ``no``, ``on`` and
     ``y`` are booleans and ``1:30`` is 90: ``--set train.weight_decay=1e-4`` or
-    ``data.trg_lang: no`` would fail.)"""
+    ``data.trg_lang: no`` would fail.) A key repeated in one mapping is an error, as YAML 1.2
+    says (PyYAML keeps the last one: a second ``train:`` section would silently replace the
+    first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:
+                continue  # merge keys (<<) may override; other keys are refused below anyway
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key!r} is repeated: first on line {first_line[key]}",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 class _Dumper(yaml.SafeDumper):
     """Writes what :class:`_Loader` reads back unchanged (quotes the text ``1e5``, say)."""
 
 
-_BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float"))
+_BOOL, _INT, _FLOAT, _MERGE = (f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "merge"))
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _INT, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -307,8 +326,25 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
             cfg.name = path.stem
     for item in overrides or []:
         apply_override(cfg, item)
+    _expand_home(cfg.data)
     validate(cfg)
     return cfg
+
+
+def _expand_home(data_cfg: DataConfig) -> None:
+    """``~`` in the data paths means the home directory, as in a shell (the shell does not expand
+    it inside ``--set data.cache_dir=~/x``, and YAML never does)."""
+    for f in dataclasses.fields(data_cfg):
+        value = getattr(data_cfg, f.name)
+        if f.name in _DATA_PATHS and isinstance(value, str):
+            setattr(data_cfg, f.name, os.path.expanduser(value))
+
+
+# The local corpus's file keys (data.corpus: local), and every data path.
+LOCAL_FILE_KEYS = tuple(
+    f"{s}_{side}" for s in ("train", "valid", "test") for side in ("src", "trg")
+)
+_DATA_PATHS = ("download_dir", "cache_dir", *LOCAL_FILE_KEYS)
 
 
 def _yaml_problem(err: yaml.YAMLError, where: str = "line") -> str:
@@ -333,7 +369,7 @@ def apply_override(cfg: Config, item: str) -> None:
             f"a number, true/false, or text in quotes (--set '{dotted}=\"...\"')"
         ) from None
     if dotted == "name":
-        cfg.name = str(value)
+        cfg.name = _check_type(value, str, "name")
         return
     if "." not in dotted:
         raise MTError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
@@ -519,6 +555,11 @@ def validate_decode(d: DecodeConfig) -> None:
 def validate(cfg: Config) -> None:
     """Every range (:data:`RANGES`), then the checks across fields, before any work starts: a
     wrong value fails in a second, not after the data preparation."""
+    if not re.fullmatch(r"[^/\\\x00]+", cfg.name) or cfg.name in (".", ".."):
+        raise MTError(
+            f"name={cfg.name!r}: the run name names directories (runs/<name>, the data cache); "
+            "give one plain name, e.g. name: my-run"
+        )
     for section in ("data", "tokenizer", "model", "train"):
         check_ranges(section, getattr(cfg, section))
     _validate_data(cfg.data)

@@ -2,7 +2,8 @@
 
 The path of one file through this module::
 
-    GET url (Range: bytes=N- when <name>.part holds N bytes)  ->  <name>.part
+    GET url (Range: bytes=N- when <name>.part holds N bytes, with If-Range: the validator
+             the server gave when the .part began, kept in <name>.part.validator)  ->  <name>.part
     -> SHA-256 checked against the registry (or logged, loudly, when the registry has none)
     -> os.replace(<name>.part, <name>)               (a final name always holds checked bytes)
     -> unpack (gunzip beside it / extract tar or zip, refusing members that escape the dest)
@@ -97,14 +98,42 @@ def _content_range_start(value: str | None) -> int | None:
     return int(start) if start.isdigit() else None
 
 
+def _validator_file(part: Path) -> Path:
+    """Where the validator of the response that began ``part`` is kept (see :func:`_transfer`)."""
+    return part.with_name(part.name + ".validator")
+
+
+def _discard(part: Path) -> None:
+    """Delete a ``.part`` and its validator: the next try starts from zero."""
+    part.unlink(missing_ok=True)
+    _validator_file(part).unlink(missing_ok=True)
+
+
+def _strong_validator(response: http.client.HTTPResponse) -> str | None:
+    """What ``If-Range`` can name to ask for the same file again: a strong ETag, else the
+    Last-Modified date (a weak ETag does not qualify); None when the server gave neither."""
+    etag = response.headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return response.headers.get("Last-Modified")
+
+
 def _open(
-    opener: urllib.request.OpenerDirector, url: str, part: Path, offset: int, names: SettingNames
+    opener: urllib.request.OpenerDirector,
+    url: str,
+    part: Path,
+    offset: int,
+    names: SettingNames,
+    validator: str | None = None,
 ):
-    """The HTTP response for ``url`` from byte ``offset`` on; failures worth another try raise
+    """The HTTP response for ``url`` from byte ``offset`` on (only if the file still matches
+    ``validator``, when given: else the whole file); failures worth another try raise
     :class:`_RetryableError`, the others :class:`MTError`."""
     headers = {"User-Agent": _USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+        if validator:
+            headers["If-Range"] = validator
     try:
         return opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
@@ -112,7 +141,7 @@ def _open(
         if exc.code == 416 and offset:
             # The .part is not a prefix the server can continue (longer than the file, or the file
             # changed): it is worthless, so the next try starts from zero.
-            part.unlink(missing_ok=True)
+            _discard(part)
             raise _RetryableError("the server refused to resume (HTTP 416)") from None
         if exc.code >= 500 or exc.code in _RETRY_STATUS:
             raise _RetryableError(f"HTTP {exc.code} {exc.reason}") from None
@@ -125,20 +154,43 @@ def _open(
 
 
 def _transfer(
-    opener: urllib.request.OpenerDirector, url: str, part: Path, progress: bool, names: SettingNames
+    opener: urllib.request.OpenerDirector,
+    url: str,
+    part: Path,
+    progress: bool,
+    names: SettingNames,
+    verified: bool,
 ) -> None:
-    """One try at bringing ``part`` up to the full file, resuming from its current length."""
+    """One try at bringing ``part`` up to the full file, resuming from its current length.
+
+    A resumed request names the file the ``.part`` began with (``If-Range`` and the validator
+    kept beside it), so a file changed on the server since then is sent whole rather than
+    spliced onto the old beginning. Without a validator a ``.part`` is resumed only when a
+    checksum (``verified``) will catch such a splice; otherwise it starts over.
+    """
     offset = part.stat().st_size if part.exists() else 0
-    with _open(opener, url, part, offset, names) as response:
+    validator_file = _validator_file(part)
+    validator = validator_file.read_text(encoding="utf-8") if validator_file.is_file() else None
+    if offset and validator is None and not verified:
+        log.info(f"{part.name}: the server gave no validator to resume it by; starting over")
+        _discard(part)
+        offset = 0
+    with _open(opener, url, part, offset, names, validator) as response:
         if offset and response.status == 206:
             start = _content_range_start(response.headers.get("Content-Range"))
             if start != offset:
-                part.unlink(missing_ok=True)
+                _discard(part)
                 raise _RetryableError(f"the server resumed at byte {start}, not {offset}")
             mode = "ab"
         else:
-            # 200 (a server that ignores Range) sends the whole file again: start over from zero.
+            # 200 sends the whole file again (a server that ignores Range, or a file that no longer
+            # matches the validator): start over from zero, remembering this file's validator.
             offset, mode = 0, "wb"
+            new_validator = _strong_validator(response)
+            if new_validator is None:
+                validator_file.unlink(missing_ok=True)
+            else:
+                write_text_atomic(validator_file, new_validator)
         length = response.headers.get("Content-Length")
         expected = int(length) if length and length.isdigit() else None
         total = offset + expected if expected is not None else None
@@ -194,7 +246,8 @@ def fetch_file(
 ) -> str:
     """Download ``url`` to ``target`` through ``target.part``; return the file's SHA-256.
 
-    A ``.part`` left by an earlier run is resumed with an HTTP Range request. Network errors,
+    A ``.part`` left by an earlier run is resumed with an HTTP Range request, if the server's
+    file is still the one it began (:func:`_transfer`). Network errors,
     5xx answers and cut-off transfers are retried after ``backoff * 2**k`` seconds; a try that
     made the ``.part`` longer does not count against ``retries``, so a long download over a flaky
     link keeps going. A wrong checksum deletes the download and raises :class:`MTError`; an
@@ -210,7 +263,7 @@ def fetch_file(
     while True:
         before = part.stat().st_size if part.exists() else 0
         try:
-            _transfer(opener, url, part, progress, names)
+            _transfer(opener, url, part, progress, names, verified=sha256 is not None)
             break
         except _RetryableError as exc:
             reason = str(exc)
@@ -226,7 +279,7 @@ def fetch_file(
 
     actual = sha256_of(part)
     if sha256 is not None and actual != sha256:
-        part.unlink()
+        _discard(part)
         raise MTError(
             f"{target.name}: SHA-256 mismatch, expected {sha256}, got {actual}; the download was "
             f"deleted: run again, and if it persists check that {names.base_url} serves the "
@@ -235,6 +288,7 @@ def fetch_file(
     if sha256 is None:
         _warn_unverified(target.name, actual)
     os.replace(part, target)
+    _validator_file(part).unlink(missing_ok=True)
     return actual
 
 

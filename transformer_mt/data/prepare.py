@@ -314,12 +314,13 @@ def _build_split(
 
 
 def _tokenizable(
-    srcs: list[str], trgs: list[str], src_tok: Tokenizer, trg_tok: Tokenizer
+    srcs: list[str], trgs: list[str], src_tok: Tokenizer, trg_tok: Tokenizer, max_tokens: int
 ) -> tuple[list[str], list[str]]:
-    """The pairs whose two sides both encode to at least one piece: the validation text for BLEU
-    loses the pairs that the binarized split drops as empty, sources and references alike."""
+    """The pairs that the binarized split keeps (:func:`_fits`: no empty side, none longer than
+    ``max_tokens``): validation BLEU is scored on the pairs the validation loss is, sources and
+    references alike."""
     keep = [
-        bool(src_ids) and bool(trg_ids)
+        _fits(src_ids, max_tokens) and _fits(trg_ids, max_tokens)
         for src_ids, trg_ids in zip(
             src_tok.encode_batch(srcs), trg_tok.encode_batch(trgs), strict=True
         )
@@ -352,7 +353,9 @@ def prepare(cfg: Config, progress: bool = True) -> PreparedData:
     src_tok, trg_tok = train_tokenizers(cfg, files["train"], keys["train"], cache)
     train = binarize_split(cfg, files["train"], keys["train"], src_tok, trg_tok, "train")
     valid = binarize_split(cfg, files["valid"], keys["valid"], src_tok, trg_tok, "valid")
-    valid_src, valid_trg = _tokenizable(valid_src, valid_trg, src_tok, trg_tok)
+    valid_src, valid_trg = _tokenizable(
+        valid_src, valid_trg, src_tok, trg_tok, cfg.data.max_tokens_per_side
+    )
     tok_cfg = cfg.tokenizer
     sampler = None
     if tok_cfg.sample_alpha > 0:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformer_mt.config import Config
+from transformer_mt.config import LOCAL_FILE_KEYS, Config
 from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
 from transformer_mt.data.toy import TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
@@ -40,13 +40,22 @@ def check_source(cfg: Config) -> None:
 
     Raises:
         MTError: one line naming the key: an unknown corpus (with the accepted values), a local
-            corpus without a split's two files, or a language the corpus does not have.
+            corpus without a split's two files or with one file for both sides, a local file
+            set for another corpus (which would ignore it), or a language the corpus does not
+            have.
     """
     name = cfg.data.corpus
     accepted = source_names()
     if name not in accepted:
         expected = ", ".join(accepted[:-1]) + " or " + accepted[-1]
         raise MTError(f"data.corpus={name!r}: expected {expected}")
+    if name != "local":  # the files would be ignored: a forgotten `corpus: local`, most likely
+        for key in LOCAL_FILE_KEYS:
+            if getattr(cfg.data, key) is not None:
+                raise MTError(
+                    f"data.{key} is set but data.corpus is {name!r}, which does not read it; "
+                    f"set data.corpus: local to train on your files, or remove data.{key}"
+                )
     if name == "local":
         _local_split_paths(cfg)
     elif name == "toy":
@@ -114,6 +123,11 @@ def _local_split_paths(cfg: Config) -> SplitFiles:
         if (src is None) != (trg is None) or (src is None and split != "test"):
             raise MTError(f"data.corpus=local needs data.{split}_src and data.{split}_trg")
         if src is not None:
+            if Path(src).resolve() == Path(trg).resolve():  # the model would learn to copy
+                raise MTError(
+                    f"data.{split}_src and data.{split}_trg are the same file ({src}); give the "
+                    "source-language file and the target-language file"
+                )
             files[split] = (Path(src), Path(trg))
     return files
 

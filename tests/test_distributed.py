@@ -183,3 +183,38 @@ def test_ranks_that_prepared_different_data_all_stop_before_training(tmp_path):
     for rank in (0, 1):
         assert got[rank].startswith("ranks [1] prepared other data or tokenizers than rank 0"), got
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def _own_run_dir_worker(rank: int, tmp: str, queue) -> None:
+    """Machines that do not share the run directory: rank 0 sees the run's last.pt (step 4),
+    rank 1 an empty directory of its own."""
+    from transformer_mt.training.trainer import Trainer
+
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                                         world_size=2)  # fmt: skip
+    cfg = load_config(Path(tmp) / "c.yaml", ["train.max_steps=8"])
+    try:
+        Trainer(cfg, Path(tmp) / f"run{rank}", progress=False)
+        queue.put((rank, "no error"))
+    except MTError as err:
+        queue.put((rank, str(err)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_ranks_that_would_resume_from_different_steps_stop_before_training(tmp_path):
+    from conftest import TINY_CONFIG
+
+    from transformer_mt.training.trainer import Trainer
+
+    (tmp_path / "c.yaml").write_text(TINY_CONFIG.format(cache=tmp_path / "cache", steps=4))
+    Trainer(load_config(tmp_path / "c.yaml"), tmp_path / "run0", progress=False).run()
+    before = (tmp_path / "run0" / "last.pt").read_bytes()
+    got = _two_ranks(_own_run_dir_worker, str(tmp_path))
+    for rank in (0, 1):
+        assert got[rank].startswith(
+            "rank 1 starts at step 0 and rank 0 at step 4: the ranks see"
+        ), got
+        assert "put --run-dir on storage that every machine shares" in got[rank]
+    assert (tmp_path / "run0" / "last.pt").read_bytes() == before

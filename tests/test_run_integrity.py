@@ -305,3 +305,111 @@ def test_a_save_cut_short_never_leaves_last_pt_recording_a_best_that_best_pt_lac
     best = torch.load(run / "best.pt", weights_only=True)
     # Before: last.pt of step 20 (recording step 20 as the best) beside best.pt of step 10.
     assert last["step"] == best["step"] == 10
+
+
+# --- settings changed on resume ---------------------------------------------------------------
+
+
+def _trained(tiny_config: Path, tmp_path: Path, *sets: str) -> Path:
+    run = tmp_path / "run"
+    Trainer(load_config(tiny_config, ["train.max_steps=10", *FAST, *sets]), run,
+            progress=False).run()  # fmt: skip
+    return run
+
+
+def test_a_resume_takes_the_configs_adamw_settings(tiny_config, tmp_path, caplog):
+    """Loading the optimizer's state would bring back the betas, eps and weight decay it was
+    saved with, while config.yaml and the next checkpoints record the new ones."""
+    run = _trained(tiny_config, tmp_path)
+    sets = ["train.weight_decay=0.1", "train.adam_beta2=0.999", "train.adam_eps=1e-6"]
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        trainer = Trainer(load_config(tiny_config, [*FAST, *sets]), run, progress=False)
+    group = trainer.optimizer.param_groups[0]
+    assert (group["weight_decay"], group["betas"], group["eps"]) == (0.1, (0.9, 0.999), 1e-6)
+    assert "other AdamW settings" in caplog.text and "1e-09 -> 1e-06" in caplog.text
+    assert trainer.run().step == 20
+
+
+def test_a_resume_into_fp16_starts_a_fresh_gradient_scaler(tiny_config, tmp_path, caplog):
+    run = _trained(tiny_config, tmp_path)  # fp32: its scaler was disabled and saved empty
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        state = Trainer(load_config(tiny_config, [*FAST, "train.precision=fp16"]), run,
+                        progress=False).run()  # fmt: skip
+    assert state.step == 20 and "gradient scaler starts afresh" in caplog.text
+
+
+def test_another_best_metric_on_resume_starts_the_best_value_over(tiny_config, tmp_path, caplog):
+    """A best validation loss (4.2, say) must not be compared with a BLEU score: the best value
+    and the patience count start over, and the next validation writes best.pt."""
+    run = _trained(tiny_config, tmp_path)  # best_metric loss: best.pt at step 10
+    sets = ["train.valid_bleu=true", "train.best_metric=bleu", "train.patience=1"]
+    with caplog.at_level("WARNING", logger="transformer_mt"):
+        trainer = Trainer(load_config(tiny_config, sets), run, progress=False)
+    assert trainer.state.best is None and trainer.state.bad_validations == 0
+    assert "train.best_metric loss -> bleu" in caplog.text
+    state = trainer.run()
+    assert state.step == 20 and state.best_metric == "bleu"
+    assert torch.load(run / "best.pt", weights_only=True)["step"] == 20
+
+
+def test_dropout_may_change_on_resume_and_a_shape_change_is_named(tiny_config, tmp_path, caplog):
+    run = _trained(tiny_config, tmp_path)
+    with pytest.raises(MTError, match=r"another model \(ffn_hidden 64 -> 128\); use a new"):
+        Trainer(load_config(tiny_config, [*FAST, "model.ffn_hidden=128"]), run, progress=False)
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        state = Trainer(load_config(tiny_config, [*FAST, "model.drop_prob=0.3"]), run,
+                        progress=False).run()  # fmt: skip
+    assert state.step == 20 and "other dropout rates: drop_prob 0.1 -> 0.3" in caplog.text
+    assert torch.load(run / "last.pt", weights_only=True)["model_args"]["drop_prob"] == 0.3
+
+
+def test_resuming_mid_epoch_with_other_subword_sampling_starts_the_next_epoch(
+    tiny_config, tmp_path, caplog
+):
+    """Sampled segmentations have other lengths: the epoch is cut into other batches."""
+    sampled = ["tokenizer.sample_alpha=0.1", "tokenizer.sample_draws=2", "train.max_steps=3"]
+    run = tmp_path / "run"
+    Trainer(load_config(tiny_config, [*FAST, *sampled]), run, progress=False).run()
+    sets = [*FAST, *sampled, "tokenizer.sample_alpha=0.5", "train.max_steps=6"]
+    with caplog.at_level("WARNING", logger="transformer_mt"):
+        trainer = Trainer(load_config(tiny_config, sets), run, progress=False)
+    assert (trainer.state.epoch, trainer.state.batch_in_epoch) == (1, 0)
+    assert "tokenizer.sample_alpha 0.1 -> 0.5); resuming at the start of epoch 1" in caplog.text
+    trainer.close()
+
+
+def test_a_step_file_an_interrupted_save_left_out_is_written_on_resume(
+    tiny_config, tmp_path, monkeypatch
+):
+    """Killed between last.pt and step_20.pt: the resumed run starts past step 20 and would
+    never write it, so average.pt and keep_last would silently lack it."""
+    from transformer_mt.training import run_dir as run_dir_mod
+
+    real_save = run_dir_mod.save_checkpoint
+
+    def step_file_fails_at_20(ckpt, path, **kwargs):
+        if path.name == "step_20.pt":
+            raise OSError(28, "No space left on device", str(path))
+        return real_save(ckpt, path, **kwargs)
+
+    monkeypatch.setattr(run_dir_mod, "save_checkpoint", step_file_fails_at_20)
+    run, keep = tmp_path / "run", [*FAST, "train.keep_last=3"]
+    with pytest.raises((OSError, MTError)):
+        Trainer(load_config(tiny_config, [*keep, "train.max_steps=20"]), run, progress=False).run()
+    monkeypatch.setattr(run_dir_mod, "save_checkpoint", real_save)
+    assert not (run / "step_20.pt").exists()
+    last_at_20 = (run / "last.pt").read_bytes()
+    assert torch.load(run / "last.pt", weights_only=True)["step"] == 20
+    Trainer(load_config(tiny_config, [*keep, "train.max_steps=30"]), run, progress=False).run()
+    assert (run / "step_20.pt").read_bytes() == last_at_20
+    assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_10.pt", "step_20.pt",
+                                                              "step_30.pt"]  # fmt: skip
+
+
+def test_an_ended_run_keeps_the_config_it_trained_with(tiny_config, tmp_path):
+    run = _trained(tiny_config, tmp_path)
+    before = _snapshot(run)
+    state = Trainer(load_config(tiny_config, [*FAST, "train.max_steps=5"]), run,
+                    progress=False).run()  # fmt: skip
+    assert state.step == 10
+    assert _snapshot(run) == before, "nothing trained, nothing written (config.yaml included)"

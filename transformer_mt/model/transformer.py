@@ -32,7 +32,7 @@ def model_args(
 ) -> dict[str, Any]:
     """The :class:`Transformer`'s keyword arguments for the shape ``model_cfg``: the one place
     where a ModelConfig becomes a model. Checkpoints store this dict to rebuild the model (and a
-    resumed run compares it with ``==``). With ``share_embeddings`` both sides get the larger
+    resumed run requires it unchanged but for the dropout rates). With ``share_embeddings`` both sides get the larger
     vocabulary size (a joint vocabulary)."""
     if model_cfg.share_embeddings:
         src_vocab_size = trg_vocab_size = max(src_vocab_size, trg_vocab_size)

@@ -57,25 +57,26 @@ def _ids_digest(pair: BinarizedPair) -> str:
 
 def check_fingerprint(
     path: Path, ckpt: dict[str, Any], current: dict[str, str], cfg: Config, allow_change: bool
-) -> None:
+) -> bool:
     """Raise an MTError when ``ckpt`` was trained on other data than ``current`` describes (or
-    warn, with ``allow_change``); a checkpoint from before fingerprints resumes with a note."""
+    warn, with ``allow_change``, and return True); a checkpoint from before fingerprints resumes
+    with a note. False: the same data, as far as the checkpoint tells."""
     saved = ckpt.get("train_state", {}).get("data_fingerprint")
     if saved is None:
         log.info(
             f"{path} records no fingerprint of its data (written by an older version): resuming "
             "without checking that the data and tokenizer are unchanged"
         )
-        return
+        return False
     differ = [WHAT.get(k, k) for k in current if k in saved and saved[k] != current[k]]
     if not differ:
-        return
+        return False
     what = ", ".join(differ)
     changes = _config_changes(ckpt.get("config", {}), cfg)
     because = f" ({changes})" if changes else ""
     if allow_change:
         log.warning(f"resuming {path} although {what} changed{because} (--allow-data-change)")
-        return
+        return True
     raise MTError(
         f"{path} was trained on other data: {what} changed{because}; use a new --run-dir, or "
         "restore the data and config it was trained with, or pass --allow-data-change to go on "

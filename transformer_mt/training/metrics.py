@@ -118,9 +118,9 @@ class MetricsLog:
                 "train.tensorboard: true needs the tensorboard package; pip install tensorboard "
                 "or set train.tensorboard=false"
             ) from err
-        self.writer = SummaryWriter(
-            str(self.path.parent / "tensorboard"), purge_step=step + 1 if step else None
-        )
+        # Events after ``step`` are dropped: a resume's (logged again) and, for a fresh run, an
+        # earlier run's whose checkpoints were moved away (its curves would overlap the new ones).
+        self.writer = SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=step + 1)
 
     def trim(self, last_step: int) -> None:
         """On resume, drop the lines logged after the checkpoint: they will be logged again (and

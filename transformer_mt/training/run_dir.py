@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 from pathlib import Path
 from typing import IO, Any
@@ -17,6 +18,7 @@ from transformer_mt.checkpoint import average_checkpoints, save_checkpoint
 from transformer_mt.config import Config, save_config
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import atomic_write
 from transformer_mt.training.metrics import MetricsLog
 
 log = logging.getLogger(__name__)
@@ -182,9 +184,25 @@ class RunDirectory:
         if not step_file:
             return
         save_checkpoint(ckpt, self.path / f"step_{step}.pt")
+        self._prune_step_files()
+
+    def _prune_step_files(self) -> None:
+        """Only the newest ``keep_last`` step files stay."""
         step_files = self.step_checkpoints()
         for old in step_files[: max(0, len(step_files) - self.keep_last)]:
             old.unlink()
+
+    def restore_step_file(self, step: int) -> None:
+        """Write step_N.pt from last.pt at a validated ``step`` where it is missing: a process
+        killed between the two writes of :meth:`save` left it out, and the resumed run, past that
+        step, would never write it (``keep_last`` and average.pt would silently lack it)."""
+        target = self.path / f"step_{step}.pt"
+        if target.is_file() or not self.last.is_file():
+            return
+        with atomic_write(target, "wb", durable=True) as out, open(self.last, "rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+        log.info(f"wrote {target.name}, which an interrupted save left out (a copy of last.pt)")
+        self._prune_step_files()
 
     def write_average(self, n_last: int) -> None:
         """average.pt: the weights averaged over the newest ``n_last`` step checkpoints. Averaging

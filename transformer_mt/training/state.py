@@ -20,6 +20,8 @@ class TrainState:
     epoch: int = 0  # current epoch
     batch_in_epoch: int = 0  # this rank's next batch within the epoch
     best: float | None = None  # best validation value of train.best_metric
+    best_metric: str | None = None  # the train.best_metric that ``best`` measures (None: older
+    # checkpoints, which did not record it)
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     nonfinite_in_a_row: int = 0
     train_seconds: float = 0.0  # wall time spent training and validating, over all invocations

@@ -62,6 +62,9 @@ from transformer_mt.training.validation import validate
 
 log = logging.getLogger(__name__)
 
+# The Transformer's arguments that a resumed run may change: they set no parameter's shape.
+_DROPOUT_ARGS = {"drop_prob", "attn_drop_prob", "ffn_drop_prob"}
+
 
 @dataclass
 class StepResult:
@@ -177,8 +180,14 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=train_cfg.precision == "fp16")
         self.state = TrainState()
-        if resume and self.run_dir.last.is_file():
-            self._restore(self.run_dir.last, allow_data_change)
+        error: BaseException | None = None
+        try:
+            if resume and self.run_dir.last.is_file():
+                self._restore(self.run_dir.last, allow_data_change)
+        except Exception as err:  # handed to every rank, then re-raised here
+            error = err
+        distributed.agree_on_error(error, self.info)
+        self._check_ranks_agree()
         self.train_model = self._wrap_for_training(self.model)
 
     def _prepare_data(self) -> PreparedData:
@@ -236,6 +245,20 @@ class Trainer:
         model; docs/BENCHMARKS.md). CPU and CUDA have the kernel."""
         return self.device.type in ("cpu", "cuda")
 
+    def _check_ranks_agree(self) -> None:
+        """Every rank must resume at the same position. Each reads ``last.pt`` from its own view of
+        the run directory and only rank 0 writes it, so machines that do not share the run
+        directory would train diverged replicas from different steps."""
+        position = (self.state.step, self.state.epoch, self.state.batch_in_epoch)
+        positions = distributed.all_gather_objects(position, self.info, lockstep_op=False)
+        other = next((r for r, p in enumerate(positions) if p != positions[0]), None)
+        if other is not None:
+            raise MTError(
+                f"rank {other} starts at step {positions[other][0]} and rank 0 at step "
+                f"{positions[0][0]}: the ranks see different files in {self.run_dir.path}; put "
+                "--run-dir on storage that every machine shares"
+            )
+
     def _restore(self, path: Path, allow_data_change: bool) -> None:
         ckpt = load_checkpoint(path, map_location=self.device)
         if "train_state" not in ckpt:
@@ -243,12 +266,8 @@ class Trainer:
                 f"{path} holds weights only (written by `mt average`?), not a training state to "
                 "resume; move it out of the run directory, or train in a new --run-dir"
             )
-        check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
-        if ckpt["model_args"] != self.model_args:
-            raise MTError(
-                f"{path} was trained with another model shape or vocabulary; use a new --run-dir "
-                "or the run's own config"
-            )
+        data_changed = check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
+        self._check_model_args(path, ckpt["model_args"])
         self.model.load_state_dict(ckpt["model"])
         saved = ckpt["train_state"]
         # A saved parameter group carries the implementation it ran with, and loading it would
@@ -258,10 +277,15 @@ class Trainer:
         for group in saved["optimizer"]["param_groups"]:
             group.update(fused=self._fused_adam(), foreach=None)
         self.optimizer.load_state_dict(saved["optimizer"])
-        self.scaler.load_state_dict(saved["scaler"])
+        self._apply_optimizer_settings(path)
+        if saved["scaler"]:
+            self.scaler.load_state_dict(saved["scaler"])
+        elif self.scaler.is_enabled():  # saved by a run without fp16: its scaler was disabled
+            log.info(f"{path} was trained without fp16: the gradient scaler starts afresh")
         self.state = TrainState(**saved["state"])
+        self._check_best_metric(path)
         per_rank = saved.get("rng_per_rank", [saved["rng"]])
-        self._realign_epoch(path, ckpt.get("config", {}).get("train", {}), len(per_rank))
+        self._realign_epoch(path, ckpt.get("config", {}), len(per_rank), data_changed)
         if len(per_rank) == self.info.world_size:
             set_rng_state(per_rank[self.info.rank], self.device)
         else:  # another world size: batches differ anyway, so fresh per-rank streams are fine
@@ -271,21 +295,31 @@ class Trainer:
                 torch.manual_seed(rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
         log.info(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
 
-    def _realign_epoch(self, path: Path, saved_train: dict[str, Any], saved_world: int) -> None:
+    def _realign_epoch(
+        self, path: Path, saved_cfg: dict[str, Any], saved_world: int, data_changed: bool
+    ) -> None:
         """The saved position counts this rank's batches of an epoch as the run cut them: for
-        its process count, ``train.batch_tokens`` and ``train.seed``. Cut otherwise, the same
-        count would repeat or skip part of the epoch, so a run resumed mid-epoch with other
-        settings starts the next epoch (the rest of this one is skipped, nothing is repeated)."""
-        train_cfg, state = self.cfg.train, self.state
-        changed = [
-            f"{what} {before} -> {now}"
-            for what, before, now in (
-                ("processes", saved_world, self.info.world_size),
-                ("train.batch_tokens", saved_train.get("batch_tokens"), train_cfg.batch_tokens),
-                ("train.seed", saved_train.get("seed"), train_cfg.seed),
-            )
-            if before is not None and before != now
+        its process count, ``train.batch_tokens``, ``train.seed``, the subword sampling settings
+        (they change the sampled lengths) and its data. Cut otherwise, the same count would
+        repeat or skip part of the epoch, so a run resumed mid-epoch with other settings starts
+        the next epoch (the rest of this one is skipped, nothing is repeated)."""
+        state, now = self.state, self.cfg.to_dict()
+        settings = [("train", "batch_tokens"), ("train", "seed")] + [
+            ("tokenizer", key) for key in ("sample_alpha", "sample_nbest", "sample_draws")
         ]
+        changed = [
+            f"{what} {before} -> {after}"
+            for what, before, after in (
+                ("processes", saved_world, self.info.world_size),
+                *(
+                    (f"{sec}.{key}", saved_cfg.get(sec, {}).get(key), now[sec][key])
+                    for sec, key in settings
+                ),
+            )
+            if before is not None and before != after
+        ]
+        if data_changed:
+            changed.append("the data (--allow-data-change)")
         if changed and state.batch_in_epoch:
             log.warning(
                 f"{path}: the batches of epoch {state.epoch} were cut for other settings "
@@ -293,6 +327,52 @@ class Trainer:
                 f"rest of epoch {state.epoch} skipped"
             )
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+
+    def _check_model_args(self, path: Path, saved: dict[str, Any]) -> None:
+        """The checkpoint's model must be this config's, but for its dropout rates (they change
+        no parameter: a resumed run may drop more or less from here on)."""
+        keys = sorted(saved.keys() | self.model_args.keys())
+        differ = [k for k in keys if saved.get(k) != self.model_args.get(k)]
+        shape = [k for k in differ if k not in _DROPOUT_ARGS]
+        if shape:
+            changes = ", ".join(f"{k} {saved.get(k)} -> {self.model_args.get(k)}" for k in shape)
+            raise MTError(
+                f"{path} was trained with another model ({changes}); use a new --run-dir, or "
+                "the run's own config"
+            )
+        if differ:
+            changes = ", ".join(f"{k} {saved[k]} -> {self.model_args[k]}" for k in differ)
+            log.info(f"resuming {path} with other dropout rates: {changes}")
+
+    def _apply_optimizer_settings(self, path: Path) -> None:
+        """Loading the optimizer's state brings back the betas, eps and weight decay it was
+        saved with; the config's hold instead (config.yaml and new checkpoints record them)."""
+        train_cfg = self.cfg.train
+        wanted = {
+            "betas": (train_cfg.adam_beta1, train_cfg.adam_beta2),
+            "eps": train_cfg.adam_eps,
+            "weight_decay": train_cfg.weight_decay,
+        }
+        group = self.optimizer.param_groups[0]  # all groups share them (one group is built)
+        before = {k: tuple(group[k]) if k == "betas" else group[k] for k in wanted}
+        changed = {k: f"{before[k]} -> {v}" for k, v in wanted.items() if before[k] != v}
+        for group in self.optimizer.param_groups:
+            group.update(wanted)
+        if changed:
+            log.info(f"resuming {path} with other AdamW settings: {changed}")
+
+    def _check_best_metric(self, path: Path) -> None:
+        """``state.best`` holds a value of the metric the run was validated by; after a change of
+        ``train.best_metric`` comparing the new metric with it would be meaningless, so the best
+        value and the patience count start over (the next validation writes best.pt)."""
+        state, metric = self.state, self.cfg.train.best_metric
+        if state.best_metric is not None and state.best_metric != metric:
+            log.warning(
+                f"{path}: train.best_metric {state.best_metric} -> {metric}: the best value and "
+                "the early-stopping count start over at the next validation"
+            )
+            state.best, state.bad_validations = None, 0
+        state.best_metric = metric
 
     def _save(self, best: bool, step_file: bool = True) -> None:
         """Write last.pt, step_N.pt (and best.pt); a collective: every rank calls it, rank 0 writes.
@@ -511,12 +591,16 @@ class Trainer:
         """Write the run's setup files and say what is about to happen; False when the run has
         already ended (max_steps, early stopping or max_minutes: nothing to do)."""
         train_cfg, state = self.cfg.train, self.state
-        setup = lambda: self.run_dir.write_setup(  # noqa: E731
-            self.cfg, self.data.src_tok, self.data.trg_tok, state.step
-        )
-        distributed.main_first(setup, self.info, lambda: None)
         average = self.run_dir.path / "average.pt"
         ended = self._ended()
+        if not ended:  # an ended run's config.yaml stays the config it trained with
+
+            def setup() -> None:
+                self.run_dir.write_setup(self.cfg, self.data.src_tok, self.data.trg_tok, state.step)
+                if state.history and state.history[-1]["step"] == state.step:
+                    self.run_dir.restore_step_file(state.step)
+
+            distributed.main_first(setup, self.info, lambda: None)
         if ended:
             log.info(f"{self.run_dir.path} {ended}")
             if train_cfg.average_last > 0 and not average.is_file():
@@ -593,6 +677,7 @@ class Trainer:
         better = state.best is None or (
             value > state.best if train_cfg.best_metric == "bleu" else value < state.best
         )
+        state.best_metric = train_cfg.best_metric
         if better:
             state.best, state.bad_validations = value, 0
         else:

@@ -62,6 +62,8 @@ def _workdir(d: Path) -> None:
     small["model"] = {k: v[:150] if v.shape[0] == 200 else v for k, v in small["model"].items()}
     torch.save(small, d / "smallvocab.pt")
     (d / "adir").mkdir()
+    (d / "exported").mkdir()
+    (d / "exported" / "transformer_mt.json").write_text("{}")  # what `mt export` writes
     (d / "afile").write_text("not a directory\n")
     (d / "link.txt").symlink_to("in.txt")
     (d / "tiny.yaml").write_text(TINY)
@@ -198,6 +200,17 @@ CASES = {
         [T, "-c", "nope.pt"],
         "x\n",
         "checkpoint not found: nope.pt; pass a .pt file",
+    ),
+    "an export given to the torch engine": (
+        [T, "-c", "exported"],
+        "x\n",
+        "checkpoint exported is a directory (an `mt export` directory: add --engine ct2)",
+    ),
+    "a checkpoint given to the ct2 engine": (
+        [T, *CK, "--engine", "ct2"],
+        "x\n",
+        "ck.pt is not a model exported by `mt export` (no transformer_mt.json): a checkpoint of "
+        "`mt train` runs with --engine torch",
     ),
     "checkpoint is a directory": (
         [T, "-c", "adir"],

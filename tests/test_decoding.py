@@ -26,6 +26,7 @@ from transformer_mt.decoding import (
     sample,
     search,
 )
+from transformer_mt.decoding.search import LineDraws, draw_tokens
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
@@ -213,12 +214,46 @@ def test_sampling_top_k_one_equals_greedy(random_model, random_src):
     assert _toks(nucleus) == _toks(greedy)
 
 
-def test_sampling_reproducible_with_generator(random_model, random_src):
-    def draw() -> list[list[list[int]]]:
-        gen = torch.Generator().manual_seed(5)
-        return _toks(sample(random_model, random_src, _sampling(top_k=8, top_p=0.9), generator=gen))
+def test_sampling_is_reproducible_and_each_seed_draws_its_own(random_model, random_src):
+    def draw(seed: int) -> list[list[list[int]]]:
+        decode = _sampling(temperature=2.0, sample_seed=seed)
+        return _toks(sample(random_model, random_src, decode))
 
-    assert draw() == draw()
+    assert draw(5) == draw(5)
+    assert draw(5) != draw(6)
+    assert draw(-1) == draw(2**64 - 1), "the seed is a 64-bit word, signed or not"
+
+
+def test_a_lines_sample_does_not_depend_on_its_batch(random_model, random_src):
+    """A line keeps its draws wherever it is decoded: alone, in another batch size, or among
+    other lines (a generator shared by the batch gave each row whatever draw came next)."""
+    sources = _sources(random_src)
+    keys = list(range(100, 100 + len(sources)))
+    decode = _sampling(temperature=2.0, sample_seed=3)
+    whole = _toks(decode_sources(random_model, sources, decode, line_keys=keys))
+    small = dataclasses.replace(decode, batch_tokens=1)  # one line per batch
+    assert _toks(decode_sources(random_model, sources, small, line_keys=keys)) == whole
+    order = list(reversed(range(len(sources))))
+    reordered = [sources[i] for i in order]
+    got = _toks(decode_sources(random_model, reordered, decode, line_keys=[keys[i] for i in order]))
+    assert [got[order.index(i)] for i in range(len(sources))] == whole
+    assert len({tuple(map(tuple, t)) for t in whole}) > 1
+
+
+def test_draw_tokens_follows_the_distribution_and_never_draws_probability_zero():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    n = 20_000
+    draws = LineDraws(7, range(n)).uniform(torch.arange(n), step=3)
+    assert float(draws.min()) > 0.0 and float(draws.max()) < 1.0
+    assert abs(float(draws.mean()) - 0.5) < 0.01 and abs(float(draws.var()) - 1 / 12) < 0.005
+    tokens = draw_tokens(probs.expand(n, -1), draws)
+    counts = torch.bincount(tokens, minlength=6).double() / n
+    assert counts[[0, 2, 5]].tolist() == [0.0, 0.0, 0.0]
+    sigma = (probs * (1 - probs) / n).sqrt()
+    assert ((counts - probs).abs() <= 4 * sigma + 1e-12).all(), counts
+    # Steps and keys draw apart: another step is another set of draws.
+    other_step = LineDraws(7, range(n)).uniform(torch.arange(n), step=4)
+    assert float(torch.corrcoef(torch.stack([draws, other_step]))[0, 1]) < 0.05
 
 
 def test_filter_logits_top_k_and_top_p():
@@ -250,14 +285,13 @@ def test_nbest_beyond_the_beam_is_refused_by_config_validation():
 @pytest.mark.parametrize("kind", ["greedy", "beam", "sampling"])
 def test_search_runs_what_the_config_asks_for(kind, random_model, random_src):
     decode = {"greedy": _beam(1), "beam": _beam(3, 2), "sampling": _sampling(top_k=4)}[kind]
-    generator = torch.Generator().manual_seed(1)
-    got = search(random_model, random_src, decode, generator=generator)
+    got = search(random_model, random_src, decode)
     if kind == "greedy":
         want = greedy_search(random_model, random_src, decode)
     elif kind == "beam":
         want = beam_search(random_model, random_src, decode)
     else:
-        want = sample(random_model, random_src, decode, generator=torch.Generator().manual_seed(1))
+        want = sample(random_model, random_src, decode)
     assert _toks(got) == _toks(want)
     assert [h.score for r in got for h in r.nbest] == [h.score for r in want for h in r.nbest]
 
@@ -292,8 +326,8 @@ def test_decode_sources_sampling_is_seeded_by_the_config(random_model, random_sr
     decode = _sampling(top_k=8, sample_seed=4, batch_tokens=30)
     first = _toks(decode_sources(random_model, sources, decode))
     assert _toks(decode_sources(random_model, sources, decode)) == first
-    generator = torch.Generator().manual_seed(4)
-    assert _toks(decode_sources(random_model, sources, decode, generator=generator)) == first
+    other = dataclasses.replace(decode, sample_seed=5, temperature=3.0)
+    assert _toks(decode_sources(random_model, sources, other)) != first
 
 
 # Target prefixes: per sentence, possibly empty; the fifth is longer than the length rule allows
@@ -310,10 +344,7 @@ def _starts_with_prefixes(results: list[DecodeResult], prefixes) -> bool:
 @pytest.mark.parametrize("kind", ["greedy", "beam", "sampling"])
 def test_prefix_starts_every_hypothesis(kind, random_model, random_src):
     decode = {"greedy": LEN, "beam": _beam(4, 4), "sampling": _sampling(top_k=8)}[kind]
-    results = search(
-        random_model, random_src, decode, generator=torch.Generator().manual_seed(1),
-        prefixes=PREFIXES,
-    )  # fmt: skip
+    results = search(random_model, random_src, decode, prefixes=PREFIXES)
     assert _starts_with_prefixes(results, PREFIXES)
     # The over-long prefix: its budget is the prefix and one more token.
     assert all(len(h.tokens) <= 9 for h in results[4].nbest)

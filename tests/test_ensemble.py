@@ -63,8 +63,8 @@ def _run(kind: str, model, src: torch.Tensor, use_cache: bool = True) -> list[De
     if kind == "beam":
         decode = dataclasses.replace(LEN, beam_size=4, nbest=3, len_penalty=0.6)
         return beam_search(model, src, decode, use_cache=use_cache)
-    decode = dataclasses.replace(LEN, sampling=True, top_k=6)
-    return sample(model, src, decode, generator=torch.Generator().manual_seed(2))
+    decode = dataclasses.replace(LEN, sampling=True, top_k=6, sample_seed=2)
+    return sample(model, src, decode)
 
 
 def _toks(results: list[DecodeResult]) -> list[list[list[int]]]:

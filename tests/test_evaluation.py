@@ -50,3 +50,26 @@ def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path):
     result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", ref, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["bleu"] == sacrebleu.corpus_bleu(REF1, [REF1]).score > 99.9
+
+
+def test_tokenize_chooses_sacrebleus_bleu_tokenizer(tmp_path):
+    """Chinese has no spaces: 13a sees one word a sentence, zh splits the characters."""
+    hyps, refs = ["我们 今天 去 公园。", "他喜欢猫"], ["我们今天去公园。", "他喜欢狗"]
+    hyp, ref = _write(tmp_path / "hyp.txt", hyps), _write(tmp_path / "ref.txt", refs)
+    scores = {}
+    for tok in ("13a", "zh"):
+        args = ["evaluate", "--hyp", hyp, "--ref", ref, "--json", "--tokenize", tok]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        scores[tok] = json.loads(result.stdout)
+        assert scores[tok]["bleu"] == sacrebleu.corpus_bleu(hyps, [refs], tokenize=tok).score
+        assert f"|tok:{tok}|" in scores[tok]["bleu_signature"]
+    assert scores["zh"]["bleu"] > scores["13a"]["bleu"]
+
+
+def test_an_unknown_tokenize_fails_before_translating(tmp_path):
+    result = CliRunner().invoke(
+        app, ["evaluate", "--src", "nope.txt", "-c", "nope.pt", "--ref", "nope", "--tokenize", "x"]
+    )
+    assert result.exit_code == 1
+    assert "--tokenize 'x': expected one of 13a, intl, zh" in result.output

@@ -72,10 +72,71 @@ def test_interactive_numbers_pictures_and_warnings_by_the_line_of_the_session(tm
     pictures = tmp_path / "att"
     args = ["translate", "-c", str(FIXTURE / "old_last.pt"), "--beam", "1", "--interactive",
             "--attention-dir", str(pictures)]  # fmt: skip
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
         result = CliRunner().invoke(app, args, input=f"{lines[0]}\n{lines[1]}\n{too_long}\n")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in pictures.iterdir()) == [f"00000{i}.png" for i in (1, 2, 3)]
-    warned = [str(w.message) for w in caught if "exceed max_src_len" in str(w.message)]
-    assert len(warned) == 1 and warned[0].startswith("line 3:"), warned
+    warned = [line for line in result.stderr.splitlines() if "exceed the limit" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: line 3:"), result.stderr
+
+
+def _mt(args: list[str], **kw) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "transformer_mt", "translate", "-c", str(FIXTURE / "old_last.pt")]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_a_closed_stdin_is_one_line_not_a_traceback():
+    for args in ([], ["--interactive"]):
+        done = _mt(args, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
+        assert done.returncode == 1 and done.stderr.startswith("error: stdin is closed"), (
+            args,
+            done.stderr,
+        )
+        assert len(done.stderr.splitlines()) == 1
+
+
+def test_a_terminal_on_stdin_with_output_names_what_to_do(tmp_path):
+    """No --interactive given: a terminal on stdin is what made the session interactive, so the
+    advice cannot be to drop --interactive."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        done = _mt(["-o", str(tmp_path / "out.txt")], stdin=follower)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: stdin is a terminal, read line by line"), done.stderr
+    assert "give --input FILE or pipe the text in" in done.stderr and "--interactive" not in (
+        done.stderr
+    )
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_line_cut_to_the_model_is_a_bare_warning_line(tmp_path):
+    src = tmp_path / "long.txt"
+    src.write_text(" ".join(["ein Hund läuft"] * 200) + "\n", encoding="utf-8")
+    done = _mt(["-i", str(src), "--beam", "1"])
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "exceed the limit" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: line 1: "), done.stderr
+    assert "UserWarning" not in done.stderr and ".py:" not in done.stderr
+
+
+def test_a_session_samples_what_the_file_samples_line_by_line(tmp_path):
+    """Sampling draws are keyed by the line number: a session, fed one line at a time, samples
+    what the whole file does (before, each line of a session drew from a fresh generator)."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    text = (FIXTURE / "src.txt").read_text(encoding="utf-8")
+    sample = ["translate", "-c", str(FIXTURE / "old_last.pt"), "--sample", "--seed", "11",
+              "--temperature", "1.5"]  # fmt: skip
+    whole = CliRunner().invoke(app, [*sample, "-i", str(FIXTURE / "src.txt")])
+    session = CliRunner().invoke(app, [*sample, "--interactive"], input=text)
+    assert whole.exit_code == session.exit_code == 0, (whole.output, session.output)
+    assert session.stdout == whole.stdout
+    assert len(set(whole.stdout.splitlines())) > 10

@@ -95,7 +95,7 @@ def test_batching_does_not_change_outputs(model, tok):
 
 def test_over_long_line_truncated_with_warning_not_dropped(model, tok):
     lines = ["the cat", "", " ".join(WORDS), "dog"]
-    with pytest.warns(UserWarning, match=r"line 3: \d+ source pieces .* max_src_len=6") as record:
+    with pytest.warns(UserWarning, match=r"line 3: \d+ source pieces .* the limit of 6;") as record:
         results = translate_lines(model, tok, tok, lines, FAST, max_src_len=6)
     assert len(record) == 1
     assert len(results) == 4 and results[1] == [("", 0.0)]

@@ -88,7 +88,11 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     """
     path = Path(path)
     if path.is_dir():
-        raise MTError(f"checkpoint {path} is a directory; pass a .pt file written by `mt train`")
+        exported = (path / "transformer_mt.json").is_file()  # export.SETTINGS_FILE
+        hint = " (an `mt export` directory: add --engine ct2)" if exported else ""
+        raise MTError(
+            f"checkpoint {path} is a directory{hint}; pass a .pt file written by `mt train`"
+        )
     if not path.exists():
         raise MTError(f"checkpoint not found: {path}; pass a .pt file written by `mt train`")
     try:

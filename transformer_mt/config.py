@@ -129,8 +129,8 @@ class DecodeConfig:
     temperature: float = 1.0  # sampling: softmax temperature (> 0; lower is closer to greedy)
     top_k: int = 0  # sampling: keep the k most likely tokens; 0 = all
     top_p: float = 1.0  # sampling: keep the smallest set holding this probability mass; 1 = all
-    sample_seed: int = 0  # sampling: seed of the draws (same input file, seed and batch_tokens,
-    # same output; a line's sample also depends on the lines decoded beside it)
+    sample_seed: int = 0  # sampling: seed of the draws; a line's sample depends on the seed and
+    # its line number only (not on batch_tokens or the lines decoded beside it)
 
 
 @dataclass
@@ -488,7 +488,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "temperature": POSITIVE,
         "top_k": AT_LEAST_0,
         "top_p": Range(lo=0.0, hi=1.0, lo_open=True),
-        "sample_seed": Range(-(2**63), 2**64 - 1),  # what torch.Generator.manual_seed takes
+        "sample_seed": Range(-(2**63), 2**64 - 1),  # 64-bit words, signed or not
     },
 }
 # Numeric fields that take any value: random.Random accepts every integer as a seed.

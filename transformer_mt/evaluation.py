@@ -1,7 +1,9 @@
 """Corpus-level scores through sacrebleu, each with the signature that makes it comparable.
 
 Inputs are detokenized text (what a user reads), never subword pieces: sacrebleu applies its own
-standard tokenization (13a for BLEU), which is what published scores use.
+standard tokenization (13a for BLEU, which is what published scores of European languages use;
+``zh``, ``ja-mecab``, ``ko-mecab``, ``char`` or ``intl`` for other scripts, see
+:data:`BLEU_TOKENIZERS`).
 """
 
 from dataclasses import dataclass
@@ -45,11 +47,26 @@ def corpus_bleu(hyps: list[str], refs: list[str]) -> float:
     return BLEU().corpus_score(hyps, [refs]).score
 
 
-def score_all(hyps: list[str], refs: list[list[str]]) -> Scores:
-    """BLEU, chrF and TER of ``hyps`` against one or more reference sets (each a list of lines)."""
+# sacrebleu's BLEU tokenizers that need no download (its spm/flores ones fetch a model).
+BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
+
+
+def bleu_metric(tokenize: str = "13a") -> BLEU:
+    """sacrebleu's BLEU with ``tokenize``; an MTError for a tokenizer it lacks or cannot load."""
+    if tokenize not in BLEU_TOKENIZERS:
+        raise MTError(f"--tokenize {tokenize!r}: expected one of {', '.join(BLEU_TOKENIZERS)}")
+    try:
+        return BLEU(tokenize=tokenize)
+    except RuntimeError as err:  # ja-mecab / ko-mecab without their packages
+        raise MTError(f"--tokenize {tokenize}: {' '.join(str(err).split())}") from None
+
+
+def score_all(hyps: list[str], refs: list[list[str]], tokenize: str = "13a") -> Scores:
+    """BLEU (with sacrebleu's ``tokenize``), chrF and TER of ``hyps`` against one or more
+    reference sets (each a list of lines)."""
     if not hyps:
         raise MTError("no lines to score")  # sacrebleu fails on empty input
-    bleu, chrf, ter = BLEU(), CHRF(), TER()
+    bleu, chrf, ter = bleu_metric(tokenize), CHRF(), TER()
     b = bleu.corpus_score(hyps, refs)
     c = chrf.corpus_score(hyps, refs)
     t = ter.corpus_score(hyps, refs)

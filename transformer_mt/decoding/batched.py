@@ -23,7 +23,7 @@ def decode_sources(
     sources: Sequence[Sequence[int]],
     decode: DecodeConfig,
     *,
-    generator: torch.Generator | None = None,
+    line_keys: Sequence[int] | None = None,
     on_batch: BatchCallback | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[DecodeResult]:
@@ -35,10 +35,10 @@ def decode_sources(
         sources: token ids, each non-empty and ending with EOS.
         decode: the search (beam size, n-best, sampling), length rule and ``batch_tokens``, the
             budget of padded source tokens per batch (a longer source gets a batch of its own).
-        generator: the draws of sampling. None with ``decode.sampling``: a generator on the
-            model's device seeded with ``decode.sample_seed`` (same input, seed and batches,
-            same output: all rows draw from this one generator, so one line's sample depends
-            on its batch).
+        line_keys: with ``decode.sampling``, one integer per source that keys its draws (with
+            ``decode.sample_seed``, see :class:`~transformer_mt.decoding.search.LineDraws`):
+            a source's sample depends on its key, not on the batch it lands in. None: the
+            positions in ``sources``.
         on_batch: called after each batch (progress bars, attention pictures), see
             :data:`BatchCallback`.
         prefixes: target ids (no BOS/EOS, possibly empty) that each source's output must start
@@ -46,16 +46,16 @@ def decode_sources(
     """
     if prefixes is not None and len(prefixes) != len(sources):
         raise ValueError(f"{len(prefixes)} prefixes for {len(sources)} sources: one each")
+    if line_keys is not None and len(line_keys) != len(sources):
+        raise ValueError(f"{len(line_keys)} line keys for {len(sources)} sources: one each")
     device = next(model.parameters()).device
-    if decode.sampling and generator is None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(decode.sample_seed)
     results: list[DecodeResult | None] = [None] * len(sources)
     for batch in longest_first_batches([len(ids) for ids in sources], decode.batch_tokens):
         positions = batch.tolist()
         src = pad_batch([sources[i] for i in positions], model.src_pad_idx).to(device)  # (B, S)
         forced = None if prefixes is None else [prefixes[i] for i in positions]
-        decoded = search(model, src, decode, generator=generator, prefixes=forced)
+        keys = positions if line_keys is None else [line_keys[i] for i in positions]
+        decoded = search(model, src, decode, line_keys=keys, prefixes=forced)
         for i, result in zip(positions, decoded, strict=True):
             results[i] = result
         if on_batch is not None:

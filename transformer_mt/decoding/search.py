@@ -32,9 +32,10 @@ raised to ``len(prefix) + 1`` where the prefix alone would reach it (within the 
 so every hypothesis holds the whole prefix. All n-best hypotheses start with it.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from transformer_mt.config import DecodeConfig
@@ -118,13 +119,14 @@ def _hypothesis(ids: list[int], logp: float, eos: bool, alpha: float) -> Hypothe
 def _sequential_search(
     model: SearchModel,
     src: torch.Tensor,
-    choose: Callable[[torch.Tensor], torch.Tensor],
+    choose: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
     decode: DecodeConfig,
     use_cache: bool,
     eos_idx: int,
     prefixes: Prefixes | None,
 ) -> list[DecodeResult]:
-    """One hypothesis per sentence, extended by ``choose(log_probs (R, V)) -> ids (R,)``."""
+    """One hypothesis per sentence, extended by ``choose(log_probs (R, V), sentence (R,), step)
+    -> ids (R,)``, ``sentence`` being each row's index in ``src``."""
     _check_model(model)
     n_sent = src.size(0)
     forced = _forced(model, prefixes, src, eos_idx)
@@ -141,7 +143,7 @@ def _sequential_search(
         log_probs = state.log_probs(tokens)  # (R, V)
         if forced is not None:
             log_probs = forced.force(log_probs, sent, step)
-        nxt = choose(log_probs)  # (R,)
+        nxt = choose(log_probs, sent, step)  # (R,)
         logp_sum += log_probs.gather(1, nxt[:, None]).squeeze(1)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (R, step + 2)
         ended = nxt == eos_idx
@@ -182,9 +184,11 @@ def greedy_search(
     """Pick the most probable token at each step (after the forced ``prefixes``, if any). Uses
     the length rule and the length penalty of ``decode`` (the penalty only scales the reported
     score); ignores the beam settings."""
-    return _sequential_search(
-        model, src, lambda log_probs: log_probs.argmax(dim=-1), decode, use_cache, eos_idx, prefixes
-    )
+
+    def choose(log_probs: torch.Tensor, sentence: torch.Tensor, step: int) -> torch.Tensor:
+        return log_probs.argmax(dim=-1)
+
+    return _sequential_search(model, src, choose, decode, use_cache, eos_idx, prefixes)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -203,27 +207,77 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+class LineDraws:
+    """The random numbers of sampling: one uniform draw in (0, 1) per line and step, a hash of
+    (seed, the line's key, step). A line's sample therefore depends on its key and the seed only,
+    never on the lines decoded beside it, the batch size or their order (a shared generator's
+    draws would go to whichever rows a batch holds).
+
+    The hash is splitmix64's finalizer (a bijection of 64-bit words that passes the BigCrush
+    tests as a counter-based generator) applied to the seed, then to it combined with the key,
+    then with the step; the top 53 bits make the float.
+    """
+
+    def __init__(self, seed: int, keys: Sequence[int]) -> None:
+        """``keys``: one integer per row of the batch (e.g. its line number in the input)."""
+        with np.errstate(over="ignore"):
+            self._base = _mix(np.array([seed % 2**64], dtype=np.uint64))
+            self._keys = _mix(self._base ^ np.array([k % 2**64 for k in keys], dtype=np.uint64))
+
+    def uniform(self, rows: torch.Tensor, step: int) -> torch.Tensor:
+        """(R,) float64 draws in (0, 1) for the batch rows ``rows`` (R,) at ``step``."""
+        with np.errstate(over="ignore"):
+            step_word = _mix(np.array([step], dtype=np.uint64) + _GOLDEN)
+            bits = _mix(self._keys[rows.cpu().numpy()] ^ step_word) >> np.uint64(11)
+        return torch.from_numpy((bits.astype(np.float64) + 0.5) * 2.0**-53).to(rows.device)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise on uint64 (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def draw_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token ids (R,) that the draws ``uniform`` (R,) in (0, 1) pick from ``probs`` (R, V), by
+    inverting each row's cumulative distribution: token i with probability ``probs[i]``, and a
+    token of probability 0 never."""
+    cdf = probs.double().cumsum(dim=-1)  # (R, V)
+    target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)  # (R, 1), in (0, total]
+    return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=probs.size(-1) - 1)
+
+
 @torch.inference_mode()
 def sample(
     model: SearchModel,
     src: torch.Tensor,
     decode: DecodeConfig,
     *,
-    generator: torch.Generator | None = None,
+    line_keys: Sequence[int] | None = None,
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
     prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
     """Draw each token from softmax(logits / temperature), optionally top-k / top-p filtered
     (back-translation), with ``decode.temperature``, ``top_k`` and ``top_p``. The score is the
-    model's own log-probability of the draw (temperature 1, unfiltered). Pass a seeded
-    ``generator`` for reproducible draws (None: torch's global generator). Forced ``prefixes``
-    draw nothing: their tokens are the only ones with probability."""
+    model's own log-probability of the draw (temperature 1, unfiltered), divided by the length
+    penalty of ``decode`` as every search's score is (``len_penalty`` 0: the plain sum). The
+    draws are :class:`LineDraws` of ``decode.sample_seed`` and ``line_keys`` (one per row of
+    ``src``; None: the row indices), so a row's sample depends on its key, not on its batch.
+    Forced ``prefixes`` draw nothing: their tokens are the only ones with probability."""
     temperature, top_k, top_p = decode.temperature, decode.top_k, decode.top_p
+    keys = range(src.size(0)) if line_keys is None else line_keys
+    if len(keys) != src.size(0):
+        raise ValueError(f"{len(keys)} line keys for {src.size(0)} sources: one each")
+    draws = LineDraws(decode.sample_seed, keys)
 
-    def choose(log_probs: torch.Tensor) -> torch.Tensor:
+    def choose(log_probs: torch.Tensor, sentence: torch.Tensor, step: int) -> torch.Tensor:
         probs = filter_logits(log_probs / temperature, top_k, top_p).softmax(dim=-1)  # (R, V)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (R,)
+        return draw_tokens(probs, draws.uniform(sentence, step))
 
     return _sequential_search(model, src, choose, decode, use_cache, eos_idx, prefixes)
 
@@ -452,16 +506,17 @@ def search(
     src: torch.Tensor,
     decode: DecodeConfig,
     *,
-    generator: torch.Generator | None = None,
+    line_keys: Sequence[int] | None = None,
     use_cache: bool = True,
     prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
-    """The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (drawing with
-    ``generator``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each output
-    starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of ``src``)."""
+    """The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (each row's draws
+    keyed by ``line_keys``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each
+    output starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of
+    ``src``)."""
     if decode.sampling:
         return sample(
-            model, src, decode, generator=generator, use_cache=use_cache, prefixes=prefixes
+            model, src, decode, line_keys=line_keys, use_cache=use_cache, prefixes=prefixes
         )
     if decode.beam_size == 1:
         return greedy_search(model, src, decode, use_cache=use_cache, prefixes=prefixes)

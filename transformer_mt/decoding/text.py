@@ -43,8 +43,7 @@ def encode_sources(
     keeps its first ``max_src_len - 1`` pieces, with a warning (``first_line``: the number it
     gives ``lines[0]``).
     """
-    what = "source pieces (with EOS) exceed max_src_len"
-    return encode_lines(src_tok, lines, max_src_len, what, first_line)
+    return encode_lines(src_tok, lines, max_src_len, "source pieces (with EOS)", first_line)
 
 
 def encode_lines(
@@ -52,7 +51,7 @@ def encode_lines(
 ) -> dict[int, list[int]]:
     """Ids plus EOS of every line with something in it, by line index (a line that is empty,
     blank, or empty after the tokenizer's normalization has none). A line over ``limit`` ids (EOS
-    included) keeps its first ``limit - 1`` pieces, with a warning: "line N: M <what>=<limit>",
+    included) keeps its first ``limit - 1`` pieces, with a warning: "line N: M <what> exceed the limit",
     where ``lines[0]`` is line ``first_line``."""
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
@@ -62,8 +61,8 @@ def encode_lines(
             continue
         if len(ids) + 1 > limit:
             warnings.warn(
-                f"line {i + first_line}: {len(ids) + 1} {what}={limit}; using its first {limit - 1} "
-                "pieces only",
+                f"line {i + first_line}: {len(ids) + 1} {what} exceed the limit of {limit}; using "
+                f"its first {limit - 1} pieces only",
                 stacklevel=3,
             )
             ids = ids[: limit - 1]
@@ -135,8 +134,8 @@ def translate_texts(
             its tokens count toward the length budget and their log-probs toward the score. A
             prefix is cut (with a warning) to leave one of the model's target positions free.
             A count other than the lines' is an MTError.
-        first_line: the number warnings give ``lines[0]`` (a caller feeding lines one at a
-            time passes its own count).
+        first_line: the number warnings give ``lines[0]``, and the key of its sample's draws
+            (a caller feeding lines one at a time passes its own count).
     """
     table = model.positions.max_len
     limit = table if max_src_len is None else min(max_src_len, table)
@@ -169,5 +168,9 @@ def translate_texts(
                 on_batch(batch_lines, src, decoded)
             bar.update(len(positions))
 
-        decode_sources(model, list(sources.values()), decode, on_batch=finished, prefixes=forced)
+        keys = [first_line + i for i in line_of]  # a line's sample is keyed by its line number
+        decode_sources(
+            model, list(sources.values()), decode, on_batch=finished, prefixes=forced,
+            line_keys=keys,
+        )  # fmt: skip
     return results

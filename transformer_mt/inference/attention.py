@@ -2,9 +2,10 @@
 target piece.
 
 Pictures: one PNG heatmap per sentence, source pieces on x, target pieces on y, for one decoder
-layer or the average of all layers (always averaged over heads). Search runs on the fused
-attention kernel, which never materializes the weights; the pictures come from one extra
-teacher-forced pass over the chosen hypotheses, which gives the same weights.
+layer or the average of all layers (always averaged over heads). Search does not keep the
+weights (on a GPU, and for long sentences on a CPU, it runs the fused attention kernel, which
+never materializes them); the pictures come from one extra teacher-forced pass over the chosen
+hypotheses, which gives the same weights.
 
 Alignments (`mt translate --alignments`): the same matrices, read as a word alignment in the
 fast_align / Pharaoh format: space-separated ``i-j`` pairs, 0-based, ``i`` a source index and

@@ -83,7 +83,7 @@ def score_pairs(
     table = min(m.positions.max_len for m in models)
     src_ids = encode_sources(src_tok, sources, table)
     # The decoder reads BOS + pieces: pieces + 1 must fit the table, as with EOS.
-    trg_ids = encode_lines(trg_tok, targets, table, "target pieces (with EOS) exceed max_len")
+    trg_ids = encode_lines(trg_tok, targets, table, "target pieces (with EOS)")
     todo = [i for i in src_ids if i in trg_ids]  # pairs with something on both sides
     results: list[PairScore | None] = [None] * len(sources)
     device = next(model.parameters()).device

@@ -218,8 +218,8 @@ class Transformer(nn.Module):
         its K beams: B = M * K, rows i*K .. i*K + K-1 reading memory row i.
 
         Without ``cache``, ``trg`` is the whole prefix and a pad + no-peek mask applies. With a
-        ``cache``, ``trg`` holds only the new positions (usually one per step): they may attend to
-        everything cached plus themselves, so no mask is needed for a single step.
+        ``cache``, ``trg`` holds only the new position of each row (one per step; more is an
+        error): it attends to everything cached plus itself, so no mask is needed.
         """
         x, _ = self._decoder_stack(trg, memory, src_mask, cache, need_weights=False)
         x = self.dec_norm(x)

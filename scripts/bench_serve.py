@@ -51,13 +51,16 @@ def free_port() -> int:
 class Server:
     """`mt serve` in a child process on a free loopback port."""
 
-    def __init__(self, engine: str, path: Path, mode: str, window_ms: float, log: Path):
+    def __init__(
+        self, engine: str, path: Path, mode: str, window_ms: float, max_wait_ms: float, log: Path
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable, "-m", "transformer_mt", "serve", "-c", str(path), "--engine", engine,
             "--host", "127.0.0.1", "--port", str(self.port),
-            *MODES[mode], "--batch-window-ms", str(window_ms),
+            *MODES[mode],
+            "--batch-window-ms", str(window_ms), "--batch-max-wait-ms", str(max_wait_ms),
         ]  # fmt: skip
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -190,6 +193,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500, help="sentences per run, at most")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="per run, at most")
     parser.add_argument("--window-ms", type=float, default=20.0, help="batching window")
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=50.0, help="longest gathering (>= --window-ms)"
+    )
     parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "ct2"])
     parser.add_argument("--ct2", type=Path, help="an exported directory for the ct2 engine")
     parser.add_argument(
@@ -202,6 +208,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.requests < 1 or args.max_seconds <= 0 or min(args.clients) < 1 or args.runs < 1:
         parser.error("--requests, --max-seconds, --clients and --runs must be positive")
+    if not 0 <= args.window_ms <= args.max_wait_ms:
+        parser.error("--window-ms must be between 0 and --max-wait-ms (mt serve refuses others)")
 
     sentences = [
         line.strip() for line in args.src.read_text(encoding="utf-8").splitlines() if line.strip()
@@ -227,7 +235,8 @@ def main() -> None:
 
     print(
         f"{len(sentences)} sentences from {args.src}; {args.runs} runs per setting (medians); "
-        f"batching window {args.window_ms:g} ms; {os.cpu_count()} CPUs",
+        f"batching window {args.window_ms:g} ms, gathering at most {args.max_wait_ms:g} ms; "
+        f"{os.cpu_count()} CPUs",
         flush=True,
     )
     header = f"{'engine':<7}{'mode':<13}{'clients':>8}{'sent/s':>9}{'tok/s':>9}"
@@ -245,7 +254,7 @@ def main() -> None:
         served: dict[tuple[str, int], dict] = {}
         modes = list(MODES) if engine == "torch" else ["batching", "no-batching"]
         for mode in modes:
-            server = Server(engine, path, mode, args.window_ms, log)
+            server = Server(engine, path, mode, args.window_ms, args.max_wait_ms, log)
             try:
                 for clients in args.clients:
                     asyncio.run(load_run(server.url, sentences[:clients], clients, 30, count))

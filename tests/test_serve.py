@@ -29,7 +29,12 @@ from typer.testing import CliRunner  # noqa: E402
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.config import DecodeConfig  # noqa: E402
 from transformer_mt.inference.batcher import Batcher, BatchSettings  # noqa: E402
-from transformer_mt.inference.engines import Engine, LineResult, TorchEngine  # noqa: E402
+from transformer_mt.inference.engines import (  # noqa: E402
+    Attention,
+    Engine,
+    LineResult,
+    TorchEngine,
+)
 from transformer_mt.inference.server import Limits, create_app  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
@@ -158,6 +163,38 @@ def test_libretranslate_form_bodies_lines_alternatives_and_detection(served, eng
     assert over.status_code == 413 and "max_lines" in over.json()["error"]
 
 
+def test_libretranslate_languages_and_detect(served):
+    """What LibreTranslate's clients ask first (Weblate, libretranslatepy, its page): GET
+    /languages, LibreTranslate's shape, both ends of the model's pair listed (a client checks
+    source and target against the codes); POST /detect: the model's one source language."""
+    client, _ = served
+    languages = client.get("/languages")
+    assert languages.status_code == 200, languages.text
+    assert languages.json() == [
+        {"code": "src", "name": "src", "targets": ["trg"]},
+        {"code": "trg", "name": "trg", "targets": []},
+    ]
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    # libretranslatepy sends its GET with a form body (the api_key)
+    with_body = client.request("GET", "/languages", content=b"api_key=k", headers=form)
+    assert with_body.json() == languages.json()
+    detected = [{"language": "src", "confidence": 100.0}]
+    for kwargs in (
+        {"json": {"q": "Di stair staustaet eni bistor ."}},
+        {"json": {"q": "", "api_key": None}},
+        {"data": {"q": "Grüße", "api_key": "k"}},
+        {"content": "q=Grüße".encode(), "headers": form},
+        {
+            "content": multipart((b'name="q"', "Grüße".encode())),
+            "headers": {"content-type": MULTIPART},
+        },
+    ):
+        reply = client.post("/detect", **kwargs)
+        assert reply.status_code == 200 and reply.json() == detected, (kwargs, reply.text)
+    assert client.get("/detect").status_code == 405
+    assert client.post("/languages", json={}).status_code == 405
+
+
 def test_libretranslate_beam_is_capped_by_max_beam(engine, lines):
     """/translate decodes with the model's settings, its beam capped by --max-beam as
     /v1/translate caps its default: on lines where greedy and the model's beam differ, a server
@@ -202,9 +239,30 @@ def test_health_model_and_docs(served):
     assert client.get("/docs").status_code == 200
 
 
+class Form(dict):
+    """A body posted as application/x-www-form-urlencoded."""
+
+
+@dataclasses.dataclass
+class Raw:
+    """A body posted as these bytes with this content type."""
+
+    content_type: str
+    body: bytes
+
+
+def multipart(*parts: tuple[bytes, bytes], boundary: bytes = b"b0undary", end: bool = True):
+    """A multipart/form-data body of (Content-Disposition parameters, data) parts."""
+    head = b"--" + boundary + b"\r\nContent-Disposition: form-data; "
+    body = b"".join(head + params + b"\r\n\r\n" + data + b"\r\n" for params, data in parts)
+    return body + (b"--" + boundary + b"--\r\n" if end else b"")
+
+
+MULTIPART = "multipart/form-data; boundary=b0undary"
+LANGS = (b'name="source"', b"src"), (b'name="target"', b"trg")
 BIG = "x" * 9000
 BAD_REQUESTS = [
-    # (what, path, body bytes or JSON, expected status, words the error must contain)
+    # (what, path, body: JSON bytes, JSON, Form or Raw; the status; words the error must hold)
     ("body size", "/v1/translate", {"text": [BIG[:250]] * 40}, 413, "max_body_bytes"),
     ("lines", "/v1/translate", {"text": ["a"] * 9}, 413, "max_lines"),
     ("characters", "/v1/translate", {"text": ["a", "b" * 301]}, 413, "max_chars"),
@@ -246,6 +304,97 @@ BAD_REQUESTS = [
     ("NaN", "/v1/translate", b'{"text": ["a"], "len_penalty": NaN}', 400, "len_penalty"),
     ("an array", "/v1/translate", b"[1, 2]", 400, "object"),
     ("empty body", "/v1/translate", b"", 400, "empty"),
+    # Form bodies: integers are -?[0-9]{1,9} (int() took "--1" apart, refused "²" and 5000 digits)
+    *[
+        (
+            f"form int {value[:8]!r}",
+            "/translate",
+            Form(q="a", source="src", target="trg", alternatives=value),
+            400,
+            "'alternatives'",
+        )
+        for value in ("--1", "²", "٣", "9" * 5000, "1_0", " 1", "")
+    ],
+    (
+        "form not UTF-8",
+        "/translate",
+        Raw("application/x-www-form-urlencoded", b"q=\xff&source=src&target=trg"),
+        400,
+        "UTF-8",
+    ),
+    (
+        "form escape not UTF-8",
+        "/translate",
+        Raw("application/x-www-form-urlencoded", b"q=%ff&source=src&target=trg"),
+        400,
+        "UTF-8",
+    ),
+    (
+        "multipart on /v1",
+        "/v1/translate",
+        Raw(MULTIPART, multipart((b'name="text"', b"a"))),
+        415,
+        "application/json",
+    ),
+    (
+        "multipart file",
+        "/translate",
+        Raw(MULTIPART, multipart((b'name="q"; filename="a.txt"', b"a"), *LANGS)),
+        400,
+        "'q' is a file",
+    ),
+    (
+        "multipart not UTF-8",
+        "/translate",
+        Raw(MULTIPART, multipart((b'name="q"', b"\xff"), *LANGS)),
+        400,
+        "'q' is not valid UTF-8",
+    ),
+    (
+        "multipart no boundary",
+        "/translate",
+        Raw("multipart/form-data", multipart(*LANGS)),
+        400,
+        "boundary",
+    ),
+    (
+        "multipart cut short",
+        "/translate",
+        Raw(MULTIPART, multipart(*LANGS, end=False)),
+        400,
+        "closing boundary",
+    ),
+    ("multipart garbage", "/translate", Raw(MULTIPART, b"q=a&source=src"), 400, "not valid"),
+    (
+        "multipart no name",
+        "/translate",
+        Raw(MULTIPART, multipart((b'x="q"', b"a"), *LANGS)),
+        400,
+        "name",
+    ),
+    (
+        "multipart twice",
+        "/translate",
+        Raw(MULTIPART, multipart((b'name="q"', b"a"), (b'name="q"', b"b"), *LANGS)),
+        400,
+        "given twice",
+    ),
+    (
+        "multipart int",
+        "/translate",
+        Raw(MULTIPART, multipart((b'name="q"', b"a"), (b'name="alternatives"', b"--1"), *LANGS)),
+        400,
+        "'alternatives'",
+    ),
+    (
+        "multipart body size",
+        "/translate",
+        Raw(MULTIPART, multipart((b'name="q"', BIG.encode()), *LANGS)),
+        413,
+        "max_body_bytes",
+    ),
+    ("detect without q", "/detect", {"api_key": ""}, 400, "'q'"),
+    ("detect unknown", "/detect", Form(q="a", colour="red"), 400, "colour"),
 ]
 
 
@@ -255,6 +404,10 @@ def test_bad_requests_get_a_4xx_json_error_and_the_server_serves_on(served, case
     _, path, body, status, words = case
     if isinstance(body, bytes):
         reply = client.post(path, content=body, headers={"content-type": "application/json"})
+    elif isinstance(body, Raw):
+        reply = client.post(path, content=body.body, headers={"content-type": body.content_type})
+    elif isinstance(body, Form):
+        reply = client.post(path, data=body)
     else:
         reply = client.post(path, json=body)
     assert reply.status_code == status, reply.text
@@ -307,11 +460,13 @@ def test_32_concurrent_requests_get_what_mt_translate_gives(served, lines):
 
 
 class FakeEngine(Engine):
-    """Upper-cases lines; fails any call that carries the line "boom"; counts its calls."""
+    """Upper-cases lines; fails any call that carries the line "boom"; counts its calls; a call
+    with the line "hold" waits until ``release`` is set."""
 
     def __init__(self) -> None:
         super().__init__("fake", None, None, DecodeConfig(beam_size=2), "src", "trg")
         self.calls: list[list[str]] = []
+        self.release = threading.Event()
 
     def count_tokens(self, lines) -> int:
         return sum(len(line.split()) + 1 for line in lines)
@@ -322,10 +477,57 @@ class FakeEngine(Engine):
             raise RuntimeError("the engine failed")
         if "slow" in lines:
             time.sleep(0.3)
+        if "hold" in lines:
+            assert self.release.wait(30), "the test never released the engine"
         return [
             LineResult(s.upper(), float(decode.beam_size), [(s.upper(), 0.0)] * decode.nbest)
             for s in lines
         ]
+
+
+@pytest.fixture
+def fake_served():
+    """A FakeEngine behind LIMITS; yields an HTTP client and the engine."""
+    engine = FakeEngine()
+    with running(create_app(engine, LIMITS)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        yield c, engine
+
+
+def test_libretranslate_form_bodies_are_utf8_urlencoded_or_multipart(fake_served):
+    """``curl -d 'q=Grüße...'`` sends raw UTF-8 in a urlencoded body (was refused: read as
+    ASCII); a browser's FormData (LibreTranslate's own page) and httpx's ``files`` post
+    multipart/form-data (was read as JSON): each reaches the engine as the text typed."""
+    client, engine = fake_served
+    urlencoded = {"content-type": "application/x-www-form-urlencoded"}
+    raw = client.post(
+        "/translate", content="q=Grüße+aus+K%C3%B6ln!&source=src&target=trg".encode(),
+        headers=urlencoded,
+    )  # fmt: skip
+    assert raw.status_code == 200, raw.text
+    assert raw.json() == {"translatedText": "GRÜSSE AUS KÖLN!"}
+    assert engine.calls[-1] == ["Grüße aus Köln!"]
+    httpx_multipart = client.post(
+        "/translate",
+        files={"q": (None, "Grüße\r\nété")},
+        data={"source": "src", "target": "trg", "alternatives": "1"},
+    )
+    assert httpx_multipart.request.headers["content-type"].startswith("multipart/form-data")
+    assert httpx_multipart.status_code == 200, httpx_multipart.text
+    assert httpx_multipart.json() == {
+        "translatedText": "GRÜSSE\nÉTÉ",
+        "alternatives": ["GRÜSSE\nÉTÉ"],
+    }
+    boundary = b"----WebKitFormBoundaryx8GQ3ScfRmBmKbqN"  # what Chromium's FormData sends
+    browser = multipart(
+        (b'name="q"', "Grüße".encode()), *LANGS, (b'name="format"', b"text"),
+        (b'name="alternatives"', b"0"), (b'name="api_key"', b""), boundary=boundary,
+    )  # fmt: skip
+    reply = client.post(
+        "/translate", content=browser,
+        headers={"content-type": "multipart/form-data; boundary=" + boundary.decode()},
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"translatedText": "GRÜSSE"}
 
 
 def _submit_together(batcher: Batcher, jobs) -> list:
@@ -485,7 +687,7 @@ def test_continuous_worker_survives_a_job_it_cannot_run_and_its_own_failure(
 
 def test_a_failing_request_gets_a_json_error_the_others_their_answers():
     engine = FakeEngine()
-    app = create_app(engine, LIMITS, BatchSettings(window_s=0.2, max_wait_s=2.0))
+    app = create_app(engine, LIMITS, BatchSettings(window_s=0.5, max_wait_s=2.0))
     with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         with ThreadPoolExecutor(3) as pool:
             bodies = [{"text": ["x"]}, {"text": ["boom"]}, {"text": ["y z"]}]
@@ -493,7 +695,80 @@ def test_a_failing_request_gets_a_json_error_the_others_their_answers():
         assert [r.status_code for r in replies] == [200, 500, 200]
         assert "the engine failed" in replies[1].json()["error"]
         assert replies[2].json()["translations"][0]["text"] == "Y Z"
+        # The failing request shared an engine call with the others; then each went alone.
+        assert sorted(engine.calls[0]) == ["boom", "x", "y z"], engine.calls
+        assert sorted(map(tuple, engine.calls[1:])) == [("boom",), ("x",), ("y z",)]
         assert client.post("/v1/translate", json={"text": ["ok"]}).status_code == 200
+
+
+def test_too_many_waiting_requests_get_a_503_and_the_server_serves_on():
+    """max_waiting requests submitted and not yet answered (here one, held in the engine): the
+    next one gets a 503 JSON error naming the limit, at once; once they are answered, the
+    server takes requests again."""
+    engine = FakeEngine()
+    app = create_app(engine, dataclasses.replace(LIMITS, max_waiting=1))
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(client.post, "/v1/translate", json={"text": ["hold"]})
+            deadline = time.monotonic() + 30
+            while not engine.calls:  # the worker is decoding "hold"
+                assert time.monotonic() < deadline and not held.done(), "hold never decoded"
+                time.sleep(0.01)
+            busy = client.post("/translate", json={"q": "a", "source": "src", "target": "trg"})
+            engine.release.set()
+            assert held.result().status_code == 200
+        assert busy.status_code == 503, busy.text
+        assert "max_waiting" in busy.json()["error"] and "busy" in busy.json()["error"]
+        assert engine.calls == [["hold"]], "the refused request never reached the engine"
+        after = client.post("/v1/translate", json={"text": ["a"]})
+        assert after.status_code == 200 and after.json()["translations"][0]["text"] == "A"
+
+
+class AttentionEngine(FakeEngine):
+    """FakeEngine whose lines come with a ``size`` x ``size`` attention matrix when asked."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.matrix = [[(i * 7 + j) % 97 / 97.0000001 for j in range(size)] for i in range(size)]
+
+    def translate(self, lines, decode, attention=False):
+        results = super().translate(lines, decode, attention)
+        for result in results if attention else ():
+            result.attention = Attention(["s"] * self.size, ["t"] * self.size, self.matrix)
+        return results
+
+
+def test_an_answer_with_attention_is_built_off_the_event_loop():
+    """Rounding and encoding 8 attention matrices of 400 x 400 takes about a second of Python;
+    done on the event loop (before), every other request waited for it. /health, asked again
+    and again while such an answer is built, must come back far sooner."""
+    engine = AttentionEngine(400)
+    app = create_app(engine, LIMITS)
+    body = {"text": ["a"] * LIMITS.max_lines, "attention": True}
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, timeout=60) as big,
+        httpx.Client(base_url=url, timeout=60) as small,
+    ):
+        assert small.get("/health").status_code == big.get("/health").status_code == 200
+        waits = []
+        with ThreadPoolExecutor(1) as pool:
+            start = time.monotonic()
+            reply = pool.submit(big.post, "/v1/translate", json=body)
+            while not reply.done():
+                asked = time.monotonic()
+                assert small.get("/health").status_code == 200
+                waits.append(time.monotonic() - asked)
+            took = time.monotonic() - start
+        reply = reply.result()
+    assert reply.status_code == 200, reply.text
+    out = reply.json()["translations"]
+    assert len(out) == LIMITS.max_lines and out[0]["text"] == "A"
+    attention = out[-1]["attention"]
+    assert attention["source"] == ["s"] * 400 and attention["target"] == ["t"] * 400
+    assert attention["weights"] == [[round(w, 6) for w in row] for row in engine.matrix]
+    assert len(waits) >= 3 and max(waits) < took / 4, (max(waits), took, len(waits))
 
 
 def _free_port() -> int:
@@ -535,21 +810,32 @@ def test_a_body_that_does_not_arrive_gets_a_408_and_the_server_serves_on(engine)
         assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
 
 
-def test_sigterm_ends_the_server_beside_a_client_that_never_finishes_its_body():
-    # Before: uvicorn waited for that connection forever, and so did the process.
+def test_sigterm_ends_the_server_after_the_shutdown_timeout_beside_a_stuck_request():
+    """A request still in flight at SIGTERM that would take longer than --shutdown-timeout
+    (its body never arrives, and --body-timeout is a minute): the process cuts it off after the
+    shutdown timeout, exits with 0, and says so. Without uvicorn's graceful-shutdown timeout
+    it waited for that request (here the body timeout; a client that never reads its answer:
+    forever)."""
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "transformer_mt", "serve", "-c", str(CKPT), "--port", str(port),
-         "--body-timeout", "1"],
+         "--body-timeout", "60", "--shutdown-timeout", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
     )  # fmt: skip
     try:
         _wait_until_serving(proc, f"http://127.0.0.1:{port}")
         with _stalled_upload(port):
-            time.sleep(0.2)
+            time.sleep(0.5)  # the request is in flight: the handler waits for its body
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=20) == 0
+            signalled = time.monotonic()
+            assert proc.wait(timeout=30) == 0
+            took = time.monotonic() - signalled
+        assert 0.9 < took < 15, f"exited {took:.1f} s after SIGTERM"
+        log = proc.stdout.read()
+        assert "stopped (SIGTERM); 1 request(s) still in flight after the shutdown timeout (1 s) " \
+            "were cut off" in log, log  # fmt: skip
+        assert "every request in flight was answered" not in log, log
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -570,28 +856,37 @@ def _wait_until_serving(proc: subprocess.Popen, url: str) -> None:
 
 
 def test_sigterm_lets_requests_in_flight_finish(lines):
+    """Four requests wait in a gathering window of 1 s (a max wait of 5 s lets it apply:
+    before, the 50 ms default ended gathering and they were all answered before the signal)
+    when SIGTERM comes; each is answered, and the log says so."""
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "transformer_mt", "serve", "-c", str(CKPT), "--port", str(port),
-         "--batch-window-ms", "800", "--no-continuous"],
+         "--batch-window-ms", "1000", "--batch-max-wait-ms", "5000", "--no-continuous"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_until_serving(proc, url)
+        assert httpx.get(f"{url}/v1/model").json()["batching"]["window_ms"] == 1000
         with httpx.Client(base_url=url, timeout=30) as client, ThreadPoolExecutor(4) as pool:
+            # warm: the first decode is slower; the window alone must keep the others waiting
+            assert client.post("/v1/translate", json={"text": [lines[0]]}).status_code == 200
             futures = [
                 pool.submit(client.post, "/v1/translate", json={"text": [line]})
                 for line in lines[:4]
             ]
-            time.sleep(0.3)  # the requests wait in the 800 ms gathering window
+            time.sleep(0.3)  # the requests wait in the 1000 ms gathering window
+            answered = [f.done() for f in futures]
             proc.send_signal(signal.SIGTERM)
             replies = [f.result() for f in futures]
+        assert not any(answered), "a request was answered before SIGTERM: nothing was in flight"
         assert [r.status_code for r in replies] == [200] * 4
         texts = [r.json()["translations"][0]["text"] for r in replies]
         assert all(texts[i] for i in range(4) if lines[i])
         assert proc.wait(timeout=30) == 0
+        assert "stopped (SIGTERM); every request in flight was answered" in proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -631,6 +926,23 @@ def test_ct2_engine_serves_an_export(engine, lines, tmp_path):
         assert attn["source"] == ct2.src_tok.id_to_piece(ct2.src_tok.encode(line))
         assert len(attn["weights"]) == len(attn["target"]) > 0
         assert all(len(row) == len(attn["source"]) for row in attn["weights"])
+
+
+def test_a_gathering_window_longer_than_the_max_wait_is_refused():
+    """It would never apply (gathering ends at the max wait), and /v1/model would report it."""
+    wrong = CliRunner().invoke(
+        cli_app,
+        ["serve", "-c", str(CKPT), "--batch-window-ms", "800", "--port", "0"],
+    )
+    assert wrong.exit_code == 1, wrong.output
+    assert wrong.output.strip().splitlines() == [
+        "error: --batch-window-ms (800) exceeds --batch-max-wait-ms (50): gathering would never "
+        "wait that long; lower the window or raise the max wait"
+    ]
+    with pytest.raises(
+        ValueError, match=re.escape("window_s=0.8 must be between 0 and max_wait_s")
+    ):
+        BatchSettings(window_s=0.8)
 
 
 def test_serve_command_errors():

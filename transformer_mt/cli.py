@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
@@ -103,7 +104,8 @@ QuantizeOpt = Annotated[
     str | None,
     typer.Option(
         help="int8: int8 linear layers, weights rounded per output row, activations per input "
-        "row (a line's output does not depend on its batch; CPU, torch engine)."
+        "row (a line's output does not depend on its batch, up to float rounding; CPU, torch "
+        "engine)."
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
@@ -168,6 +170,9 @@ def _load_config(config: Path | None, overrides: list[str] | None):
     return load_config(config if config is not None else recipe_path(DEFAULT_CONFIG), overrides)
 
 
+_python_show_warning = warnings.showwarning
+
+
 class _StderrLines(logging.Handler):
     """Log records as bare lines on stderr, written above any live progress bar."""
 
@@ -190,6 +195,19 @@ def _setup_logging() -> None:
     logger.addHandler(handler)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     logger.setLevel(logging.INFO if main_rank else logging.WARNING)
+    warnings.showwarning = _show_warning
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The package's own warnings (a line cut to the model's length, a skipped step) as bare
+    ``warning:`` lines through the logger, like its other messages; others as Python shows them."""
+    if str(filename).startswith(_PACKAGE_DIR):
+        logging.getLogger("transformer_mt").warning(f"warning: {message}")
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
 
 
 def _note(message: str) -> None:
@@ -395,8 +413,8 @@ def translate(
     seed: Annotated[
         int | None,
         typer.Option(
-            help="With --sample: seed of the draws. The same input, seed and --batch-tokens give "
-            "the same output; one line's sample depends on the lines decoded beside it."
+            help="With --sample: seed of the draws. A line's sample depends on the seed and its "
+            "line number only: not on --batch-tokens, the other lines, or --interactive."
         ),
     ] = None,
     prefix_file: Annotated[
@@ -454,8 +472,10 @@ def translate(
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
         options.update(sample_seed=seed, beam_size=beam or 1)
-    if interactive or (input is None and prefix_file is None and sys.stdin.isatty()):
-        _check_interactive(input, output, prefix_file)
+    at_terminal = input is None and prefix_file is None and sys.stdin is not None
+    at_terminal = at_terminal and sys.stdin.isatty()
+    if interactive or at_terminal:
+        _check_interactive(input, output, prefix_file, implied=not interactive)
         translate, decode = _translator(engine, checkpoints, device, options, quantize)
         _translate_interactively(translate, decode.nbest, alignments,
                                  attention_dir=attention_dir, attention_layer=attention_layer,
@@ -473,8 +493,18 @@ def translate(
     _write_lines(output, out, inputs=inputs)
 
 
-def _check_interactive(input: Path | None, output: Path | None, prefix_file: Path | None) -> None:
-    """--interactive reads stdin and answers on stdout, line by line: no file options."""
+def _check_interactive(
+    input: Path | None, output: Path | None, prefix_file: Path | None, implied: bool = False
+) -> None:
+    """--interactive reads stdin and answers on stdout, line by line: no file options. (It is
+    also what a terminal on stdin means; ``implied``: it was not asked for.)"""
+    if sys.stdin is None:
+        raise MTError("stdin is closed: --interactive reads it; pipe the text in")
+    if implied and output is not None:
+        raise MTError(
+            f"stdin is a terminal, read line by line with answers on stdout: to write --output "
+            f"{output}, give --input FILE or pipe the text in"
+        )
     for option, given, what in (
         ("--input", input, "reads stdin"),
         ("--output", output, "answers on stdout"),
@@ -587,14 +617,23 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     engine: EngineOpt = "torch",
     quantize: QuantizeOpt = None,
+    tokenize: Annotated[
+        str,
+        typer.Option(
+            help="sacrebleu's BLEU tokenizer: 13a (European languages, the default), zh, "
+            "ja-mecab, ko-mecab (pip install 'sacrebleu[ja]' / '[ko]'), char, intl or none; "
+            "the signature names it."
+        ),
+    ] = "13a",
 ) -> None:
     """BLEU, chrF and TER (sacrebleu, detokenized text) with their signatures.
 
     Either score --hyp, or translate --src with --checkpoint first; against one or more --ref.
     """
-    from transformer_mt.evaluation import check_same_length, score_all
+    from transformer_mt.evaluation import bleu_metric, check_same_length, score_all
     from transformer_mt.fileio import read_lines
 
+    bleu_metric(tokenize)  # a tokenizer sacrebleu cannot load fails before any translating
     if (hyp is None) == (src is None):
         raise MTError("give either --hyp FILE, or --src FILE with --checkpoint")
     if hyp is not None:
@@ -619,7 +658,7 @@ def evaluate(
         )
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
-    scores = score_all(hyps, refs)
+    scores = score_all(hyps, refs, tokenize)
     typer.echo(json.dumps(scores.to_dict()) if as_json else scores.format())
 
 
@@ -798,7 +837,11 @@ def serve(
     ] = False,
     batch_window_ms: Annotated[
         float,
-        typer.Option(min=0.0, max=1000.0, help="Gathering a batch ends after this long quiet."),
+        typer.Option(
+            min=0.0,
+            max=1000.0,
+            help="Gathering a batch ends after this long quiet (at most --batch-max-wait-ms).",
+        ),
     ] = 20.0,
     batch_max_wait_ms: Annotated[
         float, typer.Option(min=0.0, max=10000.0, help="...and at the latest after this long.")
@@ -808,6 +851,14 @@ def serve(
     max_body_kib: Annotated[int, typer.Option(min=1, help="Request body size, KiB.")] = 1024,
     body_timeout: Annotated[
         float, typer.Option(min=0.1, help="Seconds to receive a request's body (slower: 408).")
+    ] = 30.0,
+    shutdown_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="On SIGTERM/Ctrl-C, seconds the requests in flight get to finish; then the "
+            "ones left are cut off.",
+        ),
     ] = 30.0,
     max_beam: Annotated[
         int, typer.Option(min=1, max=64, help="Largest beam a request may ask.")
@@ -820,8 +871,15 @@ def serve(
 
     Requests that arrive together are gathered into batches and decoded together; with
     --engine torch, --continuous lets them join the running search between steps instead.
-    Ctrl-C or SIGTERM lets the requests in flight finish, then stops.
+    Ctrl-C or SIGTERM lets the requests in flight finish (at most --shutdown-timeout), then
+    stops.
     """
+    if batch_window_ms > batch_max_wait_ms:
+        raise MTError(
+            f"--batch-window-ms ({batch_window_ms:g}) exceeds --batch-max-wait-ms "
+            f"({batch_max_wait_ms:g}): gathering would never wait that long; lower the window "
+            "or raise the max wait"
+        )
     from transformer_mt.inference.server import BatchSettings, Limits
     from transformer_mt.inference.server import serve as serve_model
 
@@ -836,6 +894,7 @@ def serve(
     serve_model(
         checkpoint, engine=engine, device=device, host=host, port=port, limits=limits,
         batching=settings, access_log=access_log, quantize=quantize,
+        shutdown_timeout_s=shutdown_timeout,
     )  # fmt: skip
 
 

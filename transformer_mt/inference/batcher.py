@@ -69,6 +69,13 @@ class BatchSettings:
     max_wait_s: float = 0.05  # and at the latest this long after it began
     max_tokens: int | None = None  # source pieces per batch; None: the model's decode.batch_tokens
 
+    def __post_init__(self) -> None:
+        # A longer window would never apply, and GET /v1/model would report it as if it did.
+        if not 0 <= self.window_s <= self.max_wait_s:
+            raise ValueError(
+                f"window_s={self.window_s:g} must be between 0 and max_wait_s={self.max_wait_s:g}"
+            )
+
 
 class Busy(Exception):
     """Too many requests are waiting for the decode worker."""

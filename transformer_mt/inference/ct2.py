@@ -40,7 +40,9 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
         raise MTError(f"--engine ct2 runs on cpu or cuda, not {dev.type}: use --engine torch")
     settings_path = directory / SETTINGS_FILE
     if not settings_path.is_file():
-        hint = ": a checkpoint of `mt train` runs with --engine torch" if directory.is_file() else ""
+        hint = (
+            ": a checkpoint of `mt train` runs with --engine torch" if directory.is_file() else ""
+        )
         raise MTError(
             f"{directory} is not a model exported by `mt export` (no {SETTINGS_FILE}){hint}"
         )

@@ -6,7 +6,9 @@ Endpoints:
   "target": "en"}`` -> ``{"translatedText": "..." | [...]}``; the languages must be the model's
   (``source`` may be "auto": ``detectedLanguage`` answers the model's); LibreTranslate's
   ``format`` ("text"), ``api_key`` and ``alternatives`` (the n-best's next) are accepted, as
-  are form bodies; a text of several lines is translated line by line.
+  are form bodies (urlencoded or multipart, UTF-8); a text of several lines is translated line
+  by line. ``GET /languages`` (the model's pair) and ``POST /detect`` (always the model's source
+  language) complete what LibreTranslate's clients call.
 - ``POST /v1/translate``: ``{"text": [...], "beam": 4, "nbest": 1, "len_penalty": 1.0,
   "attention": false}`` -> ``{"translations": [{"text", "score", "nbest": [{"text", "score"}],
   "attention": {"source", "target", "weights"}}]}``, one per line, in order.
@@ -16,14 +18,19 @@ Endpoints:
 Every refused request gets a 4xx JSON ``{"error": "<one line naming the limit or field>"}``:
 the body is read and parsed here, not by FastAPI, so that invalid JSON, undecodable bytes, unknown
 fields and every limit of :class:`Limits` get our one-line message. Decoding goes through one
-:class:`~transformer_mt.inference.batcher.Batcher` worker (dynamic batching). On SIGTERM uvicorn
-stops accepting, lets the requests in flight finish, and the worker drains before the process ends.
+:class:`~transformer_mt.inference.batcher.Batcher` worker (dynamic batching); an answer with
+attention (up to max_lines matrices) is rounded and encoded in a worker thread of starlette's pool
+(plain Python, no torch), not on the event loop. On SIGTERM uvicorn stops accepting, lets the
+requests in flight finish (for at most the shutdown timeout; the log says how many it cut off),
+and the decode worker drains before the process ends.
 """
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
+import re
 import signal
 import threading
 import urllib.parse
@@ -41,14 +48,18 @@ from transformer_mt.inference.engines import Engine, LineResult, load_engine
 try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, JSONResponse
+    from fastapi.responses import FileResponse, JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, ValidationError
+    from python_multipart import MultipartParser
+    from python_multipart.exceptions import FormParserError
+    from python_multipart.multipart import parse_options_header
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect
     from starlette.staticfiles import StaticFiles
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise MTError(
-        f"`mt serve` needs FastAPI and uvicorn ({err.name} is missing): "
+        f"`mt serve` needs FastAPI, uvicorn and python-multipart ({err.name} is missing): "
         "pip install 'transformer-mt[serve]' (in a checkout: pip install -e '.[serve]')"
     ) from err
 
@@ -70,9 +81,13 @@ class Limits:
 
 
 # On SIGTERM uvicorn waits for every open connection; a client that never finishes sending its
-# body (or never reads its answer) would keep the process alive for good. After this long the
-# connections left are closed; the decode worker still answers what was submitted before exiting.
-SHUTDOWN_TIMEOUT_S = 30
+# body (or never reads its answer) would keep the process alive for good. After this long
+# (`mt serve --shutdown-timeout`) the requests left are cancelled and their connections closed;
+# the decode worker still answers what was submitted before exiting.
+SHUTDOWN_TIMEOUT_S = 30.0
+
+# An integer field of a form body: ASCII digits, an optional minus, small enough for any limit.
+_FORM_INT = re.compile(r"-?[0-9]{1,9}")
 
 
 class ApiError(Exception):
@@ -97,6 +112,11 @@ class LibreRequest(_Strict):
     api_key: str | None = None  # LibreTranslate's; ignored (no keys here)
 
 
+class DetectRequest(_Strict):
+    q: str  # LibreTranslate's; the answer is the model's one source language whatever it says
+    api_key: str | None = None  # LibreTranslate's; ignored
+
+
 class TranslateRequest(_Strict):
     text: list[str]  # lines to translate; an empty line gives an empty translation
     beam: int | None = None  # default: the model's decode.beam_size
@@ -105,12 +125,50 @@ class TranslateRequest(_Strict):
     attention: bool = False  # return the cross-attention of each best translation
 
 
+@dataclass
+class RequestCounts:
+    """HTTP requests being handled, and those cancelled before their answer was sent (by
+    uvicorn, when its graceful-shutdown timeout ran out with them still in flight)."""
+
+    in_flight: int = 0
+    cancelled: int = 0
+
+    @property
+    def unanswered(self) -> int:
+        """After uvicorn's shutdown: the requests it gave up on. It waits for every request
+        until the timeout, then cancels the rest and goes on without waiting for them to
+        unwind, so some may still count as in flight."""
+        return self.in_flight + self.cancelled
+
+
+class _CountRequests:
+    """ASGI middleware keeping :class:`RequestCounts`."""
+
+    def __init__(self, app, counts: RequestCounts) -> None:
+        self.app, self.counts = app, counts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.counts.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            self.counts.cancelled += 1
+            raise
+        finally:
+            self.counts.in_flight -= 1
+
+
 def create_app(
     engine: Engine, limits: Limits | None = None, batching: BatchSettings | None = None
 ) -> FastAPI:
-    """The FastAPI app over ``engine``; its decode worker runs while the app's lifespan does."""
+    """The FastAPI app over ``engine``; its decode worker runs while the app's lifespan does.
+    ``app.state.requests`` (:class:`RequestCounts`) says what a shutdown left unanswered."""
     limits = limits or Limits()
     batcher = Batcher(engine, batching, max_waiting=limits.max_waiting)
+    counts = RequestCounts()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -126,6 +184,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.engine, app.state.batcher, app.state.limits = engine, batcher, limits
+    app.state.requests = counts
+    app.add_middleware(_CountRequests, counts=counts)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, err: ApiError) -> JSONResponse:
@@ -191,14 +251,33 @@ def create_app(
             reply["detectedLanguage"] = detected if one else [detected] * len(answers)
         return reply
 
+    @app.get("/languages")
+    async def languages() -> list:
+        """LibreTranslate's: the languages and, per source language, its targets (this model:
+        one pair). Names are the codes: the model knows no others."""
+        pair = [{"code": engine.src_lang, "name": engine.src_lang, "targets": [engine.trg_lang]}]
+        if engine.trg_lang != engine.src_lang:  # a client checks both ends against this list
+            pair.append({"code": engine.trg_lang, "name": engine.trg_lang, "targets": []})
+        return pair
+
+    @app.post("/detect", openapi_extra=_body_schema(DetectRequest))
+    async def detect(request: Request) -> list:
+        """LibreTranslate's language detection: the model knows one source language."""
+        await _read(request, DetectRequest, limits, form=True)
+        return [{"language": engine.src_lang, "confidence": 100.0}]
+
     @app.post("/v1/translate", openapi_extra=_body_schema(TranslateRequest))
-    async def translate(request: Request) -> dict:
+    async def translate(request: Request) -> Response:
         """Lines -> per line: text, score, n-best list, and on request the cross-attention."""
         req = await _read(request, TranslateRequest, limits)
         _check_lines(req.text, limits, "text", engine)
         decode = _decode_settings(engine, req, limits)
         results = await _translate(batcher, req.text, decode, req.attention)
-        return {"translations": [_line_json(r) for r in results]}
+        if req.attention:  # up to max_lines matrices of floats: not on the event loop
+            body = await run_in_threadpool(_translations_body, results)
+        else:
+            body = _translations_body(results)
+        return Response(body, media_type="application/json")
 
     @app.get("/health")
     async def health() -> dict:
@@ -235,7 +314,8 @@ def create_app(
 async def _read(request: Request, model: type[BaseModel], limits: Limits, form: bool = False):
     """The request body, size-checked, received within ``limits.body_timeout_s`` and parsed
     into ``model`` (or an ApiError). With ``form``, an ``application/x-www-form-urlencoded``
-    body is read too (LibreTranslate's clients send one), its fields as JSON's."""
+    or ``multipart/form-data`` body (LibreTranslate's clients send both) is read too, its text
+    fields as JSON's; otherwise a multipart body gets a 415."""
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -258,31 +338,114 @@ async def _read(request: Request, model: type[BaseModel], limits: Limits, form: 
         raise ApiError(400, "the client closed the connection before sending its body") from None
     if not body:
         raise ApiError(400, "empty request body: send a JSON object")
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type_header = request.headers.get("content-type", "")
+    content_type = content_type_header.split(";")[0].strip().lower()
     try:
         if form and content_type == "application/x-www-form-urlencoded":
-            return model.model_validate(_form_fields(bytes(body), model))
+            return model.model_validate(_form_fields(_urlencoded_pairs(bytes(body)), model))
+        if content_type == "multipart/form-data":
+            if not form:
+                raise ApiError(
+                    415,
+                    f"{request.url.path} takes application/json (got multipart/form-data)",
+                )
+            pairs = _multipart_pairs(bytes(body), content_type_header)
+            return model.model_validate(_form_fields(pairs, model))
         return model.model_validate_json(bytes(body))
     except ValidationError as err:
         raise ApiError(400, _first_error(err.errors())) from None
 
 
-def _form_fields(body: bytes, model: type[BaseModel]) -> dict:
-    """A form body's fields, each given once; integer fields of ``model`` parsed as integers."""
+def _urlencoded_pairs(body: bytes) -> list[tuple[str, str]]:
+    """An ``application/x-www-form-urlencoded`` body's (name, value) pairs: the body and its
+    %-escapes strict UTF-8 (raw bytes as ``curl -d`` sends them, or escaped)."""
     try:
-        pairs = urllib.parse.parse_qsl(
-            body.decode("ascii"), keep_blank_values=True, strict_parsing=True, errors="strict"
+        return urllib.parse.parse_qsl(
+            body.decode("utf-8"), keep_blank_values=True, strict_parsing=True, errors="strict"
         )
-    except (UnicodeDecodeError, ValueError) as err:
+    except UnicodeDecodeError as err:
+        raise ApiError(400, f"the form body is not valid UTF-8: {err}") from None
+    except ValueError as err:
         raise ApiError(400, f"the form body is not valid: {err}") from None
+
+
+def _multipart_pairs(body: bytes, content_type_header: str) -> list[tuple[str, str]]:
+    """A ``multipart/form-data`` body's text fields as (name, value) pairs, strict UTF-8 (what
+    a browser's ``FormData`` sends); a file part is refused. The body is whole and within
+    max_body_bytes already, so every field is too."""
+    boundary = parse_options_header(content_type_header)[1].get(b"boundary")
+    if not boundary:
+        raise ApiError(400, "the multipart/form-data content type has no boundary")
+    pairs: list[tuple[str, str]] = []
+    part: dict = {}
+    ended = []
+
+    def header_field(data: bytes, start: int, end: int) -> None:
+        part["field"] = part.get("field", b"") + data[start:end]
+
+    def header_value(data: bytes, start: int, end: int) -> None:
+        part["value"] = part.get("value", b"") + data[start:end]
+
+    def header_end() -> None:
+        name, value = part.pop("field", b"").lower(), part.pop("value", b"")
+        if name == b"content-disposition":
+            part["disposition"] = value
+
+    def headers_finished() -> None:
+        options = parse_options_header(part.get("disposition"))[1]
+        if b"name" not in options:
+            raise ApiError(400, "a multipart part has no Content-Disposition name")
+        part["name"] = _utf8(options[b"name"], "a multipart field name")
+        if b"filename" in options:
+            raise ApiError(400, f"form field {part['name']!r} is a file; send text fields")
+
+    def part_data(data: bytes, start: int, end: int) -> None:
+        part["data"] = part.get("data", b"") + data[start:end]
+
+    def part_end() -> None:
+        name = part["name"]
+        pairs.append((name, _utf8(part.get("data", b""), f"form field {name!r}")))
+        part.clear()
+
+    callbacks = {
+        "on_header_field": header_field,
+        "on_header_value": header_value,
+        "on_header_end": header_end,
+        "on_headers_finished": headers_finished,
+        "on_part_data": part_data,
+        "on_part_end": part_end,
+        "on_end": lambda: ended.append(True),
+    }
+    try:
+        parser = MultipartParser(boundary, callbacks)
+        parser.write(body)
+        parser.finalize()
+    except FormParserError as err:
+        raise ApiError(400, f"the multipart body is not valid: {err}") from None
+    if not ended:
+        raise ApiError(400, "the multipart body ends before its closing boundary")
+    return pairs
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ApiError(400, f"{what} is not valid UTF-8: {err}") from None
+
+
+def _form_fields(pairs: list[tuple[str, str]], model: type[BaseModel]) -> dict:
+    """A form's fields, each given once; integer fields of ``model`` parsed as integers."""
     fields: dict = {}
     for name, value in pairs:
         if name in fields:
             raise ApiError(400, f"form field {name!r} given twice")
         annotation = model.model_fields[name].annotation if name in model.model_fields else None
         if annotation is int:
-            if not value.lstrip("-").isdigit():
-                raise ApiError(400, f"form field {name!r}: {value!r} is not an integer")
+            if not _FORM_INT.fullmatch(value):
+                raise ApiError(
+                    400, f"form field {name!r}: {value[:20]!r} is not an integer (-?[0-9]{{1,9}})"
+                )
             fields[name] = int(value)
         else:
             fields[name] = value
@@ -365,19 +528,31 @@ def _number(x: float) -> float | None:
     return x if math.isfinite(x) else None  # JSON has no infinity
 
 
-def _line_json(result: LineResult) -> dict:
-    out = {
+def _translations_body(results: list[LineResult]) -> bytes:
+    """``{"translations": [...]}`` as JSON bytes (as starlette's JSONResponse encodes). Each
+    ``json.dumps`` call holds the GIL throughout, so the attention weights are rounded and
+    encoded row by row: run in a worker thread, it gives the event loop the GIL back every
+    switch interval (5 ms), where a whole answer of 8 matrices of 400 x 400 holds it ~0.8 s."""
+    return b'{"translations":[' + b",".join(_line_bytes(r) for r in results) + b"]}"
+
+
+def _line_bytes(result: LineResult) -> bytes:
+    out: dict = {
         "text": result.text,
         "score": _number(result.score),
         "nbest": [{"text": text, "score": _number(score)} for text, score in result.nbest],
     }
-    if result.attention is not None:
-        out["attention"] = {
-            "source": result.attention.source,
-            "target": result.attention.target,
-            "weights": [[round(w, 6) for w in row] for row in result.attention.weights],
-        }
-    return out
+    if result.attention is None:
+        return _json_bytes(out)
+    out["attention"] = {"source": result.attention.source, "target": result.attention.target}
+    head = _json_bytes(out)
+    assert head.endswith(b"}}")  # "attention" is the last field, "weights" its last
+    rows = [_json_bytes([round(w, 6) for w in row]) for row in result.attention.weights]
+    return head[:-2] + b',"weights":[' + b",".join(rows) + b"]}}"
+
+
+def _json_bytes(value) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _body_schema(model: type[BaseModel]) -> dict:
@@ -401,9 +576,11 @@ def serve(
     batching: BatchSettings | None = None,
     access_log: bool = False,
     quantize: str | None = None,
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
 ) -> None:
-    """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first);
-    ``quantize="int8"``: dynamic int8 linear layers (torch engine, CPU)."""
+    """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first, for at
+    most ``shutdown_timeout_s``); ``quantize="int8"``: dynamic int8 linear layers (torch engine,
+    CPU)."""
     import uvicorn
 
     model = load_engine_off_main_thread(engine, path, device, quantize)
@@ -416,7 +593,11 @@ def serve(
     # handler it found: a quiet one here, so that a requested stop ends with exit code 0.
     quiet = threading.current_thread() is threading.main_thread()
     stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, _stopped) for sig in stops} if quiet else {}
+
+    def stopped(signum: int, _frame) -> None:
+        _log_stop(signal.Signals(signum).name, app.state.requests, shutdown_timeout_s)
+
+    previous = {sig: signal.signal(sig, stopped) for sig in stops} if quiet else {}
     try:
         uvicorn.run(
             app,
@@ -424,7 +605,7 @@ def serve(
             port=port,
             access_log=access_log,
             log_level="info",
-            timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
+            timeout_graceful_shutdown=shutdown_timeout_s,
         )
     finally:
         for sig, handler in previous.items():
@@ -449,5 +630,12 @@ def load_engine_off_main_thread(
         return pool.submit(load_engine, engine, path, device, quantize).result()
 
 
-def _stopped(signum: int, _frame) -> None:
-    logger.info("stopped (%s); every request in flight was answered", signal.Signals(signum).name)
+def _log_stop(signal_name: str, counts: RequestCounts, shutdown_timeout_s: float) -> None:
+    """What a stop did to the requests in flight (uvicorn has finished shutting down)."""
+    if counts.unanswered:
+        logger.warning(
+            "stopped (%s); %d request(s) still in flight after the shutdown timeout (%g s) were "
+            "cut off without an answer", signal_name, counts.unanswered, shutdown_timeout_s,
+        )  # fmt: skip
+    else:
+        logger.info("stopped (%s); every request in flight was answered", signal_name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional
@@ -251,6 +252,11 @@ def test_draw_tokens_follows_the_distribution_and_never_draws_probability_zero()
     assert counts[[0, 2, 5]].tolist() == [0.0, 0.0, 0.0]
     sigma = (probs * (1 - probs) / n).sqrt()
     assert ((counts - probs).abs() <= 4 * sigma + 1e-12).all(), counts
+    # numpy and torch integers are keys and seeds too.
+    np_keys = LineDraws(np.int64(7), np.arange(n)).uniform(torch.arange(n), step=3)
+    assert torch.equal(np_keys, draws)
+    with pytest.raises(MTError, match="sampling met a distribution with no probability"):
+        draw_tokens(torch.tensor([[0.5, 0.5], [float("nan"), 0.1]]), torch.tensor([0.3, 0.3]))
     # Steps and keys draw apart: another step is another set of draws.
     other_step = LineDraws(7, range(n)).uniform(torch.arange(n), step=4)
     assert float(torch.corrcoef(torch.stack([draws, other_step]))[0, 1]) < 0.05

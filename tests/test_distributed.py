@@ -214,7 +214,7 @@ def test_ranks_that_would_resume_from_different_steps_stop_before_training(tmp_p
     got = _two_ranks(_own_run_dir_worker, str(tmp_path))
     for rank in (0, 1):
         assert got[rank].startswith(
-            "rank 1 starts at step 0 and rank 0 at step 4: the ranks see"
+            "rank 1 resumes another run state (step 0) than rank 0 (step 4): the ranks see"
         ), got
         assert "put --run-dir on storage that every machine shares" in got[rank]
     assert (tmp_path / "run0" / "last.pt").read_bytes() == before

@@ -343,6 +343,10 @@ def test_another_best_metric_on_resume_starts_the_best_value_over(tiny_config, t
     and the patience count start over, and the next validation writes best.pt."""
     run = _trained(tiny_config, tmp_path)  # best_metric loss: best.pt at step 10
     sets = ["train.valid_bleu=true", "train.best_metric=bleu", "train.patience=1"]
+    # A state written before it recorded its metric: the checkpoint's config tells it.
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    del ckpt["train_state"]["state"]["best_metric"]
+    torch.save(ckpt, run / "last.pt")
     with caplog.at_level("WARNING", logger="transformer_mt"):
         trainer = Trainer(load_config(tiny_config, sets), run, progress=False)
     assert trainer.state.best is None and trainer.state.bad_validations == 0
@@ -356,10 +360,14 @@ def test_dropout_may_change_on_resume_and_a_shape_change_is_named(tiny_config, t
     run = _trained(tiny_config, tmp_path)
     with pytest.raises(MTError, match=r"another model \(ffn_hidden 64 -> 128\); use a new"):
         Trainer(load_config(tiny_config, [*FAST, "model.ffn_hidden=128"]), run, progress=False)
+    ckpt = torch.load(run / "last.pt", weights_only=True)  # as saved before attention dropout
+    del ckpt["model_args"]["attn_drop_prob"]
+    torch.save(ckpt, run / "last.pt")
     with caplog.at_level("INFO", logger="transformer_mt"):
         state = Trainer(load_config(tiny_config, [*FAST, "model.drop_prob=0.3"]), run,
                         progress=False).run()  # fmt: skip
-    assert state.step == 20 and "other dropout rates: drop_prob 0.1 -> 0.3" in caplog.text
+    assert state.step == 20
+    assert "other dropout rates: attn_drop_prob None -> 0.0, drop_prob 0.1 -> 0.3" in caplog.text
     assert torch.load(run / "last.pt", weights_only=True)["model_args"]["drop_prob"] == 0.3
 
 
@@ -404,6 +412,32 @@ def test_a_step_file_an_interrupted_save_left_out_is_written_on_resume(
     assert (run / "step_20.pt").read_bytes() == last_at_20
     assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_10.pt", "step_20.pt",
                                                               "step_30.pt"]  # fmt: skip
+
+
+def test_a_run_that_ended_as_its_last_step_file_failed_gets_it_and_a_full_average(
+    tiny_config, tmp_path, monkeypatch
+):
+    """Killed between last.pt and step_20.pt at the last step: the rerun finds the run ended and
+    writes the missing average.pt, which must average step_20 too."""
+    from transformer_mt.training import run_dir as run_dir_mod
+
+    real_save = run_dir_mod.save_checkpoint
+
+    def step_file_fails_at_20(ckpt, path, **kwargs):
+        if path.name == "step_20.pt":
+            raise OSError(28, "No space left on device", str(path))
+        return real_save(ckpt, path, **kwargs)
+
+    sets = [*FAST, "train.max_steps=20", "train.keep_last=2", "train.average_last=2"]
+    run = tmp_path / "run"
+    monkeypatch.setattr(run_dir_mod, "save_checkpoint", step_file_fails_at_20)
+    with pytest.raises((OSError, MTError)):
+        Trainer(load_config(tiny_config, sets), run, progress=False).run()
+    monkeypatch.setattr(run_dir_mod, "save_checkpoint", real_save)
+    assert not (run / "average.pt").exists()
+    assert Trainer(load_config(tiny_config, sets), run, progress=False).run().step == 20
+    average = torch.load(run / "average.pt", weights_only=True)
+    assert [Path(p).name for p in average["averaged_from"]] == ["step_10.pt", "step_20.pt"]
 
 
 def test_an_ended_run_keeps_the_config_it_trained_with(tiny_config, tmp_path):

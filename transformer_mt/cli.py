@@ -198,7 +198,7 @@ def _setup_logging() -> None:
     warnings.showwarning = _show_warning
 
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # as warnings name its files
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -186,6 +186,7 @@ def _transfer(
             # 200 sends the whole file again (a server that ignores Range, or a file that no longer
             # matches the validator): start over from zero, remembering this file's validator.
             offset, mode = 0, "wb"
+            part.unlink(missing_ok=True)  # never the old bytes beside the new file's validator
             new_validator = _strong_validator(response)
             if new_validator is None:
                 validator_file.unlink(missing_ok=True)

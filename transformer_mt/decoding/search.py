@@ -43,6 +43,7 @@ from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.decoding.ensemble import Ensemble, SearchModel
 from transformer_mt.decoding.prefixes import ForcedPrefixes, Prefixes
 from transformer_mt.decoding.state import DecoderState, ModelState
+from transformer_mt.errors import MTError
 
 
 @dataclass(frozen=True)
@@ -221,15 +222,17 @@ class LineDraws:
     def __init__(self, seed: int, keys: Sequence[int]) -> None:
         """``keys``: one integer per row of the batch (e.g. its line number in the input)."""
         with np.errstate(over="ignore"):
-            self._base = _mix(np.array([seed % 2**64], dtype=np.uint64))
-            self._keys = _mix(self._base ^ np.array([k % 2**64 for k in keys], dtype=np.uint64))
+            self._base = _mix(np.array([int(seed) % 2**64], dtype=np.uint64))
+            words = np.array([int(k) % 2**64 for k in keys], dtype=np.uint64)
+            self._keys = _mix(self._base ^ words)
 
     def uniform(self, rows: torch.Tensor, step: int) -> torch.Tensor:
-        """(R,) float64 draws in (0, 1) for the batch rows ``rows`` (R,) at ``step``."""
+        """(R,) float64 draws in (0, 1] for the batch rows ``rows`` (R,) at ``step``, on the CPU
+        (1 only by rounding, which :func:`draw_tokens` takes as the last token of probability)."""
         with np.errstate(over="ignore"):
             step_word = _mix(np.array([step], dtype=np.uint64) + _GOLDEN)
             bits = _mix(self._keys[rows.cpu().numpy()] ^ step_word) >> np.uint64(11)
-        return torch.from_numpy((bits.astype(np.float64) + 0.5) * 2.0**-53).to(rows.device)
+        return torch.from_numpy((bits.astype(np.float64) + 0.5) * 2.0**-53)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -243,11 +246,18 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def draw_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The token ids (R,) that the draws ``uniform`` (R,) in (0, 1) pick from ``probs`` (R, V), by
+    """The token ids (R,) that the draws ``uniform`` (R,) in (0, 1] pick from ``probs`` (R, V), by
     inverting each row's cumulative distribution: token i with probability ``probs[i]``, and a
-    token of probability 0 never."""
-    cdf = probs.double().cumsum(dim=-1)  # (R, V)
-    target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)  # (R, 1), in (0, total]
+    token of probability 0 never. In float64 (float32 on MPS, which has no float64)."""
+    dtype = torch.float32 if probs.device.type == "mps" else torch.float64
+    cdf = probs.to(dtype).cumsum(dim=-1)  # (R, V)
+    total = cdf[:, -1]
+    if not bool((total > 0).all() and total.isfinite().all()):
+        raise MTError(
+            "sampling met a distribution with no probability (the model's outputs are not "
+            "finite, or top-k/top-p/temperature left no token): check the model and those options"
+        )
+    target = (uniform.to(cdf.device, dtype) * total).unsqueeze(1)  # (R, 1), in (0, total]
     return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=probs.size(-1) - 1)
 
 

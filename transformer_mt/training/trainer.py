@@ -246,17 +246,17 @@ class Trainer:
         return self.device.type in ("cpu", "cuda")
 
     def _check_ranks_agree(self) -> None:
-        """Every rank must resume at the same position. Each reads ``last.pt`` from its own view of
+        """Every rank must resume from the same state. Each reads ``last.pt`` from its own view of
         the run directory and only rank 0 writes it, so machines that do not share the run
-        directory would train diverged replicas from different steps."""
-        position = (self.state.step, self.state.epoch, self.state.batch_in_epoch)
-        positions = distributed.all_gather_objects(position, self.info, lockstep_op=False)
-        other = next((r for r, p in enumerate(positions) if p != positions[0]), None)
+        directory would train diverged replicas, from different steps or from different runs
+        that reached the same step (their states differ: history, training time)."""
+        states = distributed.all_gather_objects(asdict(self.state), self.info, lockstep_op=False)
+        other = next((r for r, s in enumerate(states) if s != states[0]), None)
         if other is not None:
             raise MTError(
-                f"rank {other} starts at step {positions[other][0]} and rank 0 at step "
-                f"{positions[0][0]}: the ranks see different files in {self.run_dir.path}; put "
-                "--run-dir on storage that every machine shares"
+                f"rank {other} resumes another run state (step {states[other]['step']}) than "
+                f"rank 0 (step {states[0]['step']}): the ranks see different files in "
+                f"{self.run_dir.path}; put --run-dir on storage that every machine shares"
             )
 
     def _restore(self, path: Path, allow_data_change: bool) -> None:
@@ -283,7 +283,7 @@ class Trainer:
         elif self.scaler.is_enabled():  # saved by a run without fp16: its scaler was disabled
             log.info(f"{path} was trained without fp16: the gradient scaler starts afresh")
         self.state = TrainState(**saved["state"])
-        self._check_best_metric(path)
+        self._check_best_metric(path, ckpt.get("config", {}).get("train", {}).get("best_metric"))
         per_rank = saved.get("rng_per_rank", [saved["rng"]])
         self._realign_epoch(path, ckpt.get("config", {}), len(per_rank), data_changed)
         if len(per_rank) == self.info.world_size:
@@ -304,9 +304,10 @@ class Trainer:
         repeat or skip part of the epoch, so a run resumed mid-epoch with other settings starts
         the next epoch (the rest of this one is skipped, nothing is repeated)."""
         state, now = self.state, self.cfg.to_dict()
-        settings = [("train", "batch_tokens"), ("train", "seed")] + [
-            ("tokenizer", key) for key in ("sample_alpha", "sample_nbest", "sample_draws")
-        ]
+        settings = [("train", "batch_tokens"), ("train", "seed"), ("tokenizer", "sample_alpha")]
+        if saved_cfg.get("tokenizer", {}).get("sample_alpha") or now["tokenizer"]["sample_alpha"]:
+            # With sampling off (alpha 0) on both sides the other two settings are unused.
+            settings += [("tokenizer", "sample_nbest"), ("tokenizer", "sample_draws")]
         changed = [
             f"{what} {before} -> {after}"
             for what, before, after in (
@@ -341,7 +342,7 @@ class Trainer:
                 "the run's own config"
             )
         if differ:
-            changes = ", ".join(f"{k} {saved[k]} -> {self.model_args[k]}" for k in differ)
+            changes = ", ".join(f"{k} {saved.get(k)} -> {self.model_args[k]}" for k in differ)
             log.info(f"resuming {path} with other dropout rates: {changes}")
 
     def _apply_optimizer_settings(self, path: Path) -> None:
@@ -361,14 +362,16 @@ class Trainer:
         if changed:
             log.info(f"resuming {path} with other AdamW settings: {changed}")
 
-    def _check_best_metric(self, path: Path) -> None:
-        """``state.best`` holds a value of the metric the run was validated by; after a change of
-        ``train.best_metric`` comparing the new metric with it would be meaningless, so the best
-        value and the patience count start over (the next validation writes best.pt)."""
+    def _check_best_metric(self, path: Path, saved_config_metric: str | None) -> None:
+        """``state.best`` holds a value of the metric the run was validated by (the state records
+        it; older ones only in the checkpoint's config); after a change of ``train.best_metric``
+        comparing the new metric with it would be meaningless, so the best value and the patience
+        count start over (the next validation writes best.pt)."""
         state, metric = self.state, self.cfg.train.best_metric
-        if state.best_metric is not None and state.best_metric != metric:
+        saved = state.best_metric or saved_config_metric
+        if saved is not None and saved != metric:
             log.warning(
-                f"{path}: train.best_metric {state.best_metric} -> {metric}: the best value and "
+                f"{path}: train.best_metric {saved} -> {metric}: the best value and "
                 "the early-stopping count start over at the next validation"
             )
             state.best, state.bad_validations = None, 0
@@ -593,14 +596,14 @@ class Trainer:
         train_cfg, state = self.cfg.train, self.state
         average = self.run_dir.path / "average.pt"
         ended = self._ended()
-        if not ended:  # an ended run's config.yaml stays the config it trained with
 
-            def setup() -> None:
+        def setup() -> None:
+            if not ended:  # an ended run's config.yaml stays the config it trained with
                 self.run_dir.write_setup(self.cfg, self.data.src_tok, self.data.trg_tok, state.step)
-                if state.history and state.history[-1]["step"] == state.step:
-                    self.run_dir.restore_step_file(state.step)
+            if state.history and state.history[-1]["step"] == state.step:
+                self.run_dir.restore_step_file(state.step)  # before an average is made of them
 
-            distributed.main_first(setup, self.info, lambda: None)
+        distributed.main_first(setup, self.info, lambda: None)
         if ended:
             log.info(f"{self.run_dir.path} {ended}")
             if train_cfg.average_last > 0 and not average.is_file():

@@ -709,3 +709,22 @@ def test_resuming_mid_epoch_with_other_batching_starts_the_next_epoch(tiny_confi
     assert (other.state.epoch, other.state.batch_in_epoch) == (1, 0)
     assert "train.batch_tokens 400 -> 300); resuming at the start of epoch 1" in caplog.text
     assert other.run().step == 6
+
+
+def test_validation_bleu_uses_the_configured_tokenizer(tiny_config, tmp_path):
+    """train.valid_bleu_tokenize reaches sacrebleu, and the signature a checkpoint reports names
+    it (a Chinese target needs zh: 13a sees one word a sentence)."""
+    from transformer_mt.inference.loading import load_for_inference, validation_report
+
+    run = tmp_path / "run"
+    cfg = load_config(tiny_config, ["train.max_steps=100", "train.valid_bleu_tokenize=char"])
+    trainer = Trainer(cfg, run, progress=False)
+    trainer.run()
+    by_char = trainer.validate()["val_bleu"]
+    trainer.cfg.train.valid_bleu_tokenize = "13a"
+    by_word = trainer.validate()["val_bleu"]
+    assert by_char != by_word
+    report = validation_report(load_for_inference(run / "last.pt"))
+    assert report is not None and "|tok:char|" in report["signature"]
+    with pytest.raises(MTError, match=r"train.valid_bleu_tokenize='spm': expected one of 13a"):
+        load_config(tiny_config, ["train.valid_bleu_tokenize=spm"])

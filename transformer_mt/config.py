@@ -99,6 +99,8 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between metrics.jsonl lines
     valid_every: int = 500  # optimizer steps between validations (also at the end)
     valid_bleu: bool = True  # decode the validation set greedily and compute BLEU
+    valid_bleu_tokenize: str = "13a"  # sacrebleu's BLEU tokenizer for it (as `mt evaluate
+    # --tokenize`): 13a, or zh / ja-mecab / ko-mecab / char / intl / none for other scripts
     best_metric: str = "bleu"  # checkpoint selection: "bleu" (higher is better) or "loss"
     patience: int = 0  # stop after this many validations without improvement; 0 = never
     max_minutes: float = 0.0  # stop (validate, save) after this much training wall time; 0 = off
@@ -377,6 +379,8 @@ def apply_override(cfg: Config, item: str) -> None:
     _apply(cfg, section, key, value, "--set: ")
 
 
+# sacrebleu's BLEU tokenizers that need no download (its spm/flores ones fetch a model).
+BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
 MAX_BEAM = 128  # wider beams cost memory in proportion and no longer improve translations
 MIN_VOCAB_SIZE = 16  # the 4 special ids and a few pieces: no corpus's alphabet fits in fewer
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"  # what train.device accepts (check_device_name)
@@ -606,6 +610,11 @@ def _validate_train(train_cfg: TrainConfig, data_cfg: DataConfig) -> None:
     check_device_name(train_cfg.device)
     if train_cfg.best_metric not in ("bleu", "loss"):
         raise MTError(f"train.best_metric={train_cfg.best_metric!r}: expected bleu or loss")
+    if train_cfg.valid_bleu_tokenize not in BLEU_TOKENIZERS:
+        raise MTError(
+            f"train.valid_bleu_tokenize={train_cfg.valid_bleu_tokenize!r}: expected one of "
+            f"{', '.join(BLEU_TOKENIZERS)}"
+        )
     if train_cfg.best_metric == "bleu" and not train_cfg.valid_bleu:
         raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
     if train_cfg.lr_schedule not in ("noam", "linear"):

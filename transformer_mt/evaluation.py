@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from transformer_mt.config import BLEU_TOKENIZERS
 from transformer_mt.errors import MTError
 
 
@@ -42,13 +43,16 @@ class Scores:
         )
 
 
-def corpus_bleu(hyps: list[str], refs: list[str]) -> float:
-    """sacrebleu BLEU (cased, 13a) of one reference set; used for validation during training."""
-    return BLEU().corpus_score(hyps, [refs]).score
+def corpus_bleu(hyps: list[str], refs: list[str], tokenize: str = "13a") -> float:
+    """sacrebleu BLEU (cased, ``tokenize``) of one reference set; validation during training."""
+    return bleu_metric(tokenize).corpus_score(hyps, [refs]).score
 
 
-# sacrebleu's BLEU tokenizers that need no download (its spm/flores ones fetch a model).
-BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
+def bleu_signature(tokenize: str = "13a", nrefs: int = 1) -> str:
+    """The signature of :func:`corpus_bleu`'s scores."""
+    bleu = bleu_metric(tokenize)
+    bleu.corpus_score(["a"], [["a"]] * nrefs)  # the signature names the reference count once scored
+    return str(bleu.get_signature())
 
 
 def bleu_metric(tokenize: str = "13a") -> BLEU:

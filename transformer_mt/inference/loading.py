@@ -114,16 +114,12 @@ def validation_report(loaded: LoadedModel) -> dict[str, Any] | None:
     /v1/model, an export's settings); None without one."""
     if loaded.validation is None:
         return None
-    return {**loaded.validation, "signature": bleu_signature()}
+    from transformer_mt.evaluation import bleu_signature  # sacrebleu: only when reported
 
-
-def bleu_signature() -> str:
-    """The signature of training's validation BLEU (sacrebleu defaults: cased, 13a, one ref)."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU()
-    bleu.corpus_score(["a"], [["a"]])  # the signature names the reference count once scored
-    return str(bleu.get_signature())
+    return {
+        **loaded.validation,
+        "signature": bleu_signature(loaded.config.train.valid_bleu_tokenize),
+    }
 
 
 def _plain(value: Any) -> Any:

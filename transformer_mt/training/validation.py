@@ -65,6 +65,6 @@ def validate(
         ordered = [""] * len(data.valid_src)
         for r, share in enumerate(shares):
             ordered[r::world] = share
-        result["val_bleu"] = corpus_bleu(ordered, data.valid_trg)
+        result["val_bleu"] = corpus_bleu(ordered, data.valid_trg, cfg.train.valid_bleu_tokenize)
     model.train()
     return result

@@ -4,7 +4,8 @@ torch.nn.Transformer of the same size, in the same process, on the same batches.
     python scripts/bench_train.py                         # Multi30k, the small CPU size, fp32
     python scripts/bench_train.py --runs 3 --steps 10     # quicker
     python scripts/bench_train.py --device cuda --d-model 512 --heads 8 --ffn 2048 \\
-        --layers 6 --precision bf16 --batch-tokens 16384  # a GPU; prints model FLOPs utilization
+        --layers 6 --precision bf16 --batch-tokens 16384 --runs 3 --steps 10
+        # a GPU; prints model FLOPs utilization (an epoch of Multi30k holds 41 such batches)
 
 Data: the Multi30k de->en training set (``$MT_SHARED_DATA`` or ../shared/data/multi30k), cleaned
 as `mt train` cleans it, with a joint 8k unigram sentencepiece model (trained once, cached in
@@ -66,7 +67,7 @@ from transformer_mt.data.batching import make_batches, padding_fraction
 from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.model import Transformer, model_args
-from transformer_mt.training.host_memory import keep_freed_memory
+from transformer_mt.training.host_memory import keep_freed_memory, release_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
@@ -318,7 +319,11 @@ def sync(device: torch.device) -> None:
 def timed_run(
     c: Contender, warm: list[Batch], timed: list[Batch], step, device: torch.device
 ) -> None:
-    """Warm-up steps, then the timed steps; appends target tokens/s and updates the peak memory."""
+    """Warm-up steps, then the timed steps; appends target tokens/s and updates the peak memory.
+    On a CPU the heap the other model freed goes back to the kernel first (kept freed memory
+    would otherwise count in this model's peak)."""
+    if device.type == "cpu":
+        release_freed_memory()
     for batch in warm:
         step(c, batch)
     tokens = sum(int((out != PAD_ID).sum()) for _, _, out in timed)
@@ -378,6 +383,9 @@ def main() -> None:
                         default=Path(tempfile.gettempdir()) / "transformer-mt-bench",
                         help="where the sentencepiece model is cached")  # fmt: skip
     args = parser.parse_args()
+    for name, lowest in (("runs", 1), ("steps", 1), ("warmup", 0), ("batch_tokens", 256)):
+        if getattr(args, name) < lowest:
+            parser.error(f"--{name.replace('_', '-')} must be at least {lowest}")
     for name in ("attn_dropout", "ffn_dropout"):  # default: the sites nn.Transformer drops at
         if getattr(args, name) is None:
             setattr(args, name, args.dropout)
@@ -483,7 +491,8 @@ def main() -> None:
         whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         print(
             f"peak RSS of the whole process (getrusage): {whole:,.0f} MiB; per-model figures are "
-            "sampled during that model's timed steps and include the other model's weights"
+            "sampled during that model's steps, after freed heap went back to the kernel, and "
+            "include the other model's weights and optimizer state (--only MODEL: one alone)"
         )
     if peak_tflops:
         print(f"MFU against {peak_tflops:g} TFLOP/s peak (--peak-tflops)")

@@ -8,8 +8,10 @@ summed by operator family (matrix products, attention, loss, LayerNorm, dropout,
 Same data, batches, models, step and malloc setting as bench_train.py (imported from it): the
 Multi30k de->en training set, a joint 8k sentencepiece vocabulary, length-sorted batches of
 ~``--batch-tokens``. The defaults are the shape of configs/multi30k_de_en.yaml (d_model 256,
-4 heads, FFN 1024, 3+3 layers, shared and tied embeddings, dropout 0.3, label smoothing 0.1,
-bf16 autocast). ``--warmup`` untimed steps, then ``--steps`` profiled steps on other batches.
+4 heads, FFN 1024, 3+3 layers, shared and tied embeddings, dropout 0.3 on the residuals and
+embeddings, 0.1 on attention weights and inside the FFN, label smoothing 0.1, bf16 autocast).
+``--model baseline`` (torch.nn.Transformer) drops at every site with ``--dropout``.
+``--warmup`` untimed steps, then ``--steps`` profiled steps on other batches.
 
 Every profiled operator's *self* time (time not spent in a nested operator) goes to one family,
 chosen from the operator and the operators around it (an ``aten::mul`` inside dropout counts as
@@ -18,7 +20,8 @@ projection + loss (transformer_mt/training/loss.py) counts whole as "loss" (its 
 are listed apart as "loss: of it, matrix products"), and the optimizer step and zero_grad as
 "optimizer". "untracked" is the step's wall time that no operator accounts for: Python, the
 autograd engine between nodes, the profiler itself. Profiling slows a step; the table also
-prints the unprofiled step time of the same batches, measured just before.
+prints the unprofiled step time of batches of the same length distribution (the ones between
+the profiled ones), measured just before.
 """
 
 import argparse
@@ -174,9 +177,9 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--dropout", type=float, default=0.3, help="the recipe's 0.3")
-    # 0.0: what the published profile ran; the recipe sets 0.1 for both since session 8.
-    parser.add_argument("--attn-dropout", type=float, default=0.0)
-    parser.add_argument("--ffn-dropout", type=float, default=0.0)
+    # The recipe's (since session 8); the first published profile ran with 0 for both.
+    parser.add_argument("--attn-dropout", type=float, default=0.1)
+    parser.add_argument("--ffn-dropout", type=float, default=0.1)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     parser.add_argument("--model", choices=["ours", "baseline"], default="ours")
     parser.add_argument("--threads", type=int, default=0)
@@ -244,7 +247,8 @@ def main() -> None:
     print(f"data: {corpus}; {n} profiled steps of ~{tokens:,.0f} target tokens")
     print(
         f"model: {args.model}, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
-        f"{args.heads} heads, ffn {args.ffn}, dropout {args.dropout}, {args.precision}; "
+        f"{args.heads} heads, ffn {args.ffn}, dropout {args.dropout} (attention "
+        f"{args.attn_dropout}, ffn {args.ffn_dropout}), {args.precision}; "
         f"{torch.get_num_threads()} threads; torch {torch.__version__}"
     )
     plain_ms = 1e3 * statistics.median(plain_s)

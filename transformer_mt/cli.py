@@ -621,7 +621,7 @@ def evaluate(
         str,
         typer.Option(
             help="sacrebleu's BLEU tokenizer: 13a (European languages, the default), zh, "
-            "ja-mecab, ko-mecab (pip install 'sacrebleu[ja]' / '[ko]'), char, intl or none; "
+            "ja-mecab, ko-mecab (pip install 'sacrebleu\\[ja]' / '\\[ko]'), char, intl or none; "
             "the signature names it."
         ),
     ] = "13a",

@@ -90,15 +90,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs per setting (median)")
     parser.add_argument("--batch", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--src-len", type=int, default=32, help="source pieces (EOS not counted)")
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--ffn", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=8000)
+    # Defaults of the options that shape a random-weight model or its search; None until then,
+    # so that options a trained checkpoint (or a real source file) makes moot can be refused.
+    shape_defaults = {"d_model": 256, "layers": 3, "heads": 4, "ffn": 1024, "vocab": 8000}
+    search_defaults = {"src_len": 32, "max_len_a": 0.0, "max_len_b": 1.0}
+    parser.add_argument("--src-len", type=int, help="source pieces (EOS not counted; default 32)")
+    parser.add_argument("--d-model", type=int, help="random weights: model width (default 256)")
+    parser.add_argument("--layers", type=int,
+                        help="random weights: encoder and decoder layers (default 3)")  # fmt: skip
+    parser.add_argument("--heads", type=int, help="random weights: attention heads (default 4)")
+    parser.add_argument("--ffn", type=int, help="random weights: FFN width (default 1024)")
+    parser.add_argument("--vocab", type=int, help="random weights: vocabulary (default 8000)")
     parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--max-len-a", type=float, default=0.0, help="target limit a + b * src")
-    parser.add_argument("--max-len-b", type=float, default=1.0)
+    parser.add_argument("--max-len-a", type=float,
+                        help="target limit a + b * src (default a 0, b 1)")  # fmt: skip
+    parser.add_argument("--max-len-b", type=float)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--checkpoint", type=Path, help="a trained model instead of random weights")
     parser.add_argument("--src", type=Path, help="with --checkpoint: a source file to translate")
@@ -111,15 +117,42 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    def refuse(names: dict, why: str) -> None:
+        given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: {why}")
+
+    if args.checkpoint is not None:
+        refuse(shape_defaults, "the model's shape comes from --checkpoint; leave them out")
     if args.src is not None:
         if args.checkpoint is None:
             parser.error("--src needs --checkpoint")
-        real_data(args)
+        refuse(
+            search_defaults,
+            "with --src the sources are the file's lines and the length limit is the "
+            "checkpoint's decode setting; leave them out",
+        )
+    else:
+        for flag, given in (("--ref", args.ref is not None), ("--continuous", args.continuous)):
+            if given:
+                parser.error(f"{flag} needs --src (and --checkpoint)")
+    for name, value in (shape_defaults | search_defaults).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.src is not None:
+        real_data(parser, args)
         return
     model = load_checkpoint_model(args.checkpoint) if args.checkpoint else random_model(args)
     model = model.eval().cpu()
+    max_len = model.positions.max_len
+    if not 0 <= args.src_len < max_len:
+        parser.error(
+            f"--src-len {args.src_len}: a source of {args.src_len} pieces + EOS must fit the "
+            f"model's {max_len} positions (0 to {max_len - 1})"
+        )
     vocab = model.src_emb.num_embeddings
     src = random_sources(vocab, args.batch, args.src_len)
     greedy = DecodeConfig(beam_size=1, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
@@ -145,7 +178,7 @@ def main() -> None:
         print(f"cache speed-up, {name}: {speed[name, True] / speed[name, False]:.1f}x")
 
 
-def real_data(args: argparse.Namespace) -> None:
+def real_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Each engine translates ``args.src`` in batches of ``args.batch`` lines, in turn per run.
 
     Every engine runs in a process of its own (started once, warmed up, then asked for one run at
@@ -156,13 +189,19 @@ def real_data(args: argparse.Namespace) -> None:
     import multiprocessing
     import tempfile
 
-    from transformer_mt.evaluation import score_all
+    from transformer_mt.errors import MTError
+    from transformer_mt.evaluation import check_same_length, score_all
     from transformer_mt.fileio import read_lines
     from transformer_mt.inference import load_for_inference
 
+    try:
+        lines = read_lines(args.src)
+        refs = read_lines(args.ref) if args.ref else None
+        if refs is not None:  # before any decoding: BLEU pairs lines up one to one
+            check_same_length(lines, str(args.src), [refs], [str(args.ref)])
+    except MTError as err:
+        parser.error(str(err))
     loaded = load_for_inference(args.checkpoint)
-    lines = read_lines(args.src)
-    refs = read_lines(args.ref) if args.ref else None
     # int8: `mt translate --quantize int8`; "unpacked": fp32 by nn.Linear's own products, as
     # before the packed oneDNN ones (transformer_mt/inference/loading.py, PackedLinear)
     names = ["ours fp32", "ours fp32 unpacked", "ours int8"]

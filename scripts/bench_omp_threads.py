@@ -109,14 +109,21 @@ def main() -> None:
         return
     if (args.checkpoint is None) != (args.src is None):
         parser.error("--checkpoint and --src go together")
+    for flag, path in (("--checkpoint", args.checkpoint), ("--src", args.src)):
+        if path is not None and not Path(path).is_file():
+            parser.error(f"{flag} {path}: not a file")
+    if args.lines < 1 or args.runs < 1:
+        parser.error("--lines and --runs must be at least 1")
     extra = ["--checkpoint", args.checkpoint, "--src", args.src] if args.checkpoint else []
     extra += ["--lines", str(args.lines), "--runs", str(args.runs)]
     print(f"{'case':<36}{'add us':>9}{'linear us':>11}{'sentences/s':>13}")
     for case in CASES:
         proc = subprocess.run(
-            [sys.executable, __file__, "--case", case, *extra],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            [sys.executable, __file__, "--case", case, *extra], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            raise SystemExit(f"case {case!r} failed (exit status {proc.returncode}):\n{tail}")
         figures = json.loads(proc.stdout.strip().splitlines()[-1])
         rate = f"{figures['sentences/s']:>13.1f}" if "sentences/s" in figures else ""
         print(f"{case:<36}{figures['add us']:>9.1f}{figures['linear us']:>11.1f}{rate}")

@@ -14,6 +14,7 @@ Target tokens are those scored: target pieces + EOS of every non-empty pair.
 """
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -34,10 +35,14 @@ def main() -> None:
     parser.add_argument("--trg", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--batch-tokens", type=int, default=None, help="default: the run's")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = default")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads, here and (OMP_NUM_THREADS, MKL_NUM_THREADS) in the "
+                        "`mt score` process; 0 = default")  # fmt: skip
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-cli", action="store_true", help="skip the `mt score` process runs")
     args = parser.parse_args()
+    if args.threads < 0:
+        parser.error("--threads must be 0 (default) or more")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -70,13 +75,22 @@ def main() -> None:
     command = [sys.executable, "-m", "transformer_mt", "score", "-c", str(args.checkpoint),
                "--src", str(args.src), "--trg", str(args.trg), "--device", args.device,
                "--batch-tokens", str(batch_tokens)]  # fmt: skip
+    env = dict(os.environ)
+    if args.threads:  # `mt score` has no thread option: torch sizes its pool from these
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     times = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.runs):
             start = time.perf_counter()
-            subprocess.run([*command, "-o", str(Path(tmp) / "scores.txt")], check=True,
-                           stderr=subprocess.DEVNULL)  # fmt: skip
+            done = subprocess.run([*command, "-o", str(Path(tmp) / "scores.txt")], env=env,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
             times.append(time.perf_counter() - start)
+            if done.returncode != 0:
+                tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+                raise SystemExit(
+                    f"`mt score` failed (exit status {done.returncode}): {' '.join(command)}\n"
+                    f"{tail}"
+                )
     _report("mt score (process)", times, pairs, tokens)
 
 

@@ -14,7 +14,7 @@ the runs, beside the offline throughput of the same engine on the same sentences
 ``translate_lines_ct2``, one call, the model's decode settings).
 
     python scripts/bench_serve.py --checkpoint runs/toy/best.pt --src test.src \\
-        --clients 32 8 --ct2-export int8 --runs 3
+        --clients 32 8 --engines torch ct2 --ct2-export int8 --runs 3
 
 Only loopback: the servers listen on 127.0.0.1 and the clients connect there.
 """
@@ -196,13 +196,16 @@ def main() -> None:
     parser.add_argument(
         "--max-wait-ms", type=float, default=50.0, help="longest gathering (>= --window-ms)"
     )
-    parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "ct2"])
-    parser.add_argument("--ct2", type=Path, help="an exported directory for the ct2 engine")
+    parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "ct2"],
+                        help="engines to measure (default torch); ct2 needs --ct2 or "
+                        "--ct2-export")  # fmt: skip
+    parser.add_argument("--ct2", type=Path,
+                        help="an exported directory for the ct2 engine (with --engines ct2)")  # fmt: skip
     parser.add_argument(
         "--ct2-export",
         metavar="QUANTIZATION",
         help="export --checkpoint to a temporary directory with this quantization (e.g. int8) "
-        "for the ct2 engine",
+        "for the ct2 engine (with --engines ct2)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
@@ -210,6 +213,15 @@ def main() -> None:
         parser.error("--requests, --max-seconds, --clients and --runs must be positive")
     if not 0 <= args.window_ms <= args.max_wait_ms:
         parser.error("--window-ms must be between 0 and --max-wait-ms (mt serve refuses others)")
+    ct2_source = args.ct2 is not None or args.ct2_export is not None
+    if "ct2" in args.engines and not ct2_source:
+        parser.error(
+            "--engines ct2 needs --ct2 DIR (an exported model) or --ct2-export QUANTIZATION"
+        )
+    if ct2_source and "ct2" not in args.engines:
+        parser.error("--ct2/--ct2-export are for the ct2 engine: add ct2 to --engines")
+    if args.ct2 is not None and args.ct2_export is not None:
+        parser.error("--ct2 and --ct2-export both name the ct2 model: give one")
 
     sentences = [
         line.strip() for line in args.src.read_text(encoding="utf-8").splitlines() if line.strip()
@@ -223,7 +235,7 @@ def main() -> None:
     engines: list[tuple[str, Path]] = []
     if "torch" in args.engines:
         engines.append(("torch", args.checkpoint))
-    if args.ct2 or args.ct2_export:
+    if "ct2" in args.engines:
         ct2_dir = args.ct2
         if ct2_dir is None:
             from transformer_mt.inference.export import export_ctranslate2

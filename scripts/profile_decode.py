@@ -19,6 +19,7 @@ its table says where time goes, not how long a step takes.
 
 import argparse
 import dataclasses
+import fnmatch
 import statistics
 import time
 from collections import defaultdict
@@ -33,20 +34,43 @@ from transformer_mt.model import Transformer
 
 PARTS = ("encoder", "decoder", "log-softmax", "cache moves", "search")
 
-# Operator families for the profiler table: the first pattern an operator's name contains wins.
+# Operator families for the profiler table. An operator's name is reduced to its base (namespace
+# and surrounding underscores dropped: "aten::clamp_min_" -> "clamp_min", "aten::__and__" -> "and",
+# "mkldnn::_linear_pointwise" -> "linear_pointwise"), which must equal a pattern; a "*" in one
+# stands for any characters (fnmatch). The first family with a matching pattern wins.
 FAMILIES = (
-    ("matrix products", ("addmm", "mm", "linear", "matmul", "bmm", "baddbmm", "_mkl", "onednn")),
-    ("attention (SDPA)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
-    ("softmax / log-softmax", ("softmax",)),
-    ("layer norm", ("layer_norm",)),
-    ("top-k / sort", ("topk", "sort")),
-    ("gathers / index", ("index_select", "gather", "index", "masked_fill", "nonzero", "where")),
-    ("concatenation / copies", ("cat", "copy_", "clone", "contiguous", "repeat", "to", "empty")),
-    ("elementwise", ("add", "mul", "div", "sub", "relu", "eq", "ne", "lt", "le", "ge", "gt")),
-    ("embedding", ("embedding",)),
-    ("views / metadata", ("view", "reshape", "transpose", "permute", "slice", "select", "split")),
-    ("reductions", ("sum", "max", "any", "all", "mean", "floor", "clamp")),
-)
+    ("matrix products", ("addmm", "mm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
+                         "linear_pointwise", "linear_dynamic*", "linear_prepack*",
+                         "reorder_linear_weight", "mkldnn_linear", "mkl_linear")),
+    ("attention (SDPA)", ("scaled_dot_product*", "*flash_attention*", "*efficient_attention*")),
+    ("softmax / log-softmax", ("softmax", "log_softmax")),
+    ("layer norm", ("layer_norm", "native_layer_norm")),
+    ("top-k / sort", ("topk", "sort", "argsort")),
+    ("gathers / index", ("index_select", "gather", "index", "index_put", "index_fill",
+                         "index_copy", "index_add", "scatter*", "take_along_dim", "masked_fill",
+                         "masked_select", "masked_scatter", "nonzero", "nonzero_numpy",
+                         "where")),
+    ("copies / new tensors", ("cat", "stack", "copy", "to_copy", "to", "clone", "contiguous",
+                                "repeat", "repeat_interleave", "empty", "empty_like",
+                                "empty_strided", "new_empty*", "zeros", "zeros_like", "new_zeros",
+                                "ones", "ones_like", "full", "full_like", "new_full", "fill",
+                                "zero", "arange", "resize", "lift_fresh")),
+    ("elementwise", ("add", "mul", "div", "sub", "rsub", "neg", "abs", "relu", "gelu", "exp",
+                     "log", "sqrt", "rsqrt", "pow", "addcmul", "addcdiv", "eq", "ne", "lt",
+                     "le", "ge", "gt", "clamp", "clamp_min", "clamp_max", "floor",
+                     "floor_divide", "remainder", "fmod", "isfinite", "isnan", "isinf",
+                     "logical_*", "bitwise_*", "and", "or", "xor", "invert")),
+    ("embedding", ("embedding", "embedding_bag")),
+    ("views / metadata", ("view", "view_as", "unsafe_view", "reshape", "reshape_alias",
+                          "transpose", "t", "permute", "slice", "select", "split",
+                          "split_with_sizes", "unsafe_split", "chunk", "narrow", "unbind",
+                          "squeeze", "unsqueeze", "expand", "expand_as", "flatten", "unflatten",
+                          "alias", "as_strided", "detach", "resolve_conj", "resolve_neg",
+                          "qscheme", "q_per_channel_*", "q_scale", "q_zero_point")),
+    ("reductions", ("sum", "max", "min", "amax", "amin", "argmax", "argmin", "any", "all",
+                    "mean", "prod", "cumsum", "logsumexp", "norm")),
+    ("scalar reads (.item())", ("item", "local_scalar_dense", "is_nonzero")),
+)  # fmt: skip
 
 
 class Clock:
@@ -82,9 +106,10 @@ def instrument(clock: Clock) -> None:
 
 
 def family(name: str) -> str:
-    name = name.lower()
+    """The family of a profiler event key such as "aten::index_select" ("other" if none)."""
+    base = name.rsplit("::", 1)[-1].strip("_").lower()
     for label, patterns in FAMILIES:
-        if any(p in name for p in patterns):
+        if any(fnmatch.fnmatchcase(base, p) for p in patterns):
             return label
     return "other"
 

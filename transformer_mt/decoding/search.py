@@ -209,14 +209,14 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 class LineDraws:
-    """The random numbers of sampling: one uniform draw in (0, 1) per line and step, a hash of
+    """The random numbers of sampling: one uniform draw in (0, 1] per line and step, a hash of
     (seed, the line's key, step). A line's sample therefore depends on its key and the seed only,
     never on the lines decoded beside it, the batch size or their order (a shared generator's
     draws would go to whichever rows a batch holds).
 
-    The hash is splitmix64's finalizer (a bijection of 64-bit words that passes the BigCrush
-    tests as a counter-based generator) applied to the seed, then to it combined with the key,
-    then with the step; the top 53 bits make the float.
+    The hash is the output function of the splitmix64 generator (a bijection of 64-bit words;
+    the generator it finishes passes the BigCrush tests) applied to the seed, then to it combined
+    with the key, then with the step; the top 53 bits make the float.
     """
 
     def __init__(self, seed: int, keys: Sequence[int]) -> None:

@@ -771,6 +771,16 @@ def test_an_answer_with_attention_is_built_off_the_event_loop():
     assert len(waits) >= 3 and max(waits) < took / 4, (max(waits), took, len(waits))
 
 
+def test_attention_weights_that_are_not_finite_are_null():
+    """JSON has no NaN or infinity: a broken model's weights answer as null, not as a 500."""
+    engine = AttentionEngine(2)
+    engine.matrix = [[float("nan"), 1.0], [float("inf"), 0.25]]
+    with running(create_app(engine, LIMITS)) as url, httpx.Client(base_url=url) as client:
+        reply = client.post("/v1/translate", json={"text": ["a"], "attention": True})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["translations"][0]["attention"]["weights"] == [[None, 1.0], [None, 0.25]]
+
+
 def _free_port() -> int:
     import socket
 
@@ -833,8 +843,9 @@ def test_sigterm_ends_the_server_after_the_shutdown_timeout_beside_a_stuck_reque
             took = time.monotonic() - signalled
         assert 0.9 < took < 15, f"exited {took:.1f} s after SIGTERM"
         log = proc.stdout.read()
-        assert "stopped (SIGTERM); 1 request(s) still in flight after the shutdown timeout (1 s) " \
-            "were cut off" in log, log  # fmt: skip
+        assert "stopped (SIGTERM); 1 request(s) still in flight were cut off (after the " \
+            "shutdown timeout of 1 s" in log, log  # fmt: skip
+        assert log.count("stopped (") == 1, log
         assert "every request in flight was answered" not in log, log
     finally:
         if proc.poll() is None:

@@ -168,6 +168,8 @@ def create_app(
     ``app.state.requests`` (:class:`RequestCounts`) says what a shutdown left unanswered."""
     limits = limits or Limits()
     batcher = Batcher(engine, batching, max_waiting=limits.max_waiting)
+    # python-multipart logs every malformed body it meets: a client could fill the server's log.
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)
     counts = RequestCounts()
 
     @asynccontextmanager
@@ -547,7 +549,7 @@ def _line_bytes(result: LineResult) -> bytes:
     out["attention"] = {"source": result.attention.source, "target": result.attention.target}
     head = _json_bytes(out)
     assert head.endswith(b"}}")  # "attention" is the last field, "weights" its last
-    rows = [_json_bytes([round(w, 6) for w in row]) for row in result.attention.weights]
+    rows = [_json_bytes([_number(round(w, 6)) for w in row]) for row in result.attention.weights]
     return head[:-2] + b',"weights":[' + b",".join(rows) + b"]}}"
 
 
@@ -594,8 +596,12 @@ def serve(
     quiet = threading.current_thread() is threading.main_thread()
     stops = (signal.SIGINT, signal.SIGTERM)
 
+    logged: list[str] = []  # uvicorn raises each signal it caught again: log the stop once
+
     def stopped(signum: int, _frame) -> None:
-        _log_stop(signal.Signals(signum).name, app.state.requests, shutdown_timeout_s)
+        if not logged:
+            logged.append(signal.Signals(signum).name)
+            _log_stop(logged[0], app.state.requests, shutdown_timeout_s)
 
     previous = {sig: signal.signal(sig, stopped) for sig in stops} if quiet else {}
     try:
@@ -634,8 +640,9 @@ def _log_stop(signal_name: str, counts: RequestCounts, shutdown_timeout_s: float
     """What a stop did to the requests in flight (uvicorn has finished shutting down)."""
     if counts.unanswered:
         logger.warning(
-            "stopped (%s); %d request(s) still in flight after the shutdown timeout (%g s) were "
-            "cut off without an answer", signal_name, counts.unanswered, shutdown_timeout_s,
+            "stopped (%s); %d request(s) still in flight were cut off (after the shutdown "
+            "timeout of %g s, or a second signal): their clients got an error or a closed "
+            "connection", signal_name, counts.unanswered, shutdown_timeout_s,
         )  # fmt: skip
     else:
         logger.info("stopped (%s); every request in flight was answered", signal_name)

@@ -197,8 +197,8 @@ class RunDirectory:
         killed between the two writes of :meth:`save` left it out, and the resumed run, past that
         step, would never write it (``keep_last`` and average.pt would silently lack it)."""
         target = self.path / f"step_{step}.pt"
-        if target.is_file() or not self.last.is_file():
-            return
+        if self.keep_last == 0 or target.is_file() or not self.last.is_file():
+            return  # (keep_last 0: no step files are kept)
         with atomic_write(target, "wb", durable=True) as out, open(self.last, "rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
         log.info(f"wrote {target.name}, which an interrupted save left out (a copy of last.pt)")

@@ -835,12 +835,19 @@ def test_sigterm_ends_the_server_after_the_shutdown_timeout_beside_a_stuck_reque
     )  # fmt: skip
     try:
         _wait_until_serving(proc, f"http://127.0.0.1:{port}")
-        with _stalled_upload(port):
+        with _stalled_upload(port) as sock:
             time.sleep(0.5)  # the request is in flight: the handler waits for its body
             proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             assert proc.wait(timeout=30) == 0
             took = time.monotonic() - signalled
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        # Cut off, it still gets a JSON error (uvicorn's own: a text/plain 500).
+        assert answer.startswith(b"HTTP/1.1 503") and answer.endswith(
+            b'{"error":"the server shut down before answering; send the request again"}'
+        ), answer
         assert 0.9 < took < 15, f"exited {took:.1f} s after SIGTERM"
         log = proc.stdout.read()
         assert "stopped (SIGTERM); 1 request(s) still in flight were cut off (after the " \

@@ -152,13 +152,40 @@ class _CountRequests:
             await self.app(scope, receive, send)
             return
         self.counts.in_flight += 1
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, tracked_send)
         except asyncio.CancelledError:
+            # Cut off by uvicorn's shutdown timeout. A request whose answer has not begun still
+            # gets a JSON error (uvicorn's own would be a text/plain 500 and a traceback); the
+            # task then ends as uvicorn wants it to.
             self.counts.cancelled += 1
-            raise
+            if started or not await _send_json_error(send, 503, _SHUTTING_DOWN):
+                raise
         finally:
             self.counts.in_flight -= 1
+
+
+_SHUTTING_DOWN = "the server shut down before answering; send the request again"
+
+
+async def _send_json_error(send, status: int, message: str) -> bool:
+    """Send a whole ``{"error": message}`` response through ASGI ``send``; False when the
+    connection is gone."""
+    body = _json_bytes({"error": message})
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except Exception:  # any failure here means the client cannot be told
+        return False
+    return True
 
 
 def create_app(
@@ -641,8 +668,8 @@ def _log_stop(signal_name: str, counts: RequestCounts, shutdown_timeout_s: float
     if counts.unanswered:
         logger.warning(
             "stopped (%s); %d request(s) still in flight were cut off (after the shutdown "
-            "timeout of %g s, or a second signal): their clients got an error or a closed "
-            "connection", signal_name, counts.unanswered, shutdown_timeout_s,
+            "timeout of %g s, or a second signal): those whose answer had not begun got a JSON "
+            "503", signal_name, counts.unanswered, shutdown_timeout_s,
         )  # fmt: skip
     else:
         logger.info("stopped (%s); every request in flight was answered", signal_name)

@@ -155,6 +155,21 @@ def test_single_process_helpers_are_no_ops():
         distributed.agree_on_error(KeyError("x"), info)
 
 
+def _trainer_rank(rank: int, tmp: str, queue, build_trainer) -> None:
+    """As rank ``rank`` of 2 (gloo, a file store in ``tmp``), call ``build_trainer()`` (which
+    builds a Trainer); put "no error" or the MTError it raised on the queue."""
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                                         world_size=2)  # fmt: skip
+    try:
+        build_trainer()
+        queue.put((rank, "no error"))
+    except MTError as err:
+        queue.put((rank, str(err)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def _fingerprint_worker(rank: int, tmp: str, queue) -> None:
     """Each rank prepares its own copy of the data (as machines without a shared cache do);
     rank 1's toy corpus has another seed, so its tokenizer and batches differ from rank 0's."""
@@ -162,20 +177,14 @@ def _fingerprint_worker(rank: int, tmp: str, queue) -> None:
 
     from transformer_mt.training.trainer import Trainer
 
-    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank))
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
-                                         world_size=2)  # fmt: skip
-    config = Path(tmp) / f"c{rank}.yaml"
-    config.write_text(TINY_CONFIG.format(cache=f"{tmp}/cache{rank}", steps=4))
-    cfg = load_config(config, [f"data.toy_seed={1 + rank}"])
-    try:
+    def build() -> None:
+        config = Path(tmp) / f"c{rank}.yaml"
+        config.write_text(TINY_CONFIG.format(cache=f"{tmp}/cache{rank}", steps=4))
+        cfg = load_config(config, [f"data.toy_seed={1 + rank}"])
         data = prepare(cfg, progress=False)
         Trainer(cfg, Path(tmp) / "run", resume=False, progress=False, data=data)
-        queue.put((rank, "no error"))
-    except MTError as err:
-        queue.put((rank, str(err)))
-    finally:
-        torch.distributed.destroy_process_group()
+
+    _trainer_rank(rank, tmp, queue, build)
 
 
 def test_ranks_that_prepared_different_data_all_stop_before_training(tmp_path):
@@ -190,17 +199,8 @@ def _own_run_dir_worker(rank: int, tmp: str, queue) -> None:
     rank 1 an empty directory of its own."""
     from transformer_mt.training.trainer import Trainer
 
-    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank))
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
-                                         world_size=2)  # fmt: skip
     cfg = load_config(Path(tmp) / "c.yaml", ["train.max_steps=8"])
-    try:
-        Trainer(cfg, Path(tmp) / f"run{rank}", progress=False)
-        queue.put((rank, "no error"))
-    except MTError as err:
-        queue.put((rank, str(err)))
-    finally:
-        torch.distributed.destroy_process_group()
+    _trainer_rank(rank, tmp, queue, lambda: Trainer(cfg, Path(tmp) / f"run{rank}", progress=False))
 
 
 def test_ranks_that_would_resume_from_different_steps_stop_before_training(tmp_path):

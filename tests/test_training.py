@@ -264,15 +264,39 @@ def _train_cmd(config: Path, run_dir: Path) -> list[str]:
             "--run-dir", str(run_dir), "--no-progress"]  # fmt: skip
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["best-segmentation", "sampled-subwords"])
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, sampled):
+def _mixed_sources(tmp_path: Path, text: str) -> str:
+    """TINY_CONFIG's toy corpus as two weighted training sources (a text pair and a TSV)."""
+    from transformer_mt.data.toy import toy_splits
+
+    splits = toy_splits(400, 20, 20, seed=1)
+    for name, pairs in (("a", splits["train"][:250]), ("valid", splits["valid"])):
+        (tmp_path / f"{name}.src").write_text("".join(s + "\n" for s, _ in pairs))
+        (tmp_path / f"{name}.trg").write_text("".join(t + "\n" for _, t in pairs))
+    (tmp_path / "b.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in splits["train"][250:]))
+    sources = (
+        f"  train:\n    - {{src: {tmp_path}/a.src, trg: {tmp_path}/a.trg, weight: 0.5}}\n"
+        f"    - {{tsv: {tmp_path}/b.tsv, weight: 1.5}}\n"
+        f"  valid: {{src: {tmp_path}/valid.src, trg: {tmp_path}/valid.trg}}\n"
+    )
+    return text.replace("  corpus: toy\n", sources)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["best", "sampled", "mixed"],
+    ids=["best-segmentation", "sampled-subwords", "weighted-sources"],
+)
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, variant):
     config = tmp_path / "c.yaml"
     from conftest import TINY_CONFIG
 
     text = TINY_CONFIG.format(cache=tmp_path / "cache", steps=30)
-    if sampled:  # each epoch a new segmentation: the resumed run must draw the same one
+    if variant == "sampled":  # each epoch a new segmentation: the resumed run must draw the same
         text = text.replace("  vocab_size: 300\n", "  vocab_size: 300\n  sample_alpha: 0.1\n")
         assert "sample_alpha" in text, "TINY_CONFIG changed: put sample_alpha under tokenizer"
+    if variant == "mixed":  # each epoch a new draw of the half-weighted source's pairs
+        text = _mixed_sources(tmp_path, text)
+        assert "weight: 1.5" in text, "TINY_CONFIG changed: it must name corpus: toy"
     config.write_text(text)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(_train_cmd(config, tmp_path / "whole"), check=True, env=env, capture_output=True)

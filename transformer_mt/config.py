@@ -23,9 +23,54 @@ from transformer_mt.fileio import decode_utf8, write_text_atomic
 
 
 @dataclass
+class SourceConfig:
+    """One source of parallel text in ``data.train`` / ``data.valid`` / ``data.test``.
+
+    Exactly one of the keys ``src`` (with ``trg``), ``tsv``, ``jsonl``, ``parquet``, ``tmx``,
+    ``corpus``, ``mtdata``, ``hf`` and ``sacrebleu`` says what the source is; the other keys
+    refine it. The languages are ``data.src_lang`` / ``data.trg_lang``.
+    """
+
+    src: str | None = None  # source-side file: text (plain, .gz, .xz, .bz2), WMT .sgm, or IWSLT
+    # .xml / train.tags (by its name); read inside `archive` when that is set
+    trg: str | None = None  # target-side file, the same format as `src`
+    tsv: str | None = None  # a tab-separated file, one pair a line (see `columns`)
+    columns: list[int] = field(default_factory=lambda: [0, 1])  # tsv: the source and target
+    # columns, counted from 0
+    jsonl: str | None = None  # a JSON-lines file, one object a pair (see `fields`)
+    parquet: str | None = None  # a parquet file, one row a pair (see `fields`); needs [hf]
+    fields: list[str] | None = None  # jsonl / parquet / hf: the source and target fields, dotted
+    # into nested objects; null = translation.<src_lang> and translation.<trg_lang>
+    tmx: str | None = None  # a TMX translation memory (units without both languages are skipped)
+    archive: str | None = None  # read src/trg, tsv, jsonl or tmx as members of this archive
+    # (.tar, .tgz, .tar.xz, .tar.bz2, .zip) without unpacking it
+    corpus: str | None = None  # a registry corpus by name (`mt download --list`)
+    mtdata: str | None = None  # an mtdata dataset ID, e.g. Statmt-news_commentary-16-deu-eng
+    # (needs the [mtdata] extra)
+    hf: str | None = None  # a Hugging Face dataset: its Hub name or a local path (needs [hf])
+    hf_config: str | None = None  # hf: the dataset's configuration, e.g. de-en
+    split: str | None = None  # corpus / hf: the split to read; null = the split this source is
+    # listed under (for hf: train, validation, test)
+    sacrebleu: str | None = None  # a sacrebleu test set, e.g. wmt14/full (md5-checked, cached in
+    # $SACREBLEU)
+    weight: float = 1.0  # data.train only: how much of the source an epoch draws: 2 = each pair
+    # twice, 0.5 = a random half (drawn anew each epoch)
+    name: str | None = None  # a plain name for reports and the cache; null = taken from the source
+
+
+SOURCE_KINDS = ("src", "tsv", "jsonl", "parquet", "tmx", "corpus", "mtdata", "hf", "sacrebleu")
+"""The keys of :class:`SourceConfig` that say what a source is; a source sets exactly one."""
+
+
+@dataclass
 class DataConfig:
     corpus: str = "toy"  # "toy" (built-in generator), "local" (files below) or a registry
-    # corpus by name, e.g. "multi30k" (`mt download --list`)
+    # corpus by name, e.g. "multi30k" (`mt download --list`); data.train, when set, replaces it
+    train: list[SourceConfig] | None = None  # training sources, each a mapping (SourceConfig:
+    # a file pair, tsv, jsonl, parquet, tmx, corpus, mtdata, hf or sacrebleu) with its weight
+    valid: list[SourceConfig] | None = None  # validation sources (needed with data.train);
+    # several are read as one set
+    test: list[SourceConfig] | None = None  # test sources (optional), read as one set
     src_lang: str = "src"  # source language code: names files and logs
     trg_lang: str = "trg"  # target language code
     train_src: str | None = None  # local corpus: training source file (plain or .gz)
@@ -155,6 +200,9 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        others = [arg for arg in args if arg is not type(None)]
+        if len(others) == 1 and typing.get_origin(others[0]) is list:
+            return _check_type(value, others[0], key)  # its own error names the item
         for arg in args:
             if arg is type(None):
                 continue
@@ -163,6 +211,15 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
             except MTError:
                 pass
         raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, dict) and dataclasses.is_dataclass(item):
+            value = [value]  # one source may be written without the list around it
+        if not isinstance(value, list):
+            raise MTError(f"config key {key!r}: expected a list, got {value!r}")
+        return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _build_dataclass(tp, value, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is bool and not isinstance(value, bool):
@@ -172,6 +229,20 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
     if not isinstance(value, tp):
         raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
     return value
+
+
+def _build_dataclass(cls: type, value: Any, key: str) -> Any:
+    """An instance of ``cls`` from a mapping of its keys (a list item such as one source)."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise MTError(f"config key {key!r}: expected a mapping of keys, got {value!r}")
+    obj, hints = cls(), _section_types(cls)
+    for name, item in value.items():
+        if name not in hints:
+            raise MTError(f"unknown config key '{key}.{name}'; known keys: {', '.join(hints)}")
+        setattr(obj, name, _check_type(item, hints[name], f"{key}.{name}"))
+    return obj
 
 
 def _type_name(tp: Any) -> str:
@@ -340,6 +411,12 @@ def _expand_home(data_cfg: DataConfig) -> None:
         value = getattr(data_cfg, f.name)
         if f.name in _DATA_PATHS and isinstance(value, str):
             setattr(data_cfg, f.name, os.path.expanduser(value))
+    for split in SPLITS:
+        for source in getattr(data_cfg, split) or []:
+            for key in _SOURCE_PATHS:
+                value = getattr(source, key)
+                if isinstance(value, str):
+                    setattr(source, key, os.path.expanduser(value))
 
 
 # The local corpus's file keys (data.corpus: local), and every data path.
@@ -347,6 +424,8 @@ LOCAL_FILE_KEYS = tuple(
     f"{s}_{side}" for s in ("train", "valid", "test") for side in ("src", "trg")
 )
 _DATA_PATHS = ("download_dir", "cache_dir", *LOCAL_FILE_KEYS)
+_SOURCE_PATHS = ("src", "trg", "tsv", "jsonl", "parquet", "tmx", "archive", "hf")
+SPLITS = ("train", "valid", "test")
 
 
 def _yaml_problem(err: yaml.YAMLError, where: str = "line") -> str:
@@ -577,6 +656,20 @@ def validate(cfg: Config) -> None:
         )
 
 
+_LANG_RE = re.compile(r"[A-Za-z0-9]+(?:[_-][A-Za-z0-9]+)*")  # de, en, zh-Hant, pt_BR, src
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # one path component, no ..
+
+
+def check_plain_name(value: str, key: str, example: str = "europarl") -> None:
+    """Refuse a value that becomes part of a file name unless it is one plain name: no ``/``,
+    ``\\``, ``..`` or leading dot, so that it can never point outside its folder."""
+    if not _NAME_RE.fullmatch(value) or ".." in value:
+        raise MTError(
+            f"{key}={value!r}: it names files, so it must be one plain name (letters, digits, "
+            f"_ . + -), e.g. {example}"
+        )
+
+
 def _validate_data(data_cfg: DataConfig) -> None:
     base_url = data_cfg.base_url
     if base_url is not None and not re.match(r"https?://[^/]", base_url):
@@ -584,6 +677,68 @@ def _validate_data(data_cfg: DataConfig) -> None:
             f"data.base_url is {base_url!r}; it must be an http(s) URL (e.g. http://host:port/) "
             "or null"
         )
+    for key in ("src_lang", "trg_lang"):
+        code = getattr(data_cfg, key)
+        if not _LANG_RE.fullmatch(code):  # it names files and folders: never a path
+            raise MTError(
+                f"data.{key}={code!r}: a language code names files, so it must be letters and "
+                "digits, with - or _ between parts (de, en, zh-Hant, pt_BR)"
+            )
+    _validate_sources(data_cfg)
+
+
+def _validate_sources(data_cfg: DataConfig) -> None:
+    """``data.train`` / ``valid`` / ``test``: each source one kind with the keys it reads."""
+    if data_cfg.train is None:
+        for split in ("valid", "test"):
+            if getattr(data_cfg, split) is not None:
+                raise MTError(f"data.{split} is set without data.train; list the training sources")
+        return
+    if data_cfg.corpus != "toy" or any(getattr(data_cfg, k) for k in LOCAL_FILE_KEYS):
+        raise MTError(
+            "data.train lists the sources, so data.corpus and the data.*_src / *_trg files are "
+            "not read; remove them (a registry corpus is a source too: {corpus: NAME})"
+        )
+    if not data_cfg.train or not data_cfg.valid:
+        raise MTError("data.train and data.valid need one source each at least")
+    for split in SPLITS:
+        for i, source in enumerate(getattr(data_cfg, split) or []):
+            _validate_source(source, f"data.{split}[{i}]", split)
+
+
+def _validate_source(source: SourceConfig, key: str, split: str) -> None:
+    kinds = [k for k in SOURCE_KINDS if getattr(source, k) is not None]
+    if len(kinds) != 1:
+        found = f"has {' and '.join(kinds)}" if kinds else "has none"
+        raise MTError(f"{key} {found}; a source is exactly one of {', '.join(SOURCE_KINDS)}")
+    kind = kinds[0]
+    if kind == "src" and not source.trg:
+        raise MTError(f"{key}.src needs {key}.trg, the target-language file")
+    unused = [
+        k
+        for k, needs in (
+            ("trg", ("src",)),
+            ("archive", ("src", "tsv", "jsonl", "tmx")),
+            ("fields", ("jsonl", "parquet", "hf")),
+            ("hf_config", ("hf",)),
+            ("split", ("corpus", "hf")),
+        )
+        if getattr(source, k) is not None and kind not in needs
+    ]
+    if source.columns != [0, 1] and kind != "tsv":
+        unused.append("columns")
+    if unused:
+        raise MTError(f"{key}.{unused[0]} is not read by a {kind} source; remove it")
+    if len(source.columns) != 2 or min(source.columns) < 0 or len(set(source.columns)) != 2:
+        raise MTError(f"{key}.columns={source.columns}: give two different columns, e.g. [0, 1]")
+    if source.fields is not None and len(source.fields) != 2:
+        raise MTError(f"{key}.fields={source.fields}: give the source field and the target field")
+    if not (math.isfinite(source.weight) and source.weight > 0):
+        raise MTError(f"{key}.weight is {source.weight:g}; it must be finite and greater than 0")
+    if split != "train" and source.weight != 1.0:
+        raise MTError(f"{key}.weight: only training sources are weighted; remove it")
+    if source.name is not None:
+        check_plain_name(source.name, f"{key}.name")
 
 
 def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from transformer_mt.config import Config
 from transformer_mt.data.binarized import (
     REPORT_FILE,
@@ -37,9 +39,11 @@ from transformer_mt.data.binarized import (
     load_binarized,
 )
 from transformer_mt.data.corpus import CleanConfig, CleanReport, clean_parallel, iter_clean_pairs
+from transformer_mt.data.extract import SplitSource
 from transformer_mt.data.locking import exclusive_lock, lock_path
+from transformer_mt.data.mixing import MixedCorpus
 from transformer_mt.data.sampling import SampledEpochs, SamplingSettings
-from transformer_mt.data.sources import SplitFiles, corpus_files
+from transformer_mt.data.sources import SplitFiles, split_sources
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, TokenizerSettings
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
@@ -57,12 +61,42 @@ class PreparedData:
 
     src_tok: Tokenizer
     trg_tok: Tokenizer
-    train: BinarizedPair
+    train: BinarizedPair | MixedCorpus  # several (or weighted) sources: a MixedCorpus
     valid: BinarizedPair
     valid_src: list[str]  # cleaned validation text that tokenizes, translated for BLEU
     valid_trg: list[str]
-    files: SplitFiles  # split -> (source file, target file)
-    sampler: SampledEpochs | None = None  # tokenizer.sample_alpha > 0: each epoch's sampled ids
+    files: SplitFiles  # split -> (source file, target file); the first of several train sources
+    sampler: SampledEpochs | MixedCorpus | None = None  # what each epoch reads, when it is not
+    # all of `train` once: sampled segmentations (tokenizer.sample_alpha > 0) or weighted sources
+
+
+def one_pair(cfg: Config, split: str, sources: list[SplitSource]) -> tuple[Path, Path]:
+    """The text pair of a split: its one source's, or (valid, test) its sources' pairs read
+    one after the other into one pair in the cache; a train split of several gives its first."""
+    if len(sources) == 1 or split == "train":
+        return sources[0].files
+    from transformer_mt.data.readers import Location, iter_text_pairs, write_pairs
+
+    key = cache_key(*(p for s in sources for p in s.files))[:16]
+    out = Path(cfg.data.cache_dir) / "sources" / f"{split}-joined-{key}"
+    files = (out / f"{split}.{cfg.data.src_lang}", out / f"{split}.{cfg.data.trg_lang}")
+    if not all(p.is_file() for p in files):
+        out.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(out / "extract.lock"):
+            if not all(p.is_file() for p in files):
+                pairs = itertools.chain.from_iterable(
+                    iter_text_pairs(Location(s.files[0]), Location(s.files[1])) for s in sources
+                )
+                write_pairs(pairs, *files)
+    return files
+
+
+def _mix_line(train: MixedCorpus, i: int) -> str:
+    """``europarl 1,234 pairs x 0.5 = 617 an epoch``: one source of the mix, for the log."""
+    return (
+        f"{train.labels[i]} {len(train.parts[i]):,} pairs x {train.weights[i]:g} = "
+        f"{train.counts()[i]:,} an epoch"
+    )
 
 
 # --- sentencepiece --------------------------------------------------------------------------------
@@ -92,29 +126,42 @@ def _no_pairs_error(name: str, files: tuple[Path, Path], why: str) -> MTError:
 
 
 def _training_sentences(
-    files: tuple[Path, Path], clean: CleanConfig, sides: tuple[int, ...]
+    sources: list[SplitSource], clean: CleanConfig, sides: tuple[int, ...]
 ) -> Iterator[str]:
     """Stream the cleaned training sentences of the given sides (0 = source, 1 = target).
 
     A joint vocabulary gets both sides of each pair, interleaved, so that sentencepiece's sample
-    (when the corpus exceeds ``input_sentence_size``) keeps the two languages balanced.
+    (when the corpus exceeds ``input_sentence_size``) keeps the two languages balanced. Several
+    sources are streamed one after the other, each pair as often as its source's weight says
+    (weight 2: twice; 0.5: with probability one half, from a fixed seed), so that
+    sentencepiece's uniform sample of the stream is a weighted sample of the sources.
     """
-    n_pairs = 0
-    for pair in iter_clean_pairs(files[0], files[1], clean):
-        n_pairs += 1
-        for side in sides:
-            yield pair[side]
-    if n_pairs == 0:
-        raise _no_pairs_error("train", files, "cleaning")
+    rng = np.random.default_rng(0x5EED)
+    for source in sources:
+        whole, frac = divmod(source.weight, 1.0)
+        n_pairs = 0
+        for pair in iter_clean_pairs(source.files[0], source.files[1], clean):
+            n_pairs += 1
+            for _ in range(int(whole) + (frac > 0 and rng.random() < frac)):
+                for side in sides:
+                    yield pair[side]
+        if n_pairs == 0:
+            raise _no_pairs_error(_split_name("train", sources, source), source.files, "cleaning")
+
+
+def _split_name(split: str, sources: list[SplitSource], source: SplitSource) -> str:
+    """``train`` for a split of one source, ``train source europarl`` for one of several."""
+    return split if len(sources) == 1 else f"{split} source {source.label}"
 
 
 def train_tokenizers(
-    cfg: Config, train: tuple[Path, Path], train_key: str, cache: Path
+    cfg: Config, train: list[SplitSource], train_key: str, cache: Path
 ) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers: one joint model used twice, or two separate ones.
 
     Cached as ``spm-<key>-joint.model`` or ``spm-<key>-{src,trg}.model``, keyed by the training
-    files' contents (``train_key``), the cleaning thresholds and the tokenizer settings.
+    sources' contents and weights (``train_key``), the cleaning thresholds and the tokenizer
+    settings.
     """
     tok_cfg = cfg.tokenizer
     settings = TokenizerSettings(tok_cfg.vocab_size, tok_cfg.model_type, tok_cfg.character_coverage)
@@ -139,7 +186,7 @@ def train_tokenizers(
 
 
 def _train_and_save(
-    train: tuple[Path, Path],
+    train: list[SplitSource],
     clean: CleanConfig,
     settings: TokenizerSettings,
     sides: list[tuple[str, tuple[int, ...]]],
@@ -147,9 +194,10 @@ def _train_and_save(
 ) -> list[Tokenizer]:
     """Train one model per entry of ``sides`` (its name, the corpus sides it reads) on the
     cleaned training pairs, and save each to its path."""
+    on = ", ".join(f"{s.files[0].name} / {s.files[1].name}" for s in train)
     log.info(
         f"tokenizer: training sentencepiece ({settings.model_type}, vocab {settings.vocab_size}, "
-        f"{'joint' if len(sides) == 1 else 'separate'}) on {train[0].name} / {train[1].name}"
+        f"{'joint' if len(sides) == 1 else 'separate'}) on {on}"
     )
     # Streamed: sentencepiece keeps only a sample, so the corpus is never loaded whole. Both
     # models are trained before either is saved, so a bad line leaves no model behind.
@@ -331,44 +379,97 @@ def _tokenizable(
     )
 
 
+def _mixed_train(
+    cfg: Config,
+    sources: list[SplitSource],
+    keys: list[str],
+    src_tok: Tokenizer,
+    trg_tok: Tokenizer,
+) -> MixedCorpus:
+    """Each training source binarized into its own cache entry, mixed by the sources' weights."""
+    parts = [
+        binarize_split(cfg, s.files, key, src_tok, trg_tok, f"train.{s.label}")
+        for s, key in zip(sources, keys, strict=True)
+    ]
+    weights, labels = [s.weight for s in sources], [s.label for s in sources]
+    train = MixedCorpus(parts, weights, cfg.train.seed, labels)
+    log.info("train: " + ", ".join(_mix_line(train, i) for i in range(len(parts))))
+    return train
+
+
+def _sampled_epochs(
+    cfg: Config,
+    files: tuple[Path, Path],
+    key: str,
+    train: BinarizedPair,
+    toks: tuple[Tokenizer, Tokenizer],
+) -> SampledEpochs | None:
+    """With subword sampling (tokenizer.sample_alpha > 0), the cached draws of each pair."""
+    tok_cfg = cfg.tokenizer
+    if tok_cfg.sample_alpha <= 0:
+        return None
+    sampling = SamplingSettings(tok_cfg.sample_alpha, tok_cfg.sample_nbest, tok_cfg.sample_draws)
+    draws = binarize_split(cfg, files, key, *toks, "train-sampled", sampling)
+    sampler = SampledEpochs(draws, sampling.draws, cfg.train.seed)
+    if sampler.n_pairs != len(train):  # the same cleaning and limit keep the same pairs
+        raise MTError(
+            f"{draws.path} holds {sampler.n_pairs:,} pairs, {train.path} {len(train):,}; "
+            "delete both and run again"
+        )
+    return sampler
+
+
 def prepare(cfg: Config, progress: bool = True) -> PreparedData:
     """Everything training needs, reusing the caches when nothing changed.
 
     Progress goes to the ``transformer_mt.data`` loggers (INFO); ``progress`` shows download bars.
     The data source is checked first (:func:`transformer_mt.data.sources.check_source`).
 
+    Several training sources are cleaned, encoded and binarized one by one, each into its own
+    cache entry (``<name>-train.<label>``), and mixed by their weights each epoch
+    (:class:`transformer_mt.data.mixing.MixedCorpus`); several validation or test sources are
+    read as one set.
+
     Raises:
         MTError: a file is missing or bad (naming the file and line), a split is empty after
             cleaning, or a download fails. Nothing half-written is left in the cache.
     """
-    files = corpus_files(cfg, progress)
+    sources = split_sources(cfg, progress)
+    files = {split: one_pair(cfg, split, listed) for split, listed in sources.items()}
     clean = _clean_cfg(cfg)
     # Validation first: it is small, it is needed in memory anyway (for BLEU), and a bad line in it
     # should fail before the long tokenizer training rather than after.
     valid_src, valid_trg, valid_report = clean_parallel(*files["valid"], clean)
     if valid_report.kept == 0:
         raise _no_pairs_error("valid", files["valid"], "cleaning")
-    keys = {split: cache_key(*files[split]) for split in ("train", "valid")}
+    train_sources = sources["train"]
+    train_keys = [cache_key(*s.files) for s in train_sources]
+    mixed = len(train_sources) > 1 or train_sources[0].weight != 1.0
+    if mixed and cfg.tokenizer.sample_alpha > 0:
+        raise MTError(
+            "tokenizer.sample_alpha (subword sampling) works with one training source of "
+            "weight 1; set it to 0 or list one source"
+        )
+    train_key = (
+        cache_key(
+            {"sources": [[k, s.weight] for k, s in zip(train_keys, train_sources, strict=True)]}
+        )
+        if mixed
+        else train_keys[0]
+    )
     cache = Path(cfg.data.cache_dir)
-    src_tok, trg_tok = train_tokenizers(cfg, files["train"], keys["train"], cache)
-    train = binarize_split(cfg, files["train"], keys["train"], src_tok, trg_tok, "train")
-    valid = binarize_split(cfg, files["valid"], keys["valid"], src_tok, trg_tok, "valid")
+    src_tok, trg_tok = train_tokenizers(cfg, train_sources, train_key, cache)
+    if mixed:
+        train: BinarizedPair | MixedCorpus = _mixed_train(
+            cfg, train_sources, train_keys, src_tok, trg_tok
+        )
+        sampler: SampledEpochs | MixedCorpus | None = train
+    else:
+        train = binarize_split(cfg, files["train"], train_key, src_tok, trg_tok, "train")
+        sampler = _sampled_epochs(cfg, files["train"], train_key, train, (src_tok, trg_tok))
+    valid_key = cache_key(*files["valid"])
+    valid = binarize_split(cfg, files["valid"], valid_key, src_tok, trg_tok, "valid")
     valid_src, valid_trg = _tokenizable(
         valid_src, valid_trg, src_tok, trg_tok, cfg.data.max_tokens_per_side
     )
-    tok_cfg = cfg.tokenizer
-    sampler = None
-    if tok_cfg.sample_alpha > 0:
-        sampling = SamplingSettings(
-            tok_cfg.sample_alpha, tok_cfg.sample_nbest, tok_cfg.sample_draws
-        )
-        draws = binarize_split(
-            cfg, files["train"], keys["train"], src_tok, trg_tok, "train-sampled", sampling
-        )
-        sampler = SampledEpochs(draws, sampling.draws, cfg.train.seed)
-        if sampler.n_pairs != len(train):  # the same cleaning and limit keep the same pairs
-            raise MTError(
-                f"{draws.path} holds {sampler.n_pairs:,} pairs, {train.path} {len(train):,}; "
-                "delete both and run again"
-            )
     return PreparedData(src_tok, trg_tok, train, valid, valid_src, valid_trg, files, sampler)

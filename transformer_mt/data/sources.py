@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformer_mt.config import LOCAL_FILE_KEYS, Config
+from transformer_mt.config import LOCAL_FILE_KEYS, SPLITS, Config, SourceConfig
+from transformer_mt.data.extract import SplitSource, resolve_source, source_label
 from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
+from transformer_mt.data.tasks import find_task, task_names
 from transformer_mt.data.toy import TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
@@ -31,8 +33,9 @@ SplitFiles = dict[str, tuple[Path, Path]]
 
 
 def source_names() -> list[str]:
-    """Every value ``data.corpus`` accepts: the built-in sources, then the trainable corpora."""
-    return [*BUILT_IN, *(c.name for c in list_corpora() if c.trainable)]
+    """Every value ``data.corpus`` accepts: the built-in sources, the trainable corpora, then
+    the standard tasks (:mod:`transformer_mt.data.tasks`)."""
+    return [*BUILT_IN, *(c.name for c in list_corpora() if c.trainable), *task_names()]
 
 
 def check_source(cfg: Config) -> None:
@@ -46,6 +49,14 @@ def check_source(cfg: Config) -> None:
     """
     name = cfg.data.corpus
     accepted = source_names()
+    if cfg.data.train is None and find_task(name) is not None:
+        _check_source_languages(cfg, SourceConfig(corpus=name))
+        return
+    if cfg.data.train is not None:
+        for split in SPLITS:  # a registry corpus among the sources: known, with both languages
+            for source in getattr(cfg.data, split) or []:
+                _check_source_languages(cfg, source)
+        return
     if name not in accepted:
         expected = ", ".join(accepted[:-1]) + " or " + accepted[-1]
         raise MTError(f"data.corpus={name!r}: expected {expected}")
@@ -66,6 +77,97 @@ def check_source(cfg: Config) -> None:
             )
     else:
         _check_languages(cfg, get_corpus(name))
+
+
+def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSource]]:
+    """Each split's sources as text file pairs: ``data.train`` / ``valid`` / ``test`` when the
+    config lists sources (extracted or downloaded as needed), else ``data.corpus``'s one pair a
+    split, labelled by the corpus's name. A split without sources (a local corpus's test) is
+    left out."""
+    check_source(cfg)
+    if cfg.data.train is None and find_task(cfg.data.corpus) is None:
+        return {
+            split: [SplitSource(cfg.data.corpus, pair)]
+            for split, pair in corpus_files(cfg, progress).items()
+        }
+    out: dict[str, list[SplitSource]] = {}
+    for split in SPLITS:
+        listed = _expand_tasks(cfg, split, progress)
+        labels = _unique([source_label(s) for s in listed])
+        for source, label in zip(listed, labels, strict=True):
+            out.setdefault(split, []).append(resolve_source(cfg, source, split, label, progress))
+    for split in ("train", "valid"):
+        if split not in out:
+            raise MTError(f"the config's sources have no {split} split; list data.{split}")
+    return out
+
+
+def _expand_tasks(cfg: Config, split: str, progress: bool) -> list[SourceConfig]:
+    """The split's sources with each task (``data.corpus: TASK`` or a source ``{corpus:
+    TASK}``) replaced by its own sources, their archives downloaded."""
+    data = cfg.data
+    listed = getattr(data, split) if data.train is not None else [SourceConfig(corpus=data.corpus)]
+    out = []
+    for source in listed or []:
+        task = find_task(source.corpus) if source.corpus is not None else None
+        if task is None:
+            out.append(source)
+            continue
+        for part in task.sources(source.split or split, data.src_lang, data.trg_lang):
+            if part.archive is not None:
+                part.archive = str(_task_archive(cfg, part.archive, progress))
+            part.weight = source.weight
+            out.append(part)
+    return out
+
+
+def _task_archive(cfg: Config, archive: str, progress: bool) -> Path:
+    """``CORPUS/FILE`` of a task's source: the registry file, downloaded once."""
+    from transformer_mt.data.download import CONFIG_NAMES, download_corpus
+
+    corpus_name, _, file_name = archive.partition("/")
+    dest = Path(cfg.data.download_dir) / corpus_name
+    only = [file_name]
+    (path,) = download_corpus(
+        corpus_name, dest, cfg.data.base_url, only=only, progress=progress, names=CONFIG_NAMES
+    )
+    return path
+
+
+def _unique(labels: list[str]) -> list[str]:
+    """The labels, a repeated one numbered (europarl, europarl.2): each names a cache entry."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label}.{seen[label]}")
+    return out
+
+
+def _check_source_languages(cfg: Config, source: SourceConfig) -> None:
+    """A registry corpus or task source must have both languages (checked before any
+    download)."""
+    if source.corpus is None:
+        return
+    task = find_task(source.corpus)
+    if task is not None:
+        if task.langs and {cfg.data.src_lang, cfg.data.trg_lang} != set(task.langs):
+            task.sources("train", cfg.data.src_lang, cfg.data.trg_lang)  # its error
+        return
+    if source.corpus not in source_names():
+        expected = ", ".join(source_names()[len(BUILT_IN) :])
+        raise MTError(f"corpus {source.corpus!r}: expected one of {expected}")
+    _check_languages(cfg, get_corpus(source.corpus))
+
+
+def registry_split_files(
+    cfg: Config, name: str, split: str, progress: bool = True
+) -> tuple[Path, Path]:
+    """One split's (source, target) files of the registry corpus ``name``, downloaded once."""
+    corpus = get_corpus(name)
+    if split not in corpus.splits:
+        raise MTError(f"corpus {name!r} has the splits {', '.join(corpus.splits)}, not {split!r}")
+    return _registry_files(cfg, corpus, progress, (split,))[split]
 
 
 def corpus_files(cfg: Config, progress: bool = True) -> SplitFiles:
@@ -160,13 +262,15 @@ def _check_languages(cfg: Config, corpus: Corpus) -> None:
         raise MTError(f"data.src_lang and data.trg_lang are both {cfg.data.src_lang!r}; pick two")
 
 
-def _registry_files(cfg: Config, corpus: Corpus, progress: bool) -> SplitFiles:
+def _registry_files(
+    cfg: Config, corpus: Corpus, progress: bool, splits: tuple[str, ...] = TRAINING_SPLITS
+) -> SplitFiles:
     """Download (once) only the files the language pair needs, and return the unpacked ones."""
     # Imported here: urllib and tqdm are only needed when a corpus is downloaded.
     from transformer_mt.data.download import CONFIG_NAMES, download_corpus
 
     langs = (cfg.data.src_lang, cfg.data.trg_lang)
-    split_files = {s: [corpus.split_file(s, lang) for lang in langs] for s in TRAINING_SPLITS}
+    split_files = {s: [corpus.split_file(s, lang) for lang in langs] for s in splits}
     names = [f.local_name for pair in split_files.values() for f in pair]
     dest = Path(cfg.data.download_dir) / corpus.name
     outputs = download_corpus(

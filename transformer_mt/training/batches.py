@@ -8,12 +8,13 @@ import torch
 from transformer_mt.config import Config
 from transformer_mt.data.batching import make_batches, pad_batch, shard_batches
 from transformer_mt.data.binarized import BinarizedPair
+from transformer_mt.data.mixing import MixedCorpus, MixedEpoch
 from transformer_mt.data.sampling import EpochPairs, SampledEpochs
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.training.distributed import DistInfo
 
 
-def collate(data: BinarizedPair | EpochPairs, index: np.ndarray) -> tuple[torch.Tensor, ...]:
+def collate(data: BinarizedPair | EpochPairs | MixedEpoch, index: np.ndarray) -> tuple[torch.Tensor, ...]:
     """Padded (src, trg_in, trg_out) LongTensors for the examples ``index``.
 
     Sources already end with EOS; the decoder reads BOS + target and predicts target + EOS.
@@ -32,16 +33,17 @@ class BatchStream:
 
     The stream owns its position; the loop reads it (``position``) into the state it checkpoints,
     and a stream built from that position continues exactly where this one was. With a
-    ``sampler`` (subword regularization) each epoch reads its own draw of the sampled ids, chosen
-    from the epoch number alone, so a resumed run sees the segmentation it would have seen.
+    ``sampler`` (subword regularization, or several weighted sources) each epoch reads its own
+    draw of the pairs, chosen from the epoch number alone, so a resumed run sees the pairs and
+    segmentations it would have seen.
     """
 
     def __init__(
         self,
-        data: BinarizedPair,
+        data: BinarizedPair | MixedCorpus,
         cfg: Config,
         info: DistInfo,
-        sampler: SampledEpochs | None = None,
+        sampler: SampledEpochs | MixedCorpus | None = None,
         *,
         epoch: int = 0,
         batch_in_epoch: int = 0,
@@ -50,7 +52,7 @@ class BatchStream:
         self.batch_tokens, self.seed = cfg.train.batch_tokens, cfg.train.seed
         self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
         self._loaded_epoch: int | None = None  # the epoch whose pairs and batches are in hand
-        self._pairs: BinarizedPair | EpochPairs = data
+        self._pairs: BinarizedPair | EpochPairs | MixedEpoch | MixedCorpus = data
         self._batches: list[np.ndarray] = []
 
     @property

@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_mt.config import Config
 from transformer_mt.data.binarized import BinarizedPair
+from transformer_mt.data.mixing import MixedCorpus
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.errors import MTError
 
@@ -45,8 +46,12 @@ def data_fingerprint(data: PreparedData) -> dict[str, str]:
     }
 
 
-def _ids_digest(pair: BinarizedPair) -> str:
-    """SHA-256 of every sentence's ids, both sides, streamed from the memory-mapped cache."""
+def _ids_digest(pair: BinarizedPair | MixedCorpus) -> str:
+    """SHA-256 of every sentence's ids, both sides, streamed from the memory-mapped cache; of
+    several sources, each source's digest with its weight (a new weight is other data)."""
+    if isinstance(pair, MixedCorpus):
+        parts = [f"{_ids_digest(p)}x{w!r}" for p, w in zip(pair.parts, pair.weights, strict=True)]
+        return hashlib.sha256(" ".join(parts).encode()).hexdigest()[:16]
     digest = hashlib.sha256()
     for tokens, offsets in pair.sides:
         digest.update(np.ascontiguousarray(offsets, dtype=np.int64).tobytes())

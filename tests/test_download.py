@@ -502,8 +502,19 @@ def test_multi30k_split_map_lives_with_its_registry_entry() -> None:
     assert m30k.languages() == ["cs", "de", "en", "fr"]  # the ones with all three splits
     valid_de = m30k.split_file("valid", "de")
     assert (valid_de.local_name, valid_de.unpacked_name) == ("val.de.gz", "val.de")
-    # Every listed corpus can be trained: `mt download` fetches nothing `mt train` refuses.
-    assert all(c.trainable for c in list_corpora())
+    # Every listed corpus can be trained, alone or as the archives of a standard task:
+    # `mt download` fetches nothing `mt train` cannot read.
+    from transformer_mt.data.tasks import TASKS
+
+    in_tasks = {
+        str(spec["archive"]).split("/")[0]
+        for task in TASKS.values()
+        for specs in task.splits.values()
+        for spec in specs
+        if "archive" in spec
+    }
+    assert all(c.trainable or c.name in in_tasks for c in list_corpora())
+    assert in_tasks <= {c.name for c in list_corpora()}
 
 
 def test_a_corpus_split_map_is_checked_when_the_registry_is_built() -> None:

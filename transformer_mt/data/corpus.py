@@ -24,29 +24,68 @@ missing line shifts every later pair, so no count of skipped lines could make th
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import BinaryIO
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import UTF8_BOM
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+# "BZh", the block size ("1".."9"), then the magic of the first block (or of the end of an empty
+# stream): text that happens to start with "BZh" is not taken for bzip2.
+_BZIP2_BLOCKS = (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90")
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2"}
+MAGIC_BYTES = 10
+"""How many leading bytes :func:`compression_of` needs to recognise a compressed stream."""
+DECOMPRESSION_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
+"""What a damaged or truncated gzip, xz or bzip2 stream raises part-way through (bz2: OSError)."""
+_OPENERS = {"gzip": gzip.open, "xz": lzma.open, "bzip2": bz2.open}
 
 
-def _is_gzip(path: Path) -> bool:
-    """True when ``path`` is gzip-compressed: by its ``.gz`` suffix or by its first two bytes."""
-    if path.suffix == ".gz":
-        return True
-    with path.open("rb") as f:
-        return f.read(2) == GZIP_MAGIC
+def compression_of(name: str, head: bytes) -> str | None:
+    """The compression of a file called ``name`` that starts with ``head``: "gzip", "xz",
+    "bzip2" or None, by the name's suffix (``.gz``, ``.xz``, ``.bz2``) or else by magic bytes."""
+    suffix = PurePath(name).suffix.lower()
+    if suffix in COMPRESSION_SUFFIXES:
+        return COMPRESSION_SUFFIXES[suffix]
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(XZ_MAGIC):
+        return "xz"
+    if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in _BZIP2_BLOCKS:
+        return "bzip2"
+    return None
+
+
+def open_compressed(source: Path | BinaryIO, kind: str | None) -> BinaryIO:
+    """``source`` (a path, or a binary stream) decompressed as ``kind`` (from
+    :func:`compression_of`); a path with ``kind`` None opens as it is. A stream passed in is not
+    closed with the result."""
+    if kind is None:
+        return source if not isinstance(source, Path) else source.open("rb")
+    return _OPENERS[kind](source, "rb")  # type: ignore[return-value]
+
+
+def _compression(path: Path) -> str | None:
+    """The compression of the file ``path`` (see :func:`compression_of`); its first bytes are
+    read only when its name has no compression suffix."""
+    kind = compression_of(path.name, b"")
+    if kind is None:
+        with path.open("rb") as f:
+            kind = compression_of(path.name, f.read(MAGIC_BYTES))
+    return kind
 
 
 def open_text(path: Path) -> BinaryIO:
-    """Open a plain or gzipped text file for reading as bytes; iterate it for ``\\n``-ended lines.
+    """Open a plain, gzip, xz or bzip2 text file for reading as bytes; iterate it for
+    ``\\n``-ended lines. The compression is told by the suffix or else by the magic bytes.
 
     Bytes, not text, so that the caller decodes each line itself and can name the line that is not
     valid UTF-8. A missing file or a directory raises :class:`MTError`.
@@ -57,13 +96,19 @@ def open_text(path: Path) -> BinaryIO:
     if path.is_dir():
         raise MTError(f"{path}: is a directory, not a text file; name a file in the config")
     try:
-        if _is_gzip(path):
-            return gzip.open(path, "rb")  # type: ignore[return-value]
-        return path.open("rb")
+        return open_compressed(path, _compression(path))
     except OSError as exc:
         raise MTError(
             f"{path}: cannot open ({exc.strerror or exc}); check its permissions"
         ) from exc
+
+
+def _kind_of(stream: BinaryIO) -> str:
+    """How the messages call the file behind ``stream``: "gzip file", "xz file", ... or "file"."""
+    for kind, cls in (("gzip", gzip.GzipFile), ("xz", lzma.LZMAFile), ("bzip2", bz2.BZ2File)):
+        if isinstance(stream, cls):
+            return f"{kind} file"
+    return "file"
 
 
 def _read_lines(path: Path) -> Generator[bytes, None, None]:
@@ -78,25 +123,27 @@ def _read_lines(path: Path) -> Generator[bytes, None, None]:
             for line in f:
                 lineno += 1
                 yield line
-        except (OSError, EOFError, zlib.error) as exc:
-            kind = "gzip file" if isinstance(f, gzip.GzipFile) else "file"
+        except DECOMPRESSION_ERRORS as exc:
             raise MTError(
                 f"{path}:{lineno + 1}: cannot read past this line ({exc or type(exc).__name__}); "
-                f"the {kind} is corrupt or truncated, download or copy it again"
+                f"the {_kind_of(f)} is corrupt or truncated, download or copy it again"
             ) from exc
 
 
-def _gzip_damage(path: Path) -> str | None:
-    """Why the gzip file ``path`` cannot be decompressed to its end; None if it can (or if it is
-    not gzip). Reads the whole file: only for an error that is about to be reported."""
+def compression_damage(path: Path) -> tuple[str, str] | None:
+    """(compression, why) when the compressed file ``path`` cannot be decompressed to its end;
+    None if it can, or if it is not compressed. Reads the whole file: only for an error that is
+    about to be reported."""
+    kind = None
     try:
-        if not _is_gzip(path):
+        kind = _compression(path)
+        if kind is None:
             return None
-        with gzip.open(path, "rb") as f:
+        with open_compressed(path, kind) as f:
             while f.read(1 << 20):
                 pass
-    except (OSError, EOFError, zlib.error) as exc:
-        return str(exc) or type(exc).__name__
+    except DECOMPRESSION_ERRORS as exc:
+        return kind or "", str(exc) or type(exc).__name__
     return None
 
 
@@ -199,12 +246,13 @@ def _decode(raw: bytes, lineno: int) -> tuple[str, bool]:
 
 
 def _utf8_error(path: Path, lineno: int, exc: UnicodeDecodeError) -> MTError:
-    """The one-line error for an invalid UTF-8 line: in a damaged gzip file, the damage (a corrupt
-    deflate stream yields garbage bytes before its checksum is reached), else the line."""
-    damage = _gzip_damage(path)
+    """The one-line error for an invalid UTF-8 line: in a damaged compressed file, the damage (a
+    corrupt deflate stream yields garbage bytes before its checksum is reached), else the line."""
+    damage = compression_damage(path)
     if damage is not None:
+        kind, why = damage
         return MTError(
-            f"{path}: the gzip file is corrupt or truncated ({damage}; line {lineno} already "
+            f"{path}: the {kind} file is corrupt or truncated ({why}; line {lineno} already "
             "decompresses to bytes that are not UTF-8); download or copy it again"
         )
     return MTError(

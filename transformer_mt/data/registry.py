@@ -220,7 +220,7 @@ def _archives(*urls: str) -> tuple[CorpusFile, ...]:
 
 
 WMT14_EN_DE = Corpus(
-    name="wmt14_en_de",
+    name="wmt14_en_de_train",
     description="WMT14 English-German training archives (Europarl v7, CommonCrawl, News "
     "Commentary v9; 4.5M pairs); the task wmt14_en_de trains on them",
     base_url="http://statmt.org/",
@@ -232,7 +232,7 @@ WMT14_EN_DE = Corpus(
 )
 
 WMT16_EN_RO = Corpus(
-    name="wmt16_en_ro",
+    name="wmt16_en_ro_train",
     description="WMT16 English-Romanian training archive (Europarl v8); the task wmt16_en_ro "
     "trains on it and on setimes2_en_ro",
     base_url="http://data.statmt.org/",

@@ -20,7 +20,7 @@ from pathlib import Path
 from transformer_mt.config import LOCAL_FILE_KEYS, SPLITS, Config, SourceConfig
 from transformer_mt.data.extract import SplitSource, resolve_source, source_label
 from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
-from transformer_mt.data.tasks import find_task, task_names
+from transformer_mt.data.tasks import Task, find_task, task_names
 from transformer_mt.data.toy import TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
@@ -281,3 +281,18 @@ def _registry_files(
         split: (by_name[src.unpacked_name], by_name[trg.unpacked_name])
         for split, (src, trg) in split_files.items()
     }
+
+
+def fetch_task(task: Task, dest: Path, base_url: str | None) -> dict[str, list[SplitSource]]:
+    """``mt download TASK``: every split's sources fetched and read (archives into
+    ``dest/<corpus>``, the text into ``dest/cache``), in the task's own direction."""
+    if len(task.langs) != 2:
+        raise MTError(
+            f"{task.name} serves any two of its languages: name them in a config "
+            f"(data.src_lang, data.trg_lang, data.corpus: {task.name}) and run mt prepare"
+        )
+    cfg = Config()
+    cfg.data.corpus, (cfg.data.src_lang, cfg.data.trg_lang) = task.name, task.langs
+    cfg.data.download_dir, cfg.data.cache_dir = str(dest), str(dest / "cache")
+    cfg.data.base_url = base_url
+    return split_sources(cfg)

@@ -89,17 +89,17 @@ TASKS: dict[str, Task] = {
             splits={
                 "train": (
                     _member(
-                        "wmt14_en_de/training-parallel-europarl-v7.tgz",
+                        "wmt14_en_de_train/training-parallel-europarl-v7.tgz",
                         "training/europarl-v7.{pair}",
                         "europarl-v7",
                     ),
                     _member(
-                        "wmt14_en_de/training-parallel-commoncrawl.tgz",
+                        "wmt14_en_de_train/training-parallel-commoncrawl.tgz",
                         "commoncrawl.{pair}",
                         "commoncrawl",
                     ),
                     _member(
-                        "wmt14_en_de/training-parallel-nc-v9.tgz",
+                        "wmt14_en_de_train/training-parallel-nc-v9.tgz",
                         "training/news-commentary-v9.{pair}",
                         "news-commentary-v9",
                     ),
@@ -118,7 +118,7 @@ TASKS: dict[str, Task] = {
             splits={
                 "train": (
                     _member(
-                        "wmt16_en_ro/training-parallel-ep-v8.tgz",
+                        "wmt16_en_ro_train/training-parallel-ep-v8.tgz",
                         "training-parallel-ep-v8/europarl-v8.{pair}",
                         "europarl-v8",
                     ),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_prepare import _pairs
+from test_prepare import _pairs, calls  # noqa: F401 (a fixture)
 
 from transformer_mt.config import load_config
 from transformer_mt.data import prepare as prep
@@ -103,7 +103,7 @@ def test_each_source_has_its_own_cache_entry_and_adding_one_reads_only_it(tmp_pa
     prep.prepare(cfg, progress=False)
     cache = tmp_path / "cache"
     assert (cache / "mix-train.a").is_dir() and (cache / "mix-train.b").is_dir()
-    extracted = {p.name: p.stat().st_mtime_ns for p in (cache / "sources").rglob("*.yy")}
+    extracted = {str(p): p.stat().st_mtime_ns for p in (cache / "sources").rglob("*.yy")}
     assert len(extracted) == 1, "the TSV is read into the cache; the text pair is read in place"
 
     caplog.clear()
@@ -114,7 +114,7 @@ def test_each_source_has_its_own_cache_entry_and_adding_one_reads_only_it(tmp_pa
     cfg = _config(tmp_path, [three["a"], three["b"], three["c"]], three["valid"])
     prep.prepare(cfg, progress=False)
     assert caplog.text.count("reading") == 1 and "c.jsonl" in caplog.text
-    after = {p.name: p.stat().st_mtime_ns for p in (cache / "sources").rglob("*.yy")}
+    after = {str(p): p.stat().st_mtime_ns for p in (cache / "sources").rglob("*.yy")}
     assert {k: after[k] for k in extracted} == extracted, "the TSV was not read again"
     assert (cache / "mix-train.c").is_dir()
 
@@ -161,3 +161,16 @@ def test_a_language_code_that_is_not_a_plain_name_is_refused_before_any_file(tmp
     with pytest.raises(MTError, match=r"data.src_lang=.*a language code names files"):
         load_config(None, [f"data.src_lang='{code}'", f"data.cache_dir={tmp_path}/cache"])
     assert not (tmp_path / "cache").exists()
+
+
+def test_with_the_tokenizer_sources_named_adding_a_source_prepares_only_it(tmp_path, three, calls):
+    pin = "tokenizer.train_on=[a, b]"
+    prep.prepare(_config(tmp_path, [three["a"], three["b"]], three["valid"], pin), progress=False)
+    assert calls.tokenizers == 1 and sorted(calls.builds) == ["train.a", "train.b", "valid"]
+    calls.reset()
+    cfg = _config(tmp_path, [three["a"], three["b"], three["c"]], three["valid"], pin)
+    data = prep.prepare(cfg, progress=False)
+    assert calls.tokenizers == 0 and calls.builds == ["train.c"]
+    assert [len(p) for p in data.train.parts] == [300, 200, 100]
+    with pytest.raises(MTError, match=r"tokenizer.train_on names \['d'\]; the training sources"):
+        prep.prepare(_config(tmp_path, [three["a"]], three["valid"], "tokenizer.train_on=[d]"))

@@ -105,6 +105,9 @@ class TokenizerConfig:
     # 0 = off (the best segmentation only)
     sample_nbest: int = -1  # unigram: sample among the n best segmentations (>= 2); -1 = all of
     # them; BPE-dropout ignores it
+    train_on: list[str] | None = None  # the training sources (their names in the log and
+    # cache, e.g. [europarl-v7]) sentencepiece learns from; null = all of them, by weight. Naming
+    # some keeps the tokenizer, and so every other source's cache, when a source is added
     sample_draws: int = 16  # sampled segmentations per pair, drawn once into the data cache (which
     # grows this many times the training split); each run of this many epochs reads each draw once
 

@@ -379,6 +379,25 @@ def _tokenizable(
     )
 
 
+def _tokenizer_sources(
+    cfg: Config, sources: list[SplitSource], keys: list[str]
+) -> tuple[list[SplitSource], list[str]]:
+    """The training sources sentencepiece learns from (``tokenizer.train_on``; all by default),
+    with their cache keys."""
+    names = cfg.tokenizer.train_on
+    if names is None:
+        return sources, keys
+    labels = [s.label for s in sources]
+    unknown = [n for n in names if n not in labels]
+    if unknown or not names:
+        raise MTError(
+            f"tokenizer.train_on names {unknown or 'no source'}; the training sources are "
+            f"{', '.join(labels)}"
+        )
+    chosen = [i for i, s in enumerate(sources) if s.label in names]
+    return [sources[i] for i in chosen], [keys[i] for i in chosen]
+
+
 def _mixed_train(
     cfg: Config,
     sources: list[SplitSource],
@@ -450,15 +469,12 @@ def prepare(cfg: Config, progress: bool = True) -> PreparedData:
             "tokenizer.sample_alpha (subword sampling) works with one training source of "
             "weight 1; set it to 0 or list one source"
         )
-    train_key = (
-        cache_key(
-            {"sources": [[k, s.weight] for k, s in zip(train_keys, train_sources, strict=True)]}
-        )
-        if mixed
-        else train_keys[0]
-    )
+    tok_sources, tok_keys = _tokenizer_sources(cfg, train_sources, train_keys)
+    pairs = [[k, s.weight] for k, s in zip(tok_keys, tok_sources, strict=True)]
+    tok_key = cache_key({"sources": pairs}) if mixed else train_keys[0]
     cache = Path(cfg.data.cache_dir)
-    src_tok, trg_tok = train_tokenizers(cfg, train_sources, train_key, cache)
+    src_tok, trg_tok = train_tokenizers(cfg, tok_sources, tok_key, cache)
+    train_key = train_keys[0]
     if mixed:
         train: BinarizedPair | MixedCorpus = _mixed_train(
             cfg, train_sources, train_keys, src_tok, trg_tok

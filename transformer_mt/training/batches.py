@@ -14,7 +14,9 @@ from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.training.distributed import DistInfo
 
 
-def collate(data: BinarizedPair | EpochPairs | MixedEpoch, index: np.ndarray) -> tuple[torch.Tensor, ...]:
+def collate(
+    data: BinarizedPair | EpochPairs | MixedEpoch, index: np.ndarray
+) -> tuple[torch.Tensor, ...]:
     """Padded (src, trg_in, trg_out) LongTensors for the examples ``index``.
 
     Sources already end with EOS; the decoder reads BOS + target and predicts target + EOS.

@@ -2,6 +2,15 @@
 
     python scripts/bench_prepare.py                    # configs/multi30k_de_en.yaml, 4096 tokens
     python scripts/bench_prepare.py --batch-tokens 2048 --vocab-size 1000
+    python scripts/bench_prepare.py --sources 20000000 # several sources at scale (see below)
+
+``--sources N``: a generated corpus of N pairs (Multi30k's training pairs, repeated, each copy
+numbered so that no two lines are equal) written as three sources (a gzipped text pair, a TSV,
+a plain text pair) is prepared as a weighted mix (``data.train``), side by side with the same N
+pairs as one local file pair (the single-source path); then a fourth source is added, with
+``tokenizer.train_on`` naming the first three, and prepared again: only the new source should
+be read and binarized. Each preparation runs in a fresh process: seconds, seconds per million
+pairs, peak resident memory.
 
 Needs the original Multi30k .gz files in ../shared/data/multi30k or $MT_SHARED_DATA (a directory
 holding train.de.gz and the others, or its parent); without them it prints "skipped" and exits.
@@ -105,6 +114,141 @@ def run_child(url: str, work: Path, vocab_size: int, show_log: bool) -> dict[str
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# --- several sources at scale ---------------------------------------------------------------------
+
+
+def write_sources(shared: Path, work: Path, total: int) -> dict[str, Path]:
+    """Four generated sources (three of ``total // 3`` pairs, a fourth of ``total // 10``) and
+    the first three again as one file pair; returns the config fragments' files."""
+    import gzip
+
+    sides = []
+    for lang in ("de", "en"):
+        with gzip.open(shared / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            sides.append(f.read().splitlines())
+    base = list(zip(*sides, strict=True))
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = [total // 3] * 3 + [total // 10]
+    files = {
+        "s1": (work / "s1.de.gz", work / "s1.en.gz"),
+        "s2": (work / "s2.tsv",),
+        "s3": (work / "s3.de", work / "s3.en"),
+        "s4": (work / "s4.de", work / "s4.en"),
+        "all": (work / "all.de", work / "all.en"),
+    }
+    for side, path in enumerate((work / "valid.de", work / "valid.en")):
+        path.write_text("".join(pair[side] + "\n" for pair in base[:1000]), encoding="utf-8")
+    joined = [p.open("w", encoding="utf-8") for p in files["all"]]
+    for offset, (name, size) in enumerate(zip(("s1", "s2", "s3", "s4"), sizes, strict=True)):
+        opener = gzip.open if name == "s1" else open
+        outs = [opener(p, "wt", encoding="utf-8") for p in files[name]]
+        for i in range(size):
+            de, en = base[i % len(base)]
+            de, en = f"{de} {offset}{i}", f"{en} {offset}{i}"
+            if name == "s2":
+                outs[0].write(f"{de}\t{en}\n")
+            else:
+                outs[0].write(de + "\n")
+                outs[1].write(en + "\n")
+            if name != "s4":
+                joined[0].write(de + "\n")
+                joined[1].write(en + "\n")
+        for f in outs:
+            f.close()
+    for f in joined:
+        f.close()
+    return {name: pair[0] for name, pair in files.items()}
+
+
+def sources_config(work: Path, which: str, vocab_size: int) -> Path:
+    """A config over the generated files: "single" (one pair), "mix3" or "mix4" (sources)."""
+    text = [
+        "name: scale",
+        "data:",
+        "  src_lang: de",
+        "  trg_lang: en",
+        # the single pair in a cache of its own: nothing of the mix's is reused
+        f"  cache_dir: {work / ('cache-single' if which == 'single' else 'cache')}",
+    ]
+    valid = f"{{src: {work}/valid.de, trg: {work}/valid.en}}"
+    if which == "single":
+        text += [
+            "  corpus: local",
+            f"  train_src: {work}/all.de",
+            f"  train_trg: {work}/all.en",
+            f"  valid_src: {work}/valid.de",
+            f"  valid_trg: {work}/valid.en",
+        ]
+    else:
+        text += [
+            "  train:",
+            f"    - {{src: {work}/s1.de.gz, trg: {work}/s1.en.gz, name: s1}}",
+            f"    - {{tsv: {work}/s2.tsv, name: s2}}",
+            f"    - {{src: {work}/s3.de, trg: {work}/s3.en, name: s3}}",
+        ]
+        if which == "mix4":
+            text.append(f"    - {{src: {work}/s4.de, trg: {work}/s4.en, name: s4, weight: 2}}")
+        text.append(f"  valid: {valid}")
+    text += ["tokenizer:", f"  vocab_size: {vocab_size}"]
+    if which != "single":
+        text.append("  train_on: [s1, s2, s3]")
+    path = work / f"{which}.yaml"
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
+def child_config(config: Path) -> None:
+    """Prepare ``config`` and print a JSON line (seconds, peak MiB, training pairs)."""
+    from transformer_mt.config import load_config
+    from transformer_mt.data.prepare import prepare
+
+    cfg = load_config(config)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    start = time.perf_counter()
+    data = prepare(cfg, progress=False)
+    result = {"seconds": time.perf_counter() - start, "peak_mib": peak_rss_mib()}
+    result["train_pairs"] = len(data.train)
+    print(json.dumps(result))
+
+
+def run_config(config: Path, show_log: bool) -> dict[str, float]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child-config", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"preparation failed:\n{proc.stderr}")
+    if show_log:
+        print(proc.stderr.rstrip())
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def sources_report(shared: Path, total: int, vocab_size: int, show_log: bool) -> None:
+    """Three sources of ``total`` pairs against one file pair of the same pairs, then a 4th."""
+    with tempfile.TemporaryDirectory(prefix="bench_sources-") as tmp:
+        work = Path(tmp)
+        start = time.perf_counter()
+        write_sources(shared, work, total)
+        print(f"generated {total:,} pairs in {time.perf_counter() - start:.0f} s ({work})")
+        rows = []
+        for label, which in (
+            ("3 sources, cold", "mix3"),
+            ("1 file pair, cold", "single"),
+            ("4th source added", "mix4"),
+        ):
+            r = run_config(sources_config(work, which, vocab_size), show_log)
+            rows.append((label, r))
+        print(f"{'':<22} {'pairs':>12} {'seconds':>8} {'s / M pairs':>12} {'peak MiB':>9}")
+        for label, r in rows:
+            pairs = r["train_pairs"]
+            print(
+                f"{label:<22} {pairs:>12,} {r['seconds']:>8.1f} "
+                f"{r['seconds'] / pairs * 1e6:>12.1f} {r['peak_mib']:>9.0f}"
+            )
+
+
 # --- batching ---------------------------------------------------------------------------------
 
 
@@ -189,17 +333,25 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000, help="sentencepiece vocabulary")
     parser.add_argument("--seed", type=int, default=1, help="batch order seed")
     parser.add_argument("--log", action="store_true", help="show the preparation messages")
+    parser.add_argument("--sources", type=int, metavar="N", help="several sources of N pairs")
     parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--child-config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.work, args.vocab_size)
+        return
+    if args.child_config:
+        child_config(args.child_config)
         return
 
     shared = shared_multi30k()
     if shared is None:
         print("skipped: the original Multi30k files are absent (../shared/data/multi30k; set ")
         print("MT_SHARED_DATA to a directory holding train.de.gz and the others)")
+        return
+    if args.sources:
+        sources_report(shared, args.sources, args.vocab_size, args.log)
         return
     for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         os.environ.pop(var, None)  # the children must reach 127.0.0.1 directly

@@ -157,7 +157,13 @@ def _reader(
         return (lambda: readers.iter_jsonl_pairs(loc, fields)), identity
     if kind == "parquet":
         return (lambda: readers.iter_parquet_pairs(loc.path, fields)), identity
-    return (lambda: readers.iter_tmx_pairs(loc, *langs)), identity  # tmx
+
+    def tmx() -> Pairs:
+        stats = readers.TmxStats()
+        yield from readers.iter_tmx_pairs(loc, *langs, stats)
+        log.info(f"{loc}: {stats.format(*langs)}")
+
+    return tmx, identity
 
 
 def _external(

@@ -185,7 +185,7 @@ def _external(
         return (lambda: external.mtdata_pairs(value, *langs)), [identity]
     hf_split = source.split or _HF_SPLITS[split]
     hf_fields = (fields[0], fields[1]) if source.fields else None
-    identity = external.hf_identity(value, source.hf_config, hf_split)
+    identity = external.hf_identity(value, source.hf_config, hf_split, *langs, fields=hf_fields)
     return (
         lambda: external.hf_pairs(value, source.hf_config, hf_split, *langs, fields=hf_fields)
     ), [identity]

@@ -34,6 +34,7 @@ from transformer_mt.data.external import (
     sacrebleu_identity,
     sacrebleu_pairs,
 )
+from transformer_mt.data.tasks import find_mtdata_id
 from transformer_mt.errors import MTError
 
 Report = dict[str, Any]
@@ -145,6 +146,12 @@ def _mtdata_scenario(work: Path) -> Report:
         "other pair": _outcome(lambda: mtdata_pairs(MTDATA_ID, "de", "fr")),
         "one language": _outcome(lambda: mtdata_pairs(MTDATA_ID, "de", "deu")),
         "broken record": _outcome(lambda: mtdata_pairs(MTDATA_BROKEN_ID, "de", "fr")),
+        "task IDs": [  # data/tasks.py finds FLORES-200 and OPUS datasets in mtdata's index
+            find_mtdata_id("Flores-flores200_dev-1", "de", "en"),
+            find_mtdata_id("Flores-flores200_devtest-1", "en", "fr"),
+            find_mtdata_id("OPUS-tatoeba-v2", "de", "en"),
+            _outcome(lambda: [(find_mtdata_id("Flores-flores200_dev-1", "de", "xx"), "")]),
+        ],
         "identity": [
             mtdata_identity(MTDATA_ID, "de", "en"),
             mtdata_identity(MTDATA_ID, "en", "de"),
@@ -377,6 +384,14 @@ def test_mtdata_unknown_id_or_language_is_an_error_naming_what_exists(mtdata_rep
         in (mtdata_report["broken record"])
     )
     assert "both deu" in mtdata_report["one language"]
+
+
+def test_the_tasks_find_flores_and_opus_datasets_in_mtdatas_index(mtdata_report):
+    flores_dev, flores_devtest, opus, unknown = mtdata_report["task IDs"]
+    assert flores_dev == "Flores-flores200_dev-1-deu-eng"
+    assert flores_devtest == "Flores-flores200_devtest-1-eng-fra"
+    assert opus == "OPUS-tatoeba-v2-deu-eng"
+    assert "mtdata has no dataset Flores-flores200_dev-1-* for de and xx" in unknown
 
 
 def test_mtdata_identity_and_root_logger(mtdata_report):

@@ -204,7 +204,7 @@ def all_tasks() -> list[Task]:
 
 def find_mtdata_id(prefix: str, src: str, trg: str) -> str:
     """The mtdata dataset ID ``<prefix>-<lang>-<lang>`` holding ``src`` and ``trg`` (in either
-    order; mtdata names languages by ISO 639-3 code, FLORES's with a script: ``deu_Latn``)."""
+    order; mtdata names languages by ISO 639-3 code, with a script where needed: ``ace_Arab``)."""
     try:
         from mtdata.index import INDEX
         from mtdata.iso import iso3_code

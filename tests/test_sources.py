@@ -18,12 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_prepare import _pairs, calls  # noqa: F401 (a fixture)
+from test_prepare import Calls, _pairs
 
 from transformer_mt.config import load_config
 from transformer_mt.data import prepare as prep
 from transformer_mt.data.mixing import MixedCorpus
 from transformer_mt.errors import MTError
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
+    return Calls(monkeypatch)
 
 
 def _lines(pairs: list[tuple[str, str]], side: int) -> str:
@@ -148,19 +153,29 @@ def test_the_config_refuses_a_malformed_source(tmp_path, source, message):
 
 
 def test_sources_replace_the_corpus_key_and_need_a_validation_source(tmp_path):
-    with pytest.raises(MTError, match="data.train and data.valid need one source"):
+    with pytest.raises(MTError, match=r"data.train and data.valid need one source"):
         load_config(None, ["data.train=[{tsv: a.tsv}]"])
-    with pytest.raises(MTError, match="data.corpus and the data.*_src / \\*_trg files are not"):
+    with pytest.raises(MTError, match=r"data.corpus and the data.\*_src / \*_trg files are not"):
         load_config(None, ["data.corpus=multi30k", "data.train=[{tsv: a}]", "data.valid={tsv: b}"])
     with pytest.raises(MTError, match=r"data.valid is set without data.train"):
         load_config(None, ["data.valid=[{tsv: a.tsv}]"])
 
 
 @pytest.mark.parametrize("code", ["en/../../../x", "..", "", "de en", "de\\x"])
-def test_a_language_code_that_is_not_a_plain_name_is_refused_before_any_file(tmp_path, code):
-    with pytest.raises(MTError, match=r"data.src_lang=.*a language code names files"):
-        load_config(None, [f"data.src_lang='{code}'", f"data.cache_dir={tmp_path}/cache"])
-    assert not (tmp_path / "cache").exists()
+def test_a_language_code_that_is_not_a_plain_name_is_refused_before_any_file(
+    tmp_path, monkeypatch, code
+):
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    work = tmp_path / "a" / "b" / "c"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(app, ["prepare", "--set", f"data.src_lang='{code}'"])
+    assert result.exit_code == 1
+    assert "data.src_lang=" in result.output and "a language code names files" in result.output
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [], "nothing written anywhere"
 
 
 def test_with_the_tokenizer_sources_named_adding_a_source_prepares_only_it(tmp_path, three, calls):

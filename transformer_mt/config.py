@@ -161,6 +161,8 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
     keep_freed_memory: bool = True  # CPU on Linux: malloc reuses freed blocks (~30 % faster)
+    init_from: str | None = None  # fine-tuning: a checkpoint whose weights, tokenizers, shape
+    # and language tags start this run (fresh optimizer and schedule); null = random weights
     collective_timeout_s: float = 300.0  # torchrun: seconds a rank waits for the others in a
     # step's collective before the run stops with an error naming the rank that did not answer
 

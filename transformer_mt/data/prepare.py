@@ -438,7 +438,9 @@ def _sampled_epochs(
     return sampler
 
 
-def prepare(cfg: Config, progress: bool = True) -> PreparedData:
+def prepare(
+    cfg: Config, progress: bool = True, tokenizers: tuple[Tokenizer, Tokenizer] | None = None
+) -> PreparedData:
     """Everything training needs, reusing the caches when nothing changed.
 
     Progress goes to the ``transformer_mt.data`` loggers (INFO); ``progress`` shows download bars.
@@ -448,6 +450,9 @@ def prepare(cfg: Config, progress: bool = True) -> PreparedData:
     cache entry (``<name>-train.<label>``), and mixed by their weights each epoch
     (:class:`transformer_mt.data.mixing.MixedCorpus`); several validation or test sources are
     read as one set.
+
+    ``tokenizers`` (source, target), when given, encode the data instead of tokenizers trained
+    on it: a fine-tuned model keeps the vocabulary it was trained with.
 
     Raises:
         MTError: a file is missing or bad (naming the file and line), a split is empty after
@@ -473,7 +478,10 @@ def prepare(cfg: Config, progress: bool = True) -> PreparedData:
     pairs = [[k, s.weight] for k, s in zip(tok_keys, tok_sources, strict=True)]
     tok_key = cache_key({"sources": pairs}) if mixed else train_keys[0]
     cache = Path(cfg.data.cache_dir)
-    src_tok, trg_tok = train_tokenizers(cfg, tok_sources, tok_key, cache)
+    if tokenizers is None:
+        src_tok, trg_tok = train_tokenizers(cfg, tok_sources, tok_key, cache)
+    else:
+        src_tok, trg_tok = tokenizers
     train_key = train_keys[0]
     if mixed:
         train: BinarizedPair | MixedCorpus = _mixed_train(

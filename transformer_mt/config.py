@@ -53,6 +53,9 @@ class SourceConfig:
     # listed under (for hf: train, validation, test)
     sacrebleu: str | None = None  # a sacrebleu test set, e.g. wmt14/full (md5-checked, cached in
     # $SACREBLEU)
+    src_lang: str | None = None  # the source's source language; null = data.src_lang
+    trg_lang: str | None = None  # the source's target language; null = data.trg_lang. Several
+    # target languages make a multilingual model: each source starts with a <2xx> tag
     weight: float = 1.0  # data.train only: how much of the source an epoch draws: 2 = each pair
     # twice, 0.5 = a random half (drawn anew each epoch)
     name: str | None = None  # a plain name for reports and the cache; null = taken from the source
@@ -71,6 +74,9 @@ class DataConfig:
     valid: list[SourceConfig] | None = None  # validation sources (needed with data.train);
     # several are read as one set
     test: list[SourceConfig] | None = None  # test sources (optional), read as one set
+    temperature: float = 1.0  # several language pairs: an epoch draws pair k in proportion to
+    # p_k^(1/T) (p_k = its share of weight x size); 1 = proportional, larger = flatter, toward
+    # the small pairs
     src_lang: str = "src"  # source language code: names files and logs
     trg_lang: str = "trg"  # target language code
     train_src: str | None = None  # local corpus: training source file (plain or .gz)
@@ -524,6 +530,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "max_words": Range(lo=1, none_ok=True),
         "max_ratio": Range(lo=1.0, none_ok=True),
         "max_tokens_per_side": Range(lo=2),  # one piece + EOS (or BOS) is the shortest pair
+        "temperature": Range(lo=0.0, lo_open=True),
     },
     "tokenizer": {
         "vocab_size": Range(lo=MIN_VOCAB_SIZE),
@@ -683,13 +690,17 @@ def _validate_data(data_cfg: DataConfig) -> None:
             "or null"
         )
     for key in ("src_lang", "trg_lang"):
-        code = getattr(data_cfg, key)
-        if not _LANG_RE.fullmatch(code):  # it names files and folders: never a path
-            raise MTError(
-                f"data.{key}={code!r}: a language code names files, so it must be letters and "
-                "digits, with - or _ between parts (de, en, zh-Hant, pt_BR)"
-            )
+        check_language(getattr(data_cfg, key), f"data.{key}")
     _validate_sources(data_cfg)
+
+
+def check_language(code: str, key: str) -> None:
+    """Refuse a language code that is not letters and digits (it names files and folders)."""
+    if not _LANG_RE.fullmatch(code):
+        raise MTError(
+            f"{key}={code!r}: a language code names files, so it must be letters and "
+            "digits, with - or _ between parts (de, en, zh-Hant, pt_BR)"
+        )
 
 
 def _validate_sources(data_cfg: DataConfig) -> None:
@@ -744,6 +755,9 @@ def _validate_source(source: SourceConfig, key: str, split: str) -> None:
         raise MTError(f"{key}.weight: only training sources are weighted; remove it")
     if source.name is not None:
         check_plain_name(source.name, f"{key}.name")
+    for side in ("src_lang", "trg_lang"):
+        if getattr(source, side) is not None:
+            check_language(getattr(source, side), f"{key}.{side}")
 
 
 def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:

@@ -41,6 +41,7 @@ class SplitSource:
     label: str  # a plain name: reports and cache entries
     files: tuple[Path, Path]  # (source-language file, target-language file)
     weight: float = 1.0  # training sources: the share of it an epoch draws
+    pair: tuple[str, str] | None = None  # (source, target) language; None = the config's
 
 
 def source_label(source: SourceConfig) -> str:
@@ -90,7 +91,8 @@ def resolve_source(
         from transformer_mt.data.sources import registry_split_files
 
         split_name = source.split or split
-        return SplitSource(label, registry_split_files(cfg, source.corpus, split_name, progress))
+        files = registry_split_files(cfg, source.corpus, split_name, progress)
+        return SplitSource(label, files, weight)
     if source.src is not None and source.archive is None and text_format(source.src) == "text":
         files = (Path(source.src), Path(source.trg or ""))
         for key, path in zip(("src", "trg"), files, strict=True):

@@ -21,10 +21,11 @@ wait, then find it built and reuse it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,11 @@ from transformer_mt.data.binarized import (
 )
 from transformer_mt.data.corpus import CleanConfig, CleanReport, clean_parallel, iter_clean_pairs
 from transformer_mt.data.extract import SplitSource
+from transformer_mt.data.languages import pair_name, target_tags, training_pairs
 from transformer_mt.data.locking import exclusive_lock, lock_path
 from transformer_mt.data.mixing import MixedCorpus
 from transformer_mt.data.sampling import SampledEpochs, SamplingSettings
-from transformer_mt.data.sources import SplitFiles, split_sources
+from transformer_mt.data.sources import SplitFiles, for_pair, split_sources
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, TokenizerSettings
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
@@ -53,6 +55,17 @@ log = logging.getLogger(__name__)
 _ENCODE_CHUNK = 10_000  # sentences encoded per sentencepiece call (it runs them in parallel);
 # with subword sampling, draws x pairs: it bounds the memory of one chunk's ids
 # REPORT_FILE (imported above): beside a binarized split, its cleaning report, shown on reuse
+
+
+@dataclass
+class ValidSet:
+    """One language pair's validation data: binarized ids and the text its BLEU is scored on."""
+
+    name: str  # the pair, "de-en"
+    data: BinarizedPair
+    src: list[str]  # cleaned validation text that tokenizes, translated for BLEU
+    trg: list[str]
+    prefix: tuple[int, ...] = ()  # the target-language tag that starts each source, if any
 
 
 @dataclass
@@ -68,6 +81,29 @@ class PreparedData:
     files: SplitFiles  # split -> (source file, target file); the first of several train sources
     sampler: SampledEpochs | MixedCorpus | None = None  # what each epoch reads, when it is not
     # all of `train` once: sampled segmentations (tokenizer.sample_alpha > 0) or weighted sources
+    valid_sets: list[ValidSet] = field(default_factory=list)  # one per language pair (the first
+    # is valid / valid_src / valid_trg); empty = that one set alone
+    lang_tags: dict[str, str] = field(default_factory=dict)  # target language -> its tag piece,
+    # when the model has several target languages
+
+
+def temperature_weights(
+    sizes: list[int], weights: list[float], pairs: list[tuple[str, str]], temperature: float
+) -> list[float]:
+    """Each source's weight once the language pairs are sampled by temperature.
+
+    Pair k holds p_k of the epoch at T = 1 (its sources' weight x size over all of them); at
+    temperature T it gets q_k = p_k^(1/T) / sum_j p_j^(1/T) of the same epoch size, shared among
+    its sources as before: a source's weight is scaled by q_k / p_k. T = 1 changes nothing.
+    """
+    mass = [w * n for w, n in zip(weights, sizes, strict=True)]
+    total = sum(mass)
+    share = {pair: 0.0 for pair in pairs}
+    for pair, m in zip(pairs, mass, strict=True):
+        share[pair] += m / total
+    flat = {pair: p ** (1.0 / temperature) for pair, p in share.items()}
+    norm = sum(flat.values())
+    return [w * (flat[pair] / norm) / share[pair] for w, pair in zip(weights, pairs, strict=True)]
 
 
 def one_pair(cfg: Config, split: str, sources: list[SplitSource]) -> tuple[Path, Path]:
@@ -155,20 +191,25 @@ def _split_name(split: str, sources: list[SplitSource], source: SplitSource) -> 
 
 
 def train_tokenizers(
-    cfg: Config, train: list[SplitSource], train_key: str, cache: Path
+    cfg: Config, train: list[SplitSource], train_key: str, cache: Path, tags: tuple[str, ...] = ()
 ) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers: one joint model used twice, or two separate ones.
 
     Cached as ``spm-<key>-joint.model`` or ``spm-<key>-{src,trg}.model``, keyed by the training
     sources' contents and weights (``train_key``), the cleaning thresholds and the tokenizer
-    settings.
+    settings. ``tags`` (a multilingual model's target-language tags) become whole pieces of the
+    model that reads sources.
     """
     tok_cfg = cfg.tokenizer
-    settings = TokenizerSettings(tok_cfg.vocab_size, tok_cfg.model_type, tok_cfg.character_coverage)
+    settings = TokenizerSettings(
+        tok_cfg.vocab_size, tok_cfg.model_type, tok_cfg.character_coverage, user_symbols=tags
+    )
     clean = _clean_cfg(cfg)
+    described = asdict(settings)
+    if not tags:  # the key of a model without tags is the one it always had
+        del described["user_symbols"]
     key = cache_key(
-        train_key,
-        {"tokenizer": asdict(settings), "joint": tok_cfg.joint, "clean": _clean_key(clean)},
+        train_key, {"tokenizer": described, "joint": tok_cfg.joint, "clean": _clean_key(clean)}
     )[:16]
     sides: list[tuple[str, tuple[int, ...]]] = (
         [("joint", (0, 1))] if tok_cfg.joint else [("src", (0,)), ("trg", (1,))]
@@ -201,7 +242,13 @@ def _train_and_save(
     )
     # Streamed: sentencepiece keeps only a sample, so the corpus is never loaded whole. Both
     # models are trained before either is saved, so a bad line leaves no model behind.
-    toks = [Tokenizer.train(_training_sentences(train, clean, idx), settings) for _, idx in sides]
+    no_tags = dataclasses.replace(settings, user_symbols=())  # a separate target vocabulary
+    toks = [
+        Tokenizer.train(
+            _training_sentences(train, clean, idx), no_tags if name == "trg" else settings
+        )
+        for name, idx in sides
+    ]
     for tok, path in zip(toks, paths, strict=True):
         tok.save(path)  # atomic: a killed run leaves no half-written model to be reused
     return toks
@@ -230,6 +277,7 @@ def _encoded_pairs(
     max_tokens: int,
     count: _EncodeCount,
     sampling: SamplingSettings | None = None,
+    src_prefix: tuple[int, ...] = (),
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Source ids end with EOS; target ids are stored bare (the trainer adds BOS and EOS). Pairs
     with a side that encodes to no piece at all (text that sentencepiece's normalization removes:
@@ -238,9 +286,11 @@ def _encoded_pairs(
 
     With ``sampling``, each kept pair is yielded ``sampling.draws`` times, in sampled
     segmentations; a sampled side that is empty or over the limit is replaced by that side's best
-    segmentation. Which pairs are kept depends on the best segmentations only.
+    segmentation. Which pairs are kept depends on the best segmentations only. ``src_prefix``
+    (a multilingual model's target-language tag) starts every source and counts in its limit.
     """
     draws = sampling.draws if sampling else 1
+    src_max = max_tokens - len(src_prefix)
     while chunk := list(itertools.islice(pairs, max(1, _ENCODE_CHUNK // draws))):
         src_texts, trg_texts = [src for src, _ in chunk], [trg for _, trg in chunk]
         src_best, trg_best = src_tok.encode_batch(src_texts), trg_tok.encode_batch(trg_texts)
@@ -258,16 +308,16 @@ def _encoded_pairs(
             if not src_ids or not trg_ids:
                 count.empty += 1
                 continue
-            if not (_fits(src_ids, max_tokens) and _fits(trg_ids, max_tokens)):
+            if not (_fits(src_ids, src_max) and _fits(trg_ids, max_tokens)):
                 count.too_long += 1
                 continue
             count.kept += 1
             if sampling is None:
-                yield [*src_ids, EOS_ID], trg_ids
+                yield [*src_prefix, *src_ids, EOS_ID], trg_ids
             for src_draw, trg_draw in samples:
-                src_sampled = src_draw[i] if _fits(src_draw[i], max_tokens) else src_ids
+                src_sampled = src_draw[i] if _fits(src_draw[i], src_max) else src_ids
                 trg_sampled = trg_draw[i] if _fits(trg_draw[i], max_tokens) else trg_ids
-                yield [*src_sampled, EOS_ID], trg_sampled
+                yield [*src_prefix, *src_sampled, EOS_ID], trg_sampled
 
 
 def binarize_split(
@@ -278,6 +328,7 @@ def binarize_split(
     trg_tok: Tokenizer,
     name: str,
     sampling: SamplingSettings | None = None,
+    src_prefix: tuple[int, ...] = (),
 ) -> BinarizedPair:
     """The cached token ids of one split, built (streaming, atomically) when missing or stale.
 
@@ -294,6 +345,8 @@ def binarize_split(
     }
     if sampling is not None:
         settings["sampling"] = asdict(sampling)
+    if src_prefix:
+        settings["src_prefix"] = list(src_prefix)
     key = cache_key(files_key, src_tok.model_proto, trg_tok.model_proto, settings)
     out = Path(cfg.data.cache_dir) / f"{cfg.name}-{name}"
     cached = load_binarized(out, key)
@@ -303,7 +356,8 @@ def binarize_split(
         with exclusive_lock(lock_path(out)):
             cached = load_binarized(out, key)
             if cached is None:
-                return _build_split(cfg, files, out, key, (src_tok, trg_tok), name, sampling)
+                toks = (src_tok, trg_tok)
+                return _build_split(cfg, files, out, key, toks, name, sampling, src_prefix)
     report_path = out / REPORT_FILE
     stored = report_path.read_text(encoding="utf-8") if report_path.is_file() else ""
     log.info(f"{name}: reusing {out} ({len(cached):,} pairs; inputs and settings unchanged)")
@@ -320,6 +374,7 @@ def _build_split(
     toks: tuple[Tokenizer, Tokenizer],
     name: str,
     sampling: SamplingSettings | None,
+    src_prefix: tuple[int, ...] = (),
 ) -> BinarizedPair:
     """Clean, encode and binarize one split into ``out``, then write and log its report."""
     clean = _clean_cfg(cfg)
@@ -330,7 +385,7 @@ def _build_split(
 
     def pairs() -> Iterator[tuple[list[int], list[int]]]:
         texts = iter_clean_pairs(files[0], files[1], clean, report)
-        yield from _encoded_pairs(texts, src_tok, trg_tok, max_tokens, count, sampling)
+        yield from _encoded_pairs(texts, src_tok, trg_tok, max_tokens, count, sampling, src_prefix)
         # Raised inside the stream, so build_binarized discards the build: no empty cache.
         if count.kept == 0:
             raise _no_pairs_error(
@@ -362,13 +417,18 @@ def _build_split(
 
 
 def _tokenizable(
-    srcs: list[str], trgs: list[str], src_tok: Tokenizer, trg_tok: Tokenizer, max_tokens: int
+    srcs: list[str],
+    trgs: list[str],
+    src_tok: Tokenizer,
+    trg_tok: Tokenizer,
+    max_tokens: int,
+    src_prefix: tuple[int, ...] = (),
 ) -> tuple[list[str], list[str]]:
     """The pairs that the binarized split keeps (:func:`_fits`: no empty side, none longer than
     ``max_tokens``): validation BLEU is scored on the pairs the validation loss is, sources and
     references alike."""
     keep = [
-        _fits(src_ids, max_tokens) and _fits(trg_ids, max_tokens)
+        _fits(src_ids, max_tokens - len(src_prefix)) and _fits(trg_ids, max_tokens)
         for src_ids, trg_ids in zip(
             src_tok.encode_batch(srcs), trg_tok.encode_batch(trgs), strict=True
         )
@@ -402,16 +462,22 @@ def _mixed_train(
     cfg: Config,
     sources: list[SplitSource],
     keys: list[str],
-    src_tok: Tokenizer,
-    trg_tok: Tokenizer,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    prefixes: dict[str, tuple[int, ...]],
 ) -> MixedCorpus:
-    """Each training source binarized into its own cache entry, mixed by the sources' weights."""
-    parts = [
-        binarize_split(cfg, s.files, key, src_tok, trg_tok, f"train.{s.label}")
-        for s, key in zip(sources, keys, strict=True)
-    ]
-    weights, labels = [s.weight for s in sources], [s.label for s in sources]
-    train = MixedCorpus(parts, weights, cfg.train.seed, labels)
+    """Each training source binarized into its own cache entry (its sources starting with their
+    target's tag, when there are several targets), mixed by the sources' weights and, across
+    language pairs, ``data.temperature``."""
+    parts = []
+    for s, key in zip(sources, keys, strict=True):
+        prefix = prefixes.get(s.pair[1], ()) if s.pair else ()
+        name = f"train.{s.label}"
+        parts.append(binarize_split(cfg, s.files, key, *tokenizers, name, src_prefix=prefix))
+    pairs = [s.pair or (cfg.data.src_lang, cfg.data.trg_lang) for s in sources]
+    weights = temperature_weights(
+        [len(p) for p in parts], [s.weight for s in sources], pairs, cfg.data.temperature
+    )
+    train = MixedCorpus(parts, weights, cfg.train.seed, [s.label for s in sources])
     log.info("train: " + ", ".join(_mix_line(train, i) for i in range(len(parts))))
     return train
 
@@ -447,9 +513,9 @@ def prepare(
     The data source is checked first (:func:`transformer_mt.data.sources.check_source`).
 
     Several training sources are cleaned, encoded and binarized one by one, each into its own
-    cache entry (``<name>-train.<label>``), and mixed by their weights each epoch
-    (:class:`transformer_mt.data.mixing.MixedCorpus`); several validation or test sources are
-    read as one set.
+    cache entry (``<name>-train.<label>``), and mixed by their weights (and, across language
+    pairs, ``data.temperature``) each epoch (:class:`transformer_mt.data.mixing.MixedCorpus`).
+    Validation sources are read as one set per language pair; test sources as one set.
 
     ``tokenizers`` (source, target), when given, encode the data instead of tokenizers trained
     on it: a fine-tuned model keeps the vocabulary it was trained with.
@@ -459,13 +525,14 @@ def prepare(
             cleaning, or a download fails. Nothing half-written is left in the cache.
     """
     sources = split_sources(cfg, progress)
-    files = {split: one_pair(cfg, split, listed) for split, listed in sources.items()}
-    clean = _clean_cfg(cfg)
     # Validation first: it is small, it is needed in memory anyway (for BLEU), and a bad line in it
     # should fail before the long tokenizer training rather than after.
-    valid_src, valid_trg, valid_report = clean_parallel(*files["valid"], clean)
-    if valid_report.kept == 0:
-        raise _no_pairs_error("valid", files["valid"], "cleaning")
+    valid_texts = _valid_texts(cfg, sources["valid"])
+    files = {
+        split: one_pair(cfg, split, listed) for split, listed in sources.items() if split != "valid"
+    }
+    files["valid"] = next(iter(valid_texts.values()))[0]
+    tags = target_tags(cfg.data)
     train_sources = sources["train"]
     train_keys = [cache_key(*s.files) for s in train_sources]
     mixed = len(train_sources) > 1 or train_sources[0].weight != 1.0
@@ -474,26 +541,95 @@ def prepare(
             "tokenizer.sample_alpha (subword sampling) works with one training source of "
             "weight 1; set it to 0 or list one source"
         )
-    tok_sources, tok_keys = _tokenizer_sources(cfg, train_sources, train_keys)
-    pairs = [[k, s.weight] for k, s in zip(tok_keys, tok_sources, strict=True)]
-    tok_key = cache_key({"sources": pairs}) if mixed else train_keys[0]
-    cache = Path(cfg.data.cache_dir)
     if tokenizers is None:
-        src_tok, trg_tok = train_tokenizers(cfg, tok_sources, tok_key, cache)
-    else:
-        src_tok, trg_tok = tokenizers
-    train_key = train_keys[0]
+        tokenizers = _tokenizers(cfg, train_sources, train_keys, mixed, tuple(tags.values()))
+    src_tok, trg_tok = tokenizers
+    prefixes = _tag_ids(src_tok, tags)
     if mixed:
         train: BinarizedPair | MixedCorpus = _mixed_train(
-            cfg, train_sources, train_keys, src_tok, trg_tok
+            cfg, train_sources, train_keys, tokenizers, prefixes
         )
         sampler: SampledEpochs | MixedCorpus | None = train
     else:
-        train = binarize_split(cfg, files["train"], train_key, src_tok, trg_tok, "train")
-        sampler = _sampled_epochs(cfg, files["train"], train_key, train, (src_tok, trg_tok))
-    valid_key = cache_key(*files["valid"])
-    valid = binarize_split(cfg, files["valid"], valid_key, src_tok, trg_tok, "valid")
-    valid_src, valid_trg = _tokenizable(
-        valid_src, valid_trg, src_tok, trg_tok, cfg.data.max_tokens_per_side
+        train = binarize_split(cfg, files["train"], train_keys[0], src_tok, trg_tok, "train")
+        sampler = _sampled_epochs(cfg, files["train"], train_keys[0], train, tokenizers)
+    sets = [
+        _valid_set(
+            cfg, pair, pair_files, texts, tokenizers, prefixes.get(pair[1], ()), len(valid_texts)
+        )
+        for pair, (pair_files, texts) in valid_texts.items()
+    ]
+    first = sets[0]
+    return PreparedData(
+        src_tok, trg_tok, train, first.data, first.src, first.trg, files, sampler, sets, tags
     )
-    return PreparedData(src_tok, trg_tok, train, valid, valid_src, valid_trg, files, sampler)
+
+
+def _tokenizers(
+    cfg: Config, sources: list[SplitSource], keys: list[str], mixed: bool, tags: tuple[str, ...]
+) -> tuple[Tokenizer, Tokenizer]:
+    """The tokenizers trained on the sources (or those ``tokenizer.train_on`` names)."""
+    tok_sources, tok_keys = _tokenizer_sources(cfg, sources, keys)
+    pairs = [[k, s.weight] for k, s in zip(tok_keys, tok_sources, strict=True)]
+    tok_key = cache_key({"sources": pairs}) if mixed else keys[0]
+    return train_tokenizers(cfg, tok_sources, tok_key, Path(cfg.data.cache_dir), tags)
+
+
+def _tag_ids(src_tok: Tokenizer, tags: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    """Target language -> the id of its tag, which starts every source asking for it."""
+    ids = {}
+    for lang, tag in tags.items():
+        piece = src_tok.piece_id(tag)
+        if piece is None:  # a tokenizer given from elsewhere (a fine-tuned model's)
+            raise MTError(
+                f"the tokenizer has no tag {tag} for the target language {lang}; a model "
+                "translates only into the languages it was trained with a tag for"
+            )
+        ids[lang] = (piece,)
+    return ids
+
+
+_Texts = tuple[list[str], list[str]]
+
+
+def _valid_texts(
+    cfg: Config, sources: list[SplitSource]
+) -> dict[tuple[str, str], tuple[tuple[Path, Path], _Texts]]:
+    """Each language pair's validation files (its sources read as one pair) and cleaned text."""
+    by_pair: dict[tuple[str, str], list[SplitSource]] = {}
+    for source in sources:
+        by_pair.setdefault(source.pair or (cfg.data.src_lang, cfg.data.trg_lang), []).append(source)
+    trained = training_pairs(cfg.data)
+    untrained = [pair_name(p) for p in by_pair if p not in trained]
+    if untrained:
+        raise MTError(
+            f"data.valid has {', '.join(untrained)}, which no training source has; the training "
+            f"pairs are {', '.join(pair_name(p) for p in trained)}"
+        )
+    out = {}
+    for pair in sorted(by_pair, key=trained.index):
+        pair_files = one_pair(for_pair(cfg, pair), "valid", by_pair[pair])
+        src, trg, report = clean_parallel(*pair_files, _clean_cfg(cfg))
+        if report.kept == 0:
+            raise _no_pairs_error("valid", pair_files, "cleaning")
+        out[pair] = (pair_files, (src, trg))
+    missing = [pair_name(p) for p in trained if p not in out]
+    if missing:
+        log.warning(f"no validation source for {', '.join(missing)}: it is trained, not validated")
+    return out
+
+
+def _valid_set(
+    cfg: Config,
+    pair: tuple[str, str],
+    files: tuple[Path, Path],
+    texts: _Texts,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    prefix: tuple[int, ...],
+    n_sets: int,
+) -> ValidSet:
+    """One pair's binarized validation split and the texts its BLEU is scored on."""
+    name = "valid" if n_sets == 1 else f"valid.{pair_name(pair)}"
+    data = binarize_split(cfg, files, cache_key(*files), *tokenizers, name, src_prefix=prefix)
+    src, trg = _tokenizable(*texts, *tokenizers, cfg.data.max_tokens_per_side, prefix)
+    return ValidSet(pair_name(pair), data, src, trg, prefix)

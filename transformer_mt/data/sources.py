@@ -15,13 +15,15 @@ trainer or command can fail before any work; :func:`corpus_files` runs it first 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from transformer_mt.config import LOCAL_FILE_KEYS, SPLITS, Config, SourceConfig
 from transformer_mt.data.extract import SplitSource, resolve_source, source_label
+from transformer_mt.data.languages import source_pair
 from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
 from transformer_mt.data.tasks import Task, find_task, task_names
-from transformer_mt.data.toy import TOY_VERSION, toy_splits
+from transformer_mt.data.toy import TOY_TARGETS, TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
 
@@ -87,7 +89,7 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
     check_source(cfg)
     if cfg.data.train is None and find_task(cfg.data.corpus) is None:
         return {
-            split: [SplitSource(cfg.data.corpus, pair)]
+            split: [SplitSource(cfg.data.corpus, pair, 1.0, (cfg.data.src_lang, cfg.data.trg_lang))]
             for split, pair in corpus_files(cfg, progress).items()
         }
     out: dict[str, list[SplitSource]] = {}
@@ -95,7 +97,13 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
         listed = _expand_tasks(cfg, split, progress)
         labels = _unique([source_label(s) for s in listed])
         for source, label in zip(listed, labels, strict=True):
-            out.setdefault(split, []).append(resolve_source(cfg, source, split, label, progress))
+            pair = source_pair(cfg.data, source)
+            pair_cfg = for_pair(cfg, pair)
+            if source.corpus == "toy":
+                resolved = SplitSource(label, _toy_files(pair_cfg)[split], source.weight)
+            else:
+                resolved = resolve_source(pair_cfg, source, split, label, progress)
+            out.setdefault(split, []).append(dataclasses.replace(resolved, pair=pair))
     for split in ("train", "valid"):
         if split not in out:
             raise MTError(f"the config's sources have no {split} split; list data.{split}")
@@ -113,12 +121,21 @@ def _expand_tasks(cfg: Config, split: str, progress: bool) -> list[SourceConfig]
         if task is None:
             out.append(source)
             continue
-        for part in task.sources(source.split or split, data.src_lang, data.trg_lang):
+        src, trg = source_pair(data, source)
+        for part in task.sources(source.split or split, src, trg):
             if part.archive is not None:
                 part.archive = str(_task_archive(cfg, part.archive, progress))
-            part.weight = source.weight
+            part.weight, part.src_lang, part.trg_lang = source.weight, src, trg
             out.append(part)
     return out
+
+
+def for_pair(cfg: Config, pair: tuple[str, str]) -> Config:
+    """``cfg`` with ``data.src_lang`` / ``trg_lang`` set to ``pair`` (one source's languages)."""
+    if pair == (cfg.data.src_lang, cfg.data.trg_lang):
+        return cfg
+    data = dataclasses.replace(cfg.data, src_lang=pair[0], trg_lang=pair[1])
+    return dataclasses.replace(cfg, data=data)
 
 
 def _task_archive(cfg: Config, archive: str, progress: bool) -> Path:
@@ -148,6 +165,9 @@ def _check_source_languages(cfg: Config, source: SourceConfig) -> None:
     """A registry corpus or task source must have both languages (checked before any
     download)."""
     if source.corpus is None:
+        return
+    cfg = for_pair(cfg, source_pair(cfg.data, source))
+    if source.corpus == "toy":
         return
     task = find_task(source.corpus)
     if task is not None:
@@ -207,7 +227,9 @@ def _toy_files(cfg: Config) -> SplitFiles:
     if all(p.is_file() for pair in files.values() for p in pair):
         return files
     out.mkdir(parents=True, exist_ok=True)
-    for split, pairs in toy_splits(*sizes, seed=data.toy_seed).items():
+    # The generator's second invented language for the code trg2, its first for any other.
+    target = data.trg_lang if data.trg_lang in TOY_TARGETS else TOY_TARGETS[0]
+    for split, pairs in toy_splits(*sizes, seed=data.toy_seed, target=target).items():
         for side, path in enumerate(files[split]):
             # Atomic: a killed run never leaves a half-written corpus file to be reused.
             write_text_atomic(path, "".join(p[side] + "\n" for p in pairs))

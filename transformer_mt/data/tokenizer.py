@@ -5,6 +5,7 @@ them; they are also recorded in the checkpoint.
 """
 
 import io
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+_TAG_RE = re.compile(r"<2[A-Za-z0-9_-]+>")  # a target-language tag piece (data/languages.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class TokenizerSettings:
     model_type: str = "unigram"  # unigram | bpe | char | word
     character_coverage: float = 1.0
     input_sentence_size: int = 2_000_000  # sentences sampled for training; 0 = all
+    user_symbols: tuple[str, ...] = ()  # pieces kept whole, never split: language tags (<2en>)
 
 
 class Tokenizer:
@@ -44,6 +47,10 @@ class Tokenizer:
             got = getattr(self.sp, f"{name}_id")()
             if got != want:
                 raise MTError(f"sentencepiece model has {name}_id={got}, expected {want}")
+        # A multilingual model's language tags (<2en>: user-defined symbols) are never text of a
+        # translation: decode drops them as it drops the special ids.
+        pieces = (self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size()))
+        self.tag_ids = frozenset(i for i, p in enumerate(pieces) if _TAG_RE.fullmatch(p))
 
     @property
     def vocab_size(self) -> int:
@@ -66,6 +73,11 @@ class Tokenizer:
             texts, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest
         )
 
+    def piece_id(self, piece: str) -> int | None:
+        """The id of a whole piece (a language tag), or None when the model lacks it."""
+        i = self.sp.piece_to_id(piece)
+        return None if i == UNK_ID and piece != self.sp.id_to_piece(UNK_ID) else i
+
     def pieces(self, text: str) -> list[str]:
         """One sentence to its pieces as strings (for display and debugging)."""
         return self.sp.encode(text, out_type=str)
@@ -75,7 +87,9 @@ class Tokenizer:
         return [self.sp.id_to_piece(int(i)) for i in ids]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids to detokenized text; special ids are dropped."""
+        """Ids to detokenized text; special ids and language tags are dropped."""
+        if self.tag_ids:
+            return self.sp.decode([int(i) for i in ids if i > EOS_ID and i not in self.tag_ids])
         return self.sp.decode([int(i) for i in ids if i > EOS_ID])
 
     def decode_pieces(self, pieces: Iterable[str]) -> str:
@@ -128,6 +142,7 @@ class Tokenizer:
                 unk_id=UNK_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
+                user_defined_symbols=list(settings.user_symbols),
                 hard_vocab_limit=False,  # a small corpus may not support the full size
                 minloglevel=2,
                 num_threads=2,

@@ -35,38 +35,50 @@ OnBatch = BatchCallback
 
 
 def encode_sources(
-    src_tok: Tokenizer, lines: list[str], max_src_len: int, first_line: int = 1
+    src_tok: Tokenizer,
+    lines: list[str],
+    max_src_len: int,
+    first_line: int = 1,
+    prefix: Sequence[int] = (),
 ) -> dict[int, list[int]]:
     """Source ids (ending with EOS) of every line that has something to translate, by line index.
 
-    Surrounding whitespace is ignored; a line longer than ``max_src_len`` pieces (EOS included)
-    keeps its first ``max_src_len - 1`` pieces, with a warning (``first_line``: the number it
-    gives ``lines[0]``).
+    Surrounding whitespace is ignored; a line longer than ``max_src_len`` pieces (EOS and
+    ``prefix`` included) keeps its first pieces, with a warning (``first_line``: the number it
+    gives ``lines[0]``). ``prefix``: ids that start every source (a multilingual model's
+    target-language tag).
     """
-    return encode_lines(src_tok, lines, max_src_len, "source pieces (with EOS)", first_line)
+    what = "source pieces (with EOS)"
+    return encode_lines(src_tok, lines, max_src_len, what, first_line, prefix)
 
 
 def encode_lines(
-    tok: Tokenizer, lines: list[str], limit: int, what: str, first_line: int = 1
+    tok: Tokenizer,
+    lines: list[str],
+    limit: int,
+    what: str,
+    first_line: int = 1,
+    prefix: Sequence[int] = (),
 ) -> dict[int, list[int]]:
-    """Ids plus EOS of every line with something in it, by line index (a line that is empty,
-    blank, or empty after the tokenizer's normalization has none). A line over ``limit`` ids (EOS
-    included) keeps its first ``limit - 1`` pieces, with a warning: "line N: M <what> exceed the limit",
-    where ``lines[0]`` is line ``first_line``."""
+    """``prefix``, the ids and EOS of every line with something in it, by line index (a line that
+    is empty, blank, or empty after the tokenizer's normalization has none). A line over ``limit``
+    ids (EOS and prefix included) keeps its first pieces, with a warning: "line N: M <what>
+    exceed the limit", where ``lines[0]`` is line ``first_line``."""
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
     encoded: dict[int, list[int]] = {}
+    room = limit - len(prefix)
     for i, ids in zip(todo, tok.encode_batch([texts[i] for i in todo]), strict=True):
         if not ids:  # normalization removed everything (e.g. only control characters)
             continue
-        if len(ids) + 1 > limit:
+        if len(ids) + 1 > room:
             warnings.warn(
-                f"line {i + first_line}: {len(ids) + 1} {what} exceed the limit of {limit}; using "
-                f"its first {limit - 1} pieces only",
+                f"line {i + first_line}: {len(ids) + 1 + len(prefix)} {what} exceed the limit of "
+                f"{limit}; using its first {room - 1} pieces only",
                 stacklevel=3,
             )
-            ids = ids[: limit - 1]
-        encoded[i] = [*ids, EOS_ID]
+            ids = ids[: room - 1]
+        encoded[i] = [*prefix, *ids, EOS_ID]
     return encoded
 
 
@@ -116,6 +128,7 @@ def translate_texts(
     on_batch: OnBatch | None = None,
     prefixes: Sequence[str] | None = None,
     first_line: int = 1,
+    src_prefix: Sequence[int] = (),
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0).
@@ -136,6 +149,8 @@ def translate_texts(
             A count other than the lines' is an MTError.
         first_line: the number warnings give ``lines[0]``, and the key of its sample's draws
             (a caller feeding lines one at a time passes its own count).
+        src_prefix: ids that start every source: a multilingual model's tag of the target
+            language (:func:`transformer_mt.data.languages.lang_tag`).
     """
     table = model.positions.max_len
     limit = table if max_src_len is None else min(max_src_len, table)
@@ -148,7 +163,7 @@ def translate_texts(
             f"{len(prefixes)} prefixes for {len(lines)} input lines: give one prefix per input "
             "line (an empty line for none)"
         )
-    sources = encode_sources(src_tok, lines, limit, first_line)
+    sources = encode_sources(src_tok, lines, limit, first_line, src_prefix)
     line_of = list(sources)  # position in the batch input -> line index
     forced = (
         None

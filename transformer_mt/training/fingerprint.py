@@ -42,7 +42,11 @@ def data_fingerprint(data: PreparedData) -> dict[str, str]:
         "src_tokenizer": hashlib.sha256(data.src_tok.model_proto).hexdigest()[:16],
         "trg_tokenizer": hashlib.sha256(data.trg_tok.model_proto).hexdigest()[:16],
         "train_data": _ids_digest(data.train),
-        "valid_data": _ids_digest(data.valid),
+        "valid_data": _ids_digest(data.valid)
+        if len(data.valid_sets) <= 1
+        else hashlib.sha256(
+            " ".join(_ids_digest(vs.data) for vs in data.valid_sets).encode()
+        ).hexdigest()[:16],
     }
 
 

@@ -1,0 +1,140 @@
+"""One model, several language pairs: tags, temperature sampling, validation per pair.
+
+What is proved: with several target languages each training source starts with its target's tag
+(one piece of the tokenizer, never split, never in a target and never in decoded text), a model
+with one target has none; an epoch draws each language pair as the temperature formula says;
+validation reports loss and BLEU per pair and their mean; a validation pair no training source
+has is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_prepare import _pairs
+
+from transformer_mt.config import load_config
+from transformer_mt.data import prepare as prep
+from transformer_mt.data.languages import lang_tag, target_tags
+from transformer_mt.data.mixing import MixedCorpus
+from transformer_mt.data.prepare import temperature_weights
+from transformer_mt.errors import MTError
+
+
+def _shifted(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A second target language: each target word reversed and capitalized."""
+    return [(s, " ".join(w[::-1].capitalize() for w in t.split())) for s, t in pairs]
+
+
+def _write(path: Path, pairs: list[tuple[str, str]]) -> str:
+    for side, suffix in ((0, "src"), (1, "trg")):
+        path.with_suffix(f".{suffix}").write_text("".join(p[side] + "\n" for p in pairs))
+    return f"{{src: {path.with_suffix('.src')}, trg: {path.with_suffix('.trg')}"
+
+
+@pytest.fixture
+def two_targets(tmp_path: Path) -> Path:
+    """A config with xx->yy (300 pairs) and xx->zz (100 pairs), validation for both."""
+    yy, zz = _pairs(300, 1), _shifted(_pairs(100, 2))
+    v_yy, v_zz = _pairs(20, 3), _shifted(_pairs(20, 4))
+    config = tmp_path / "multi.yaml"
+    config.write_text(
+        "name: multi\ndata:\n  src_lang: xx\n  trg_lang: yy\n"
+        f"  cache_dir: {tmp_path / 'cache'}\n  max_tokens_per_side: 48\n"
+        "  train:\n"
+        f"    - {_write(tmp_path / 'yy', yy)}}}\n"
+        f"    - {_write(tmp_path / 'zz', zz)}, trg_lang: zz}}\n"
+        "  valid:\n"
+        f"    - {_write(tmp_path / 'vyy', v_yy)}}}\n"
+        f"    - {_write(tmp_path / 'vzz', v_zz)}, trg_lang: zz}}\n"
+        "tokenizer:\n  vocab_size: 200\n"
+        "model:\n  d_model: 32\n  n_head: 2\n  ffn_hidden: 64\n  n_layers: 1\n  max_len: 64\n"
+        "train:\n  max_steps: 6\n  batch_tokens: 400\n  warmup_steps: 4\n  valid_every: 3\n"
+        "  log_every: 3\n  threads: 1\n"
+    )
+    return config
+
+
+def test_each_source_starts_with_its_targets_tag_a_single_piece(two_targets):
+    cfg = load_config(two_targets)
+    assert target_tags(cfg.data) == {"yy": "<2yy>", "zz": "<2zz>"}
+    data = prep.prepare(cfg, progress=False)
+    tok = data.src_tok
+    tags = {lang: tok.piece_id(lang_tag(lang)) for lang in ("yy", "zz")}
+    assert None not in tags.values()
+    assert "<2zz>" in tok.pieces("abc <2zz> abc"), "the tag is one piece, never split"
+    assert isinstance(data.train, MixedCorpus)
+    for part, lang in zip(data.train.parts, ("yy", "zz"), strict=True):
+        firsts = {int(part[i][0][0]) for i in range(len(part))}
+        assert firsts == {tags[lang]}, f"every {lang} source starts with <2{lang}>"
+        targets = np.concatenate([part[i][1] for i in range(len(part))])
+        assert not set(targets.tolist()) & set(tags.values()), "no tag is ever a target"
+    assert [vs.name for vs in data.valid_sets] == ["xx-yy", "xx-zz"]
+    assert [vs.prefix for vs in data.valid_sets] == [(tags["yy"],), (tags["zz"],)]
+    assert tok.decode([tags["zz"], *tok.encode("abc def")]) == "abc def", "decode drops tags"
+
+
+def test_a_model_with_one_target_has_no_tags(tmp_path):
+    yy = _pairs(50, 1)
+    cfg = load_config(
+        None,
+        [
+            f"data.train=[{_write(tmp_path / 'a', yy)}}}, {_write(tmp_path / 'b', yy)}, src_lang: ww}}]",
+            f"data.valid={_write(tmp_path / 'v', yy[:5])}}}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "tokenizer.vocab_size=100",
+        ],
+    )
+    assert target_tags(cfg.data) == {}, "many-to-one: the sources need no tag"
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 5.0])
+def test_an_epoch_draws_each_pair_as_the_temperature_formula_says(temperature):
+    sizes, weights = [9000, 1000, 500, 500], [1.0, 1.0, 2.0, 1.0]
+    pairs = [("xx", "yy"), ("xx", "zz"), ("xx", "ww"), ("xx", "ww")]
+    w = temperature_weights(sizes, weights, pairs, temperature)
+
+    class Part:  # a binarized source of n pairs, as far as the mixing reads it
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+    mixed = MixedCorpus([Part(n) for n in sizes], w, seed=1)  # type: ignore[misc]
+    counts = np.bincount(mixed.source_of(mixed.chosen(0)), minlength=4)
+    per_pair = [counts[0], counts[1], counts[2] + counts[3]]
+    mass = [9000, 1000, 1000 + 500]  # weight x size of each pair
+    p = np.array(mass) / sum(mass)
+    q = p ** (1 / temperature) / (p ** (1 / temperature)).sum()
+    total = sum(mass)  # the epoch keeps its size: only the shares move
+    for got, want in zip(per_pair, q * total, strict=True):
+        assert abs(got - want) <= 0.02 * want
+    assert counts[2] == pytest.approx(2 * counts[3], abs=1), "within a pair, weights hold"
+    if temperature > 1:
+        assert per_pair[1] > 1000, "a higher temperature draws more of the small pairs"
+
+
+def test_validation_reports_each_pair_and_their_mean(two_targets, tmp_path):
+    from transformer_mt.training.trainer import Trainer
+
+    cfg = load_config(two_targets)
+    Trainer(cfg, tmp_path / "run", progress=False).run()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in lines if "val_loss" in r]
+    assert valid, "the run validated"
+    for r in valid:
+        for key in ("val_loss", "val_bleu"):
+            per_pair = [r[f"{key}/xx-yy"], r[f"{key}/xx-zz"]]
+            assert r[key] == pytest.approx(sum(per_pair) / 2)
+        assert r["val_loss/xx-yy"] != r["val_loss/xx-zz"]
+
+
+def test_a_validation_pair_that_no_source_trains_is_refused(two_targets):
+    text = two_targets.read_text().replace("trg_lang: zz}\n  valid", "}\n  valid", 1)
+    two_targets.write_text(text)
+    with pytest.raises(MTError, match=r"data.valid has xx-zz, which no training source has"):
+        prep.prepare(load_config(two_targets), progress=False)

@@ -1,0 +1,51 @@
+"""The language pairs of a config, and the target-language tags of a multilingual model.
+
+One model may translate several pairs (Johnson et al., 2017): its training sources name their
+languages (``{src_lang: fr, trg_lang: en}``), and when they have more than one target language,
+each source sentence starts with a tag naming the language to translate into (``<2en>``). The
+tag is a user-defined symbol of the sentencepiece model: one piece, never split, and never
+emitted by decoding. A model with one target language (one pair, or many-to-one) has no tags:
+its sources are read exactly as a bilingual model's.
+
+Everything here is derived from the config alone, so a checkpoint (which stores its config)
+knows its pairs and tags without any other record.
+"""
+
+from __future__ import annotations
+
+from transformer_mt.config import DataConfig, SourceConfig
+
+Pair = tuple[str, str]
+
+
+def lang_tag(lang: str) -> str:
+    """The tag that asks for a translation into ``lang``: ``<2en>``."""
+    return f"<2{lang}>"
+
+
+def source_pair(data: DataConfig, source: SourceConfig) -> Pair:
+    """(source language, target language) of one listed source."""
+    return source.src_lang or data.src_lang, source.trg_lang or data.trg_lang
+
+
+def pair_name(pair: Pair) -> str:
+    """``de-en``: how metrics, logs and caches name a pair."""
+    return f"{pair[0]}-{pair[1]}"
+
+
+def training_pairs(data: DataConfig) -> list[Pair]:
+    """The pairs the training sources hold, in the order they are first listed."""
+    if data.train is None:
+        return [(data.src_lang, data.trg_lang)]
+    pairs: list[Pair] = []
+    for source in data.train:
+        pair = source_pair(data, source)
+        if pair not in pairs:
+            pairs.append(pair)
+    return pairs
+
+
+def target_tags(data: DataConfig) -> dict[str, str]:
+    """Target language -> its tag, for a model with several targets; empty for one target."""
+    targets = sorted({trg for _, trg in training_pairs(data)})
+    return {lang: lang_tag(lang) for lang in targets} if len(targets) > 1 else {}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformer_mt.config import LOCAL_FILE_KEYS, SPLITS, Config, SourceConfig
 from transformer_mt.data.extract import SplitSource, resolve_source, source_label
-from transformer_mt.data.languages import source_pair
+from transformer_mt.data.languages import pair_name, source_pair
 from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
 from transformer_mt.data.tasks import Task, find_task, task_names
 from transformer_mt.data.toy import TOY_TARGETS, TOY_VERSION, toy_splits
@@ -95,7 +95,14 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
     out: dict[str, list[SplitSource]] = {}
     for split in SPLITS:
         listed = _expand_tasks(cfg, split, progress)
-        labels = _unique([source_label(s) for s in listed])
+        pairs = [source_pair(cfg.data, s) for s in listed]
+        several = len(set(pairs)) > 1  # a label names its pair: toy.src-trg, toy.src-trg2
+        labels = _unique(
+            [
+                source_label(s) + (f".{pair_name(p)}" if several and not s.name else "")
+                for s, p in zip(listed, pairs, strict=True)
+            ]
+        )
         for source, label in zip(listed, labels, strict=True):
             pair = source_pair(cfg.data, source)
             pair_cfg = for_pair(cfg, pair)

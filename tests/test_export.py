@@ -3,8 +3,11 @@
 Skipped where ctranslate2 is not installed (`make test` installs the `ct2` extra).
 """
 
+import copy
 import dataclasses
 import json
+import math
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from transformer_mt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
 )
+from transformer_mt.errors import MTError
 from transformer_mt.inference import load_for_inference, translate_lines
 from transformer_mt.inference.loading import LoadedModel
 from transformer_mt.model import Transformer
@@ -228,7 +232,7 @@ def test_mt_export_then_translate_and_evaluate_with_the_ct2_engine(tmp_path):
     assert pictures.exit_code == 1 and "--engine torch" in pictures.stderr
 
 
-def test_export_replaces_its_own_in_one_swap_and_refuses_a_link(fixture_model, tmp_path):
+def test_export_replaces_its_own_leaving_no_copy_and_refuses_a_link(fixture_model, tmp_path):
     from transformer_mt.errors import MTError
 
     first = export_ctranslate2(fixture_model, tmp_path / "ct2")
@@ -241,27 +245,146 @@ def test_export_replaces_its_own_in_one_swap_and_refuses_a_link(fixture_model, t
     assert (tmp_path / "link").is_symlink() and (first / "model.bin").is_file()
 
 
-def test_a_swap_that_fails_puts_the_earlier_export_back(fixture_model, tmp_path, monkeypatch):
-    """The rename of the new export into place fails (a full disk, a signal): the earlier export
-    is back under its name, unchanged, and nothing is left aside."""
-    import os
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (hidden ones included), byte for byte."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
 
+
+def _one_error(result) -> str:
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    return errors[0]
+
+
+def test_export_into_the_folder_of_its_checkpoint_is_refused_and_keeps_every_byte(
+    fixture_model, tmp_path, monkeypatch
+):
+    """`mt export -c exp/best.pt -o exp` where exp holds an earlier export, the checkpoint and
+    a file of the user's: refused before any work, and every file there stays byte for byte."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    exp = tmp_path / "exp"
+    export_ctranslate2(fixture_model, exp)
+    (exp / "best.pt").write_bytes((FIXTURE / "old_last.pt").read_bytes())
+    (exp / "notes.txt").write_text("keep me\n")
+    before = _snapshot(tmp_path)
+    result = CliRunner().invoke(app, ["export", "-c", "exp/best.pt", "-o", "exp"])
+    assert "exp/best.pt is the checkpoint being exported" in _one_error(result)
+    assert _snapshot(tmp_path) == before
+    (exp / "best.pt").unlink()  # without the checkpoint, the user's file still refuses it
+    before = _snapshot(tmp_path)
+    result = CliRunner().invoke(app, ["export", "-c", str(FIXTURE / "old_last.pt"), "-o", "exp"])
+    assert "--output exp holds notes.txt, which its earlier export did not write" in (
+        _one_error(result)
+    )
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_export_lists_its_files_and_replaces_only_an_earlier_exports(fixture_model, tmp_path):
+    """The settings file lists the export's files; the next export into the directory removes
+    the earlier one's files it does not write again (here the two vocabularies of a model with
+    separate ones, replaced by a shared one), and nothing else is there."""
+    words = "the a cat dog sat ran on under big".split()
+    texts = [
+        " ".join(words[(i * 5 + j) % len(words)] for j in range(2 + i % 5)) for i in range(200)
+    ]
+    src_tok = Tokenizer.train(texts, TokenizerSettings(vocab_size=40))
+    trg_tok = Tokenizer.train([t.upper() for t in texts], TokenizerSettings(vocab_size=45))
+    sizes = dict(d_model=16, n_head=2, max_len=32, ffn_hidden=32, n_layers=1)
+    model = Transformer(PAD_ID, PAD_ID, BOS_ID, src_tok.vocab_size, trg_tok.vocab_size, **sizes)
+    out = export_ctranslate2(LoadedModel(model, src_tok, trg_tok, Config(), step=0), tmp_path / "e")
+    first = json.loads((out / "transformer_mt.json").read_text())["files"]
+    assert first == sorted(p.name for p in out.iterdir())
+    assert {"source_vocabulary.json", "target_vocabulary.json"} <= set(first)
+    export_ctranslate2(fixture_model, out)
+    second = json.loads((out / "transformer_mt.json").read_text())["files"]
+    assert second == sorted(p.name for p in out.iterdir()), "exactly the listed files"
+    assert "shared_vocabulary.json" in second and "source_vocabulary.json" not in second
+    assert load_ct2(out).max_len == fixture_model.model.positions.max_len
+
+
+def test_an_export_of_an_older_version_without_a_list_is_replaced(fixture_model, tmp_path):
+    out = export_ctranslate2(fixture_model, tmp_path / "e")
+    settings = json.loads((out / "transformer_mt.json").read_text())
+    del settings["files"]  # as exports wrote it before they listed their files
+    (out / "transformer_mt.json").write_text(json.dumps(settings))
+    export_ctranslate2(fixture_model, out, quantization="int8")
+    assert json.loads((out / "transformer_mt.json").read_text())["quantization"] == "int8"
+    settings = json.loads((out / "transformer_mt.json").read_text())
+    settings["files"] = ["model.bin", "../../elsewhere.txt"]  # a list that points outside
+    (out / "transformer_mt.json").write_text(json.dumps(settings))
+    before = _snapshot(tmp_path)
+    with pytest.raises(MTError, match="its list of files is damaged"):
+        export_ctranslate2(fixture_model, out)
+    assert _snapshot(tmp_path) == before
+
+
+def test_export_into_the_current_directory_and_its_parent(tmp_path, monkeypatch):
+    """`-o .` (a path whose name is empty) exports into the working directory when it is
+    empty or an earlier export, in place (the shell's working directory stays the export's);
+    `-o ..` here holds more than an export: one line, nothing changed."""
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    here = tmp_path / "model"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    ckpt = str(FIXTURE / "old_last.pt")
+    for quantization in ("float32", "int8"):  # into the empty directory, then over itself
+        done = CliRunner().invoke(
+            app, ["export", "-c", ckpt, "-o", ".", "--quantization", quantization]
+        )
+        assert done.exit_code == 0, done.output
+    settings = json.loads((here / "transformer_mt.json").read_text())
+    assert settings["quantization"] == "int8" and settings["files"] == sorted(os.listdir(here))
+    assert load_ct2(Path(".")).max_len == 64
+    before = _snapshot(tmp_path)
+    refused = CliRunner().invoke(app, ["export", "-c", ckpt, "-o", ".."])
+    assert "--output .. is a directory that holds no exported model" in _one_error(refused)
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_interrupted_replacement_is_refused_by_the_engine_and_redone(
+    fixture_model, tmp_path, monkeypatch
+):
+    """The move of a new export into an earlier one's directory fails halfway (a full disk, a
+    signal): its settings file then lists the files of both and says it is incomplete, so the
+    CT2 engine refuses it in one line and the next export replaces it; no temporary is left."""
     from transformer_mt.inference import export
 
-    output = export_ctranslate2(fixture_model, tmp_path / "ct2")
-    before = (output / "model.bin").read_bytes()
-    new = tmp_path / ".ct2.tmp"
-    new.mkdir()
-    (new / "model.bin").write_bytes(b"new")
+    out = export_ctranslate2(fixture_model, tmp_path / "e")
     real_replace = os.replace
 
-    def replace(src, dst):  # the OS refuses the one rename that moves the new export in
-        if Path(src) == new:
+    def replace(src, dst):  # the OS refuses to move the new model.bin in
+        if Path(src).name == "model.bin":
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
     monkeypatch.setattr(export.os, "replace", replace)
     with pytest.raises(OSError, match="No space left"):
-        export._swap_in(new, output)
-    assert (output / "model.bin").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".ct2.tmp", "ct2"]
+        export_ctranslate2(fixture_model, out, quantization="int8")
+    settings = json.loads((out / "transformer_mt.json").read_text())
+    assert settings["incomplete"] and settings["files"] == sorted(p.name for p in out.iterdir())
+    with pytest.raises(MTError, match="holds an export that was interrupted"):
+        load_ct2(out)
+    monkeypatch.setattr(export.os, "replace", real_replace)
+    export_ctranslate2(fixture_model, out, quantization="int8")
+    assert load_ct2(out).translator is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
+
+
+def test_export_of_weights_that_are_not_finite_writes_nothing(fixture_model, tmp_path):
+    model = copy.deepcopy(fixture_model.model)
+    with torch.no_grad():
+        model.encoder[0].ffn.fc2.weight[1, 2] = math.nan
+    loaded = dataclasses.replace(fixture_model, model=model)
+    with pytest.raises(MTError, match=r"tensor encoder\.0\.ffn\.fc2\.weight holds NaN/Inf"):
+        export_ctranslate2(loaded, tmp_path / "e")
+    assert list(tmp_path.iterdir()) == []

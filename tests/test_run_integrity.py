@@ -447,3 +447,61 @@ def test_an_ended_run_keeps_the_config_it_trained_with(tiny_config, tmp_path):
                     progress=False).run()  # fmt: skip
     assert state.step == 10
     assert _snapshot(run) == before, "nothing trained, nothing written (config.yaml included)"
+
+
+def test_a_new_run_never_overwrites_files_it_did_not_write(tiny_config, tmp_path):
+    """A new run writes config.yaml and the tokenizers and starts metrics.jsonl afresh: in a
+    run directory where those are a user's (a config kept beside the run, passed as --config)
+    or an earlier run's that saved no checkpoint, it is refused in one line and changes
+    nothing; an empty metrics.jsonl is nothing to lose."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("# my notes\n" + tiny_config.read_text())
+    (run / "metrics.jsonl").write_text('{"step": 50, "loss": 1.0, "nll": 1.0, "lr": 0.1}\n')
+    before = _snapshot(run)
+    sets = [a for kv in FAST for a in ("--set", kv)]
+    args = ["train", "--config", str(run / "config.yaml"), "--run-dir", str(run), *sets]
+    result = CliRunner().invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"error: {run} holds config.yaml, metrics.jsonl of an earlier run (or yours)" in (
+        result.output
+    )
+    assert _snapshot(run) == before
+    (run / "config.yaml").unlink()
+    (run / "metrics.jsonl").write_text("")
+    cfg = load_config(tiny_config, ["train.max_steps=2", *FAST])
+    assert Trainer(cfg, run, progress=False).run().step == 2
+
+
+def _plot(run: Path):
+    return CliRunner().invoke(app, ["plot", str(run)])
+
+
+def test_plot_names_a_complete_bad_last_line(tmp_path):
+    """A bad last line that ends with a newline was written whole, not cut by a killed run:
+    one error naming FILE:LINE and no picture (only a line without its newline is skipped)."""
+    good = '{"step": 1, "loss": 5.0, "nll": 4.9, "lr": 0.001}\n'
+    (tmp_path / "metrics.jsonl").write_text(good + good.replace("1,", "2,") + '{"step": 3, "lo\n')
+    result = _plot(tmp_path)
+    assert result.exit_code == 1 and "half-written" not in result.output
+    assert f"error: {tmp_path}/metrics.jsonl:3: not a metrics record" in result.stderr
+    (tmp_path / "metrics.jsonl").write_text(good + "[1, 2]\n\n")  # JSON, but not a record
+    assert "metrics.jsonl:2: not a metrics record (not a JSON object" in _plot(tmp_path).stderr
+    assert not (tmp_path / "metrics.png").exists()
+
+
+def test_plot_of_a_run_without_metrics_yet_is_one_line(tmp_path):
+    for content in (None, "", "\n", '{"step": 1, "lo'):  # none yet, or a first line being written
+        if content is not None:
+            (tmp_path / "metrics.jsonl").write_text(content)
+        result = _plot(tmp_path)
+        assert result.exit_code == 1, (content, result.output)
+        assert f"error: {tmp_path} has no metrics yet" in result.stderr
+    assert not (tmp_path / "metrics.png").exists()
+
+
+def test_plot_names_a_line_whose_numbers_are_not_numbers(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 4, "loss": 5.0, "nll": null, "lr": 0.1}\n')
+    result = _plot(tmp_path)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "the line of step 4 has nll null, expected a number" in result.stderr

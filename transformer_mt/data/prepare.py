@@ -505,7 +505,10 @@ def _sampled_epochs(
 
 
 def prepare(
-    cfg: Config, progress: bool = True, tokenizers: tuple[Tokenizer, Tokenizer] | None = None
+    cfg: Config,
+    progress: bool = True,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
+    tags: dict[str, str] | None = None,
 ) -> PreparedData:
     """Everything training needs, reusing the caches when nothing changed.
 
@@ -518,7 +521,9 @@ def prepare(
     Validation sources are read as one set per language pair; test sources as one set.
 
     ``tokenizers`` (source, target), when given, encode the data instead of tokenizers trained
-    on it: a fine-tuned model keeps the vocabulary it was trained with.
+    on it: a fine-tuned model keeps the vocabulary it was trained with. ``tags`` (target
+    language -> tag), when given, are the language tags such a model was trained with: its
+    sources start with them even where the config has a single target.
 
     Raises:
         MTError: a file is missing or bad (naming the file and line), a split is empty after
@@ -532,7 +537,13 @@ def prepare(
         split: one_pair(cfg, split, listed) for split, listed in sources.items() if split != "valid"
     }
     files["valid"] = next(iter(valid_texts.values()))[0]
-    tags = target_tags(cfg.data)
+    tags = target_tags(cfg.data) if tags is None else tags
+    untagged = sorted({trg for _, trg in training_pairs(cfg.data)} - set(tags)) if tags else []
+    if untagged:
+        raise MTError(
+            f"the model has language tags for {', '.join(sorted(tags))}, not for "
+            f"{', '.join(untagged)}: it cannot be trained to translate into those"
+        )
     train_sources = sources["train"]
     train_keys = [cache_key(*s.files) for s in train_sources]
     mixed = len(train_sources) > 1 or train_sources[0].weight != 1.0

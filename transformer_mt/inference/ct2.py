@@ -6,7 +6,6 @@ sentence gets the same length budget as in our own search (``a + b * source leng
 position table), and batches are cut by the same token budget.
 """
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from transformer_mt.data.batching import longest_first_batches
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.text import Translation, encode_sources
 from transformer_mt.errors import MTError
-from transformer_mt.inference.export import SETTINGS_FILE, import_ctranslate2
+from transformer_mt.inference.export import SETTINGS_FILE, import_ctranslate2, read_settings
 from transformer_mt.inference.loading import check_device
 
 
@@ -33,7 +32,8 @@ class CT2Model:
 
 
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
-    """Load a directory written by ``export_ctranslate2``."""
+    """Load a directory written by ``export_ctranslate2``; a one-line MTError for one that is not
+    an export, or an export that was interrupted or whose settings file is damaged."""
     directory = Path(directory)
     dev = check_device(device)
     if dev.type not in ("cpu", "cuda"):
@@ -47,13 +47,20 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
             f"{directory} is not a model exported by `mt export` (no {SETTINGS_FILE}){hint}"
         )
     ctranslate2 = import_ctranslate2()
-    settings = json.loads(settings_path.read_text(encoding="utf-8"))
+    settings = read_settings(directory)
+    if settings.get("incomplete"):
+        raise MTError(
+            f"{directory} holds an export that was interrupted; run `mt export` into it again"
+        )
+    try:
+        joint, max_len = bool(settings["joint_vocabulary"]), int(settings["max_len"])
+        decode = config_from_dict({"decode": settings["decode"]}).decode
+    except (KeyError, TypeError, ValueError, MTError) as err:
+        raise MTError(
+            f"{settings_path} is damaged ({type(err).__name__}: {err}); run `mt export` again"
+        ) from None
     src_tok = Tokenizer((directory / "spm.src.model").read_bytes())
-    trg_tok = (
-        src_tok
-        if settings["joint_vocabulary"]
-        else Tokenizer((directory / "spm.trg.model").read_bytes())
-    )
+    trg_tok = src_tok if joint else Tokenizer((directory / "spm.trg.model").read_bytes())
     translator = ctranslate2.Translator(
         str(directory),
         device=dev.type,
@@ -61,8 +68,7 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
         inter_threads=1,
         intra_threads=threads,
     )
-    decode = config_from_dict({"decode": settings["decode"]}).decode
-    return CT2Model(translator, src_tok, trg_tok, decode, int(settings["max_len"]))
+    return CT2Model(translator, src_tok, trg_tok, decode, max_len)
 
 
 def translate_lines_ct2(

@@ -2,6 +2,7 @@
 one colour per run), in one PNG."""
 
 import io
+import json
 import logging
 from pathlib import Path
 
@@ -11,17 +12,26 @@ from transformer_mt.training.metrics import read_records
 
 log = logging.getLogger(__name__)
 NEEDED = ("step", "nll", "lr")  # what a training line ("loss" in it) must carry to be drawn
+DRAWN = ("nll", "lr", "val_loss", "val_bleu", "time_s")  # numbers, where a line has them
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of RUN_DIR/metrics.jsonl, read as a resumed run reads them
     (:func:`transformer_mt.training.metrics.read_records`: a half-written last line is skipped
-    with a warning, a bad line elsewhere is an error naming it); a training line without the
-    keys a plot draws is an error too."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
+    with a warning, a bad line elsewhere is an error naming it). A one-line MTError when there
+    is nothing to draw (no metrics.jsonl yet, or not one record in it), for a bad last line
+    that was written whole (it ends with a newline: not a killed run's), and for a line
+    without the numbers a plot draws."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file() and not run_dir.is_dir():
         raise MTError(f"no metrics.jsonl in {run_dir}; pass a run directory written by `mt train`")
+    if not path.is_file():
+        raise MTError(f"{run_dir} has no metrics yet (no metrics.jsonl); plot it once it logged")
+    _refuse_a_whole_bad_last_line(path)
     records = read_records(path)
+    if not records:
+        raise MTError(f"{run_dir} has no metrics yet (no record in {path}); plot it once it logged")
     for record in records:
         missing = [k for k in NEEDED if "loss" in record and k not in record]
         if missing:
@@ -29,7 +39,38 @@ def read_metrics(run_dir: Path) -> list[dict]:
                 f"{path}: the training line of step {record['step']} has no {', '.join(missing)}; "
                 "was it written by `mt train`?"
             )
+        for key in DRAWN:
+            value = record.get(key, 0)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise MTError(
+                    f"{path}: the line of step {record['step']} has {key} {json.dumps(value)}, "
+                    "expected a number; was it written by `mt train`?"
+                )
     return records
+
+
+def _refuse_a_whole_bad_last_line(path: Path) -> None:
+    """A last line that is no metrics record but ends with a newline was written whole, by
+    something other than a killed run: an MTError naming FILE:LINE, as for a bad line elsewhere.
+    (Only a last line without its newline is taken for a killed run's half line.)"""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    if not numbered or not data.rstrip(b" \t\r").endswith(b"\n"):
+        return
+    number, last = numbered[-1]
+    try:
+        record = json.loads(last.decode("utf-8"))
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = str(err)
+    else:
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return
+        why = "not a JSON object with an integer step"
+    raise MTError(
+        f"{path}:{number}: not a metrics record ({why}); a complete line, not a killed run's "
+        "half line: delete or fix that line"
+    )
 
 
 def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:

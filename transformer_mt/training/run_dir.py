@@ -131,10 +131,17 @@ def _in_use_message(run_dir: Path, holder: str) -> str:
     )
 
 
+# What a new run writes over (config.yaml, the tokenizers) or empties (metrics.jsonl and
+# TensorBoard's events, cut back to step 0) besides its checkpoints.
+SETUP_FILES = ("config.yaml", "spm.src.model", "spm.trg.model", "metrics.jsonl", "tensorboard")
+
+
 def refuse_earlier_run(path: Path) -> None:
     """A new run (not a resume) must not start where another run left checkpoints: it would
     prune the new step files before the old ones (their steps are higher) and average the old
-    run's weights into its average.pt. Raises an MTError that names them and what to do."""
+    run's weights into its average.pt. Nor where files it writes over are someone else's: an
+    earlier run's log and tokenizers, or a config.yaml of the user's (a new run writes its
+    resolved config there). Raises an MTError that names them and what to do."""
     old = sorted(p.name for p in path.glob("*.pt"))
     if old:
         shown = ", ".join(old[:4]) + (", ..." if len(old) > 4 else "")
@@ -143,6 +150,21 @@ def refuse_earlier_run(path: Path) -> None:
             "with them: resume it (without --no-resume, with its last.pt), choose another "
             "--run-dir, or move those files away"
         )
+    taken = [name for name in SETUP_FILES if _holds_something(path / name)]
+    if taken:
+        raise MTError(
+            f"{path} holds {', '.join(taken)} of an earlier run (or yours), and no last.pt to "
+            "resume; a new run would overwrite them: move them away (a config of yours can "
+            "live outside the run directory), or choose another --run-dir"
+        )
+
+
+def _holds_something(path: Path) -> bool:
+    """Whether ``path`` is a non-empty file, or a directory with anything in it."""
+    try:
+        return any(path.iterdir()) if path.is_dir() else path.stat().st_size > 0
+    except OSError:  # absent (or unreadable: the run's own write then names it)
+        return False
 
 
 class RunDirectory:

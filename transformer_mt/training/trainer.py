@@ -14,6 +14,9 @@ Ctrl-C / SIGTERM) leaves the loop with a :class:`StopReason` and goes through on
 One writer per run: rank 0 holds the run directory's lock (:class:`RunLock`) from before the data
 is prepared until the run ends, and a resume checks that the data and tokenizer are the ones the
 checkpoint was trained on (:mod:`transformer_mt.training.fingerprint`).
+
+A fine-tuning run (``train.init_from``) starts from a trained model's weights, tokenizers and shape
+with a new optimizer and schedule (:mod:`transformer_mt.training.init_from`).
 """
 
 import enum
@@ -46,6 +49,13 @@ from transformer_mt.training.batches import BatchStream
 from transformer_mt.training.device import autocast, autocast_dtype, setup_process
 from transformer_mt.training.fingerprint import check_fingerprint, data_fingerprint
 from transformer_mt.training.host_memory import release_freed_memory, resident_mib
+from transformer_mt.training.init_from import (
+    DROPOUT_ARGS,
+    Start,
+    check_data,
+    find_start,
+    load_weights,
+)
 from transformer_mt.training.loss import linear_label_smoothed_nll
 from transformer_mt.training.metrics import MetricsWindow
 from transformer_mt.training.run_dir import RunDirectory, RunLock, refuse_earlier_run
@@ -61,9 +71,6 @@ from transformer_mt.training.state import (
 from transformer_mt.training.validation import validate
 
 log = logging.getLogger(__name__)
-
-# The Transformer's arguments that a resumed run may change: they set no parameter's shape.
-_DROPOUT_ARGS = {"drop_prob", "attn_drop_prob", "ffn_drop_prob"}
 
 
 @dataclass
@@ -142,12 +149,62 @@ class Trainer:
         data: PreparedData | None,
         allow_data_change: bool,
     ) -> None:
-        train_cfg = cfg.train
-        self.autocast_dtype = autocast_dtype(train_cfg.precision, self.device)
-        self.data = data if data is not None else self._prepare_data()
+        self.autocast_dtype = autocast_dtype(cfg.train.precision, self.device)
+        last, start = self._read_start(run_dir / "last.pt", resume)  # before any work
+        if start is not None:
+            self.cfg = cfg = start.cfg  # the checkpoint's shape and tokenizer settings
+        # What every checkpoint of a fine-tuning run repeats from its start.
+        self.init_from = start.record if start is not None else None
+        self.lang_tags = start.lang_tags if start is not None else None
+        self.data = data if data is not None else self._prepare_data(start)
+        if start is not None:
+            check_data(start, self.data)
+        self.lang_tags = self.data.lang_tags or self.lang_tags  # a multilingual model's tags
         self.fingerprint = data_fingerprint(self.data)
-        # Every rank must read the same tokenizers and batches: on several machines, each
-        # prepares its own copy unless data.cache_dir is shared, and copies can differ.
+        self._check_ranks_prepared_alike()
+        self.run_dir = RunDirectory(run_dir, cfg, self.info.is_main)
+        self._build_model(start)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=0.0,
+            betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+            eps=cfg.train.adam_eps,
+            weight_decay=cfg.train.weight_decay,
+            fused=self._fused_adam(),
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.train.precision == "fp16")
+        self.state = TrainState()
+        error: BaseException | None = None
+        try:
+            if last is not None:
+                self._restore(self.run_dir.last, last, allow_data_change)
+        except Exception as err:  # handed to every rank, then re-raised here
+            error = err
+        distributed.agree_on_error(error, self.info)
+        self._check_ranks_agree()
+        self.train_model = self._wrap_for_training(self.model)
+
+    def _read_start(
+        self, last_path: Path, resume: bool
+    ) -> tuple[dict[str, Any] | None, Start | None]:
+        """The run's own last.pt when it resumes, and the start of a fine-tuning run (from that
+        last.pt, or from train.init_from): read and checked before any data is prepared. A
+        failure on any rank stops every rank with its message."""
+        last: dict[str, Any] | None = None
+        start: Start | None = None
+        error: BaseException | None = None
+        try:
+            if resume and last_path.is_file():
+                last = load_checkpoint(last_path, map_location=self.device)
+            start = find_start(self.cfg, last, last_path)
+        except Exception as err:  # handed to every rank, then re-raised here
+            error = err
+        distributed.agree_on_error(error, self.info)
+        return last, start
+
+    def _check_ranks_prepared_alike(self) -> None:
+        """Every rank must read the same tokenizers and batches: on several machines, each
+        prepares its own copy unless data.cache_dir is shared, and copies can differ."""
         fingerprints = distributed.all_gather_objects(
             self.fingerprint, self.info, lockstep_op=False
         )
@@ -157,47 +214,40 @@ class Trainer:
                 f"ranks {differ} prepared other data or tokenizers than rank 0; with several "
                 "machines, put data.cache_dir on storage that all of them share"
             )
-        self.run_dir = RunDirectory(run_dir, cfg, self.info.is_main)
-        torch.manual_seed(train_cfg.seed)  # the same initial weights on every rank
-        random.seed(train_cfg.seed)
-        self.model_args = model_args(
-            cfg.model,
-            self.data.src_tok.vocab_size,
-            self.data.trg_tok.vocab_size,
-            pad_idx=PAD_ID,
-            bos_idx=BOS_ID,
-        )
-        self.model = Transformer(**self.model_args).to(self.device)
-        torch.manual_seed(rank_seed(train_cfg.seed, self.info.rank))
-        random.seed(rank_seed(train_cfg.seed, self.info.rank))
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=0.0,
-            betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
-            eps=train_cfg.adam_eps,
-            weight_decay=train_cfg.weight_decay,
-            fused=self._fused_adam(),
-        )
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=train_cfg.precision == "fp16")
-        self.state = TrainState()
-        error: BaseException | None = None
-        try:
-            if resume and self.run_dir.last.is_file():
-                self._restore(self.run_dir.last, allow_data_change)
-        except Exception as err:  # handed to every rank, then re-raised here
-            error = err
-        distributed.agree_on_error(error, self.info)
-        self._check_ranks_agree()
-        self.train_model = self._wrap_for_training(self.model)
 
-    def _prepare_data(self) -> PreparedData:
+    def _build_model(self, start: Start | None) -> None:
+        """The model: the config's shape with random weights, or a fine-tuning start's shape (with
+        the config's dropout rates) and weights."""
+        seed, cfg = self.cfg.train.seed, self.cfg
+        torch.manual_seed(seed)  # the same initial weights on every rank
+        random.seed(seed)
+        if start is None:
+            self.model_args = model_args(
+                cfg.model,
+                self.data.src_tok.vocab_size,
+                self.data.trg_tok.vocab_size,
+                pad_idx=PAD_ID,
+                bos_idx=BOS_ID,
+            )
+        else:
+            self.model_args = start.model_args
+        self.model = Transformer(**self.model_args).to(self.device)
+        if start is not None:
+            load_weights(self.model, start)
+        torch.manual_seed(rank_seed(seed, self.info.rank))
+        random.seed(rank_seed(seed, self.info.rank))
+
+    def _prepare_data(self, start: Start | None) -> PreparedData:
         """Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read the
         finished caches, so no two processes build the same files. If rank 0 fails (a missing
-        file, a bad download), every rank stops with its message."""
+        file, a bad download), every rank stops with its message. A fine-tuning run encodes
+        the data with its checkpoint's tokenizers instead of training its own."""
+        toks = None if start is None else (start.src_tok, start.trg_tok)
+        tags = None if start is None else start.lang_tags
         return distributed.main_first(
-            lambda: prepare(self.cfg, progress=self.progress),
+            lambda: prepare(self.cfg, progress=self.progress, tokenizers=toks, tags=tags),
             self.info,
-            lambda: prepare(self.cfg, progress=False),
+            lambda: prepare(self.cfg, progress=False, tokenizers=toks, tags=tags),
         )
 
     def _wrap_for_training(self, model: Transformer) -> torch.nn.Module:
@@ -220,7 +270,7 @@ class Trainer:
     # ----------------------------------------------------------------------------- checkpoints
     def _checkpoint(self, rng_per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         """The checkpoint dict (see transformer_mt.checkpoint for the format)."""
-        return {
+        ckpt: dict[str, Any] = {
             "model": self.model.state_dict(),
             "model_args": self.model_args,
             "config": self.cfg.to_dict(),
@@ -238,6 +288,11 @@ class Trainer:
                 "data_fingerprint": self.fingerprint,  # what it was trained on (fingerprint.py)
             },
         }
+        if self.init_from is not None:  # a fine-tuning run: the file it started from
+            ckpt["train_state"]["init_from"] = self.init_from
+        if self.lang_tags is not None:
+            ckpt["lang_tags"] = self.lang_tags
+        return ckpt
 
     def _fused_adam(self) -> bool:
         """Whether AdamW runs fused: one kernel over all parameters instead of a loop of
@@ -259,8 +314,9 @@ class Trainer:
                 f"{self.run_dir.path}; put --run-dir on storage that every machine shares"
             )
 
-    def _restore(self, path: Path, allow_data_change: bool) -> None:
-        ckpt = load_checkpoint(path, map_location=self.device)
+    def _restore(self, path: Path, ckpt: dict[str, Any], allow_data_change: bool) -> None:
+        """Continue the run from its own last.pt ``ckpt`` (read from ``path``): weights,
+        optimizer, scaler, state and generators, after checking that it fits this config."""
         if "train_state" not in ckpt:
             raise MTError(
                 f"{path} holds weights only (written by `mt average`?), not a training state to "
@@ -334,7 +390,7 @@ class Trainer:
         no parameter: a resumed run may drop more or less from here on)."""
         keys = sorted(saved.keys() | self.model_args.keys())
         differ = [k for k in keys if saved.get(k) != self.model_args.get(k)]
-        shape = [k for k in differ if k not in _DROPOUT_ARGS]
+        shape = [k for k in differ if k not in DROPOUT_ARGS]
         if shape:
             changes = ", ".join(f"{k} {saved.get(k)} -> {self.model_args.get(k)}" for k in shape)
             raise MTError(

@@ -37,9 +37,11 @@ def _write(path: Path, pairs: list[tuple[str, str]]) -> str:
 
 @pytest.fixture
 def two_targets(tmp_path: Path) -> Path:
-    """A config with xx->yy (300 pairs) and xx->zz (100 pairs), validation for both."""
-    yy, zz = _pairs(300, 1), _shifted(_pairs(100, 2))
-    v_yy, v_zz = _pairs(20, 3), _shifted(_pairs(20, 4))
+    """A config with xx->yy (300 pairs) and xx->zz (the first 100 of the same sources),
+    validation for both: only the tag tells the model which target to write."""
+    pairs = _pairs(360, 1)  # one vocabulary: the last 60 are held out
+    yy, zz = pairs[:300], _shifted(pairs[:100])
+    v_yy, v_zz = pairs[300:320], _shifted(pairs[300:320])
     config = tmp_path / "multi.yaml"
     config.write_text(
         "name: multi\ndata:\n  src_lang: xx\n  trg_lang: yy\n"
@@ -138,3 +140,88 @@ def test_a_validation_pair_that_no_source_trains_is_refused(two_targets):
     two_targets.write_text(text)
     with pytest.raises(MTError, match=r"data.valid has xx-zz, which no training source has"):
         prep.prepare(load_config(two_targets), progress=False)
+
+
+# --- using a multilingual model ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A two-target model (xx->yy, xx->zz) trained for 300 steps; its run directory."""
+    from transformer_mt.training.trainer import Trainer
+
+    tmp = tmp_path_factory.mktemp("multi")
+    config = two_targets.__wrapped__(tmp)  # the fixture's body, for a module-wide model
+    text = config.read_text()
+    for before, after in (
+        ("max_steps: 6", "max_steps: 300"),
+        ("valid_every: 3", "valid_every: 300"),
+        ("warmup_steps: 4", "warmup_steps: 50"),
+        ("log_every: 3", "log_every: 50"),
+    ):
+        text = text.replace(before, after)
+    config.write_text(text)
+    Trainer(load_config(config), tmp / "run", progress=False).run()
+    (tmp / "in.xx").write_text("".join(s + "\n" for s, _ in _pairs(360, 1)[300:]))
+    return tmp
+
+
+def _mt(*args: str):
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_the_checkpoint_knows_its_pairs_and_tags(trained):
+    from transformer_mt.inference import load_for_inference
+
+    loaded = load_for_inference(trained / "run" / "last.pt")
+    assert loaded.pairs == [("xx", "yy"), ("xx", "zz")]
+    assert loaded.lang_tags == {"yy": "<2yy>", "zz": "<2zz>"}
+    assert loaded.source_prefix("zz") == [loaded.src_tok.piece_id("<2zz>")]
+
+
+def test_translate_needs_a_target_it_knows_and_routes_by_tag(trained):
+    ckpt, src = str(trained / "run" / "last.pt"), str(trained / "in.xx")
+    missing = _mt("translate", "-c", ckpt, "-i", src, "--beam", "1")
+    assert missing.exit_code == 1
+    assert "the model translates into yy, zz: choose one with --target-lang" in missing.output
+    unknown = _mt("translate", "-c", ckpt, "-i", src, "--target-lang", "qq")
+    assert unknown.exit_code == 1 and "--target-lang qq: the model translates into yy, zz" in (
+        unknown.output
+    )
+    for lang in ("yy", "zz"):
+        result = _mt("translate", "-c", ckpt, "-i", src, "--beam", "1", "--target-lang", lang)
+        assert result.exit_code == 0, result.output
+        assert len(result.stdout.splitlines()) == 60 and "<2" not in result.stdout
+    # The tag routes: each target language's references are likelier under their own tag.
+    held_out = _pairs(360, 1)[300:]
+    for lang, refs in (("yy", held_out), ("zz", _shifted(held_out))):
+        ref = trained / f"ref.{lang}"
+        ref.write_text("".join(t + "\n" for _, t in refs))
+        totals = {}
+        for tag in ("yy", "zz"):
+            scored = _mt("score", "-c", ckpt, "--src", src, "--trg", str(ref), "--json",
+                         "--target-lang", tag)  # fmt: skip
+            assert scored.exit_code == 0, scored.output
+            totals[tag] = sum(json.loads(x)["logprob"] for x in scored.stdout.splitlines())
+        other = "zz" if lang == "yy" else "yy"
+        assert totals[lang] > totals[other], f"{lang} references score best under <2{lang}>"
+
+
+def test_the_export_translates_each_target_like_the_torch_model(trained):
+    pytest.importorskip("ctranslate2")
+    ckpt, src = str(trained / "run" / "last.pt"), str(trained / "in.xx")
+    exported = _mt("export", "-c", ckpt, "-o", str(trained / "ct2"))
+    assert exported.exit_code == 0, exported.output
+    for lang in ("yy", "zz"):
+        ours = _mt("translate", "-c", ckpt, "-i", src, "--beam", "1", "--target-lang", lang)
+        theirs = _mt("translate", "--engine", "ct2", "-c", str(trained / "ct2"), "-i", src,
+                     "--beam", "1", "--target-lang", lang)  # fmt: skip
+        assert theirs.exit_code == 0, theirs.output
+        a, b = ours.stdout.splitlines(), theirs.stdout.splitlines()
+        assert sum(x == y for x, y in zip(a, b, strict=True)) >= 0.99 * len(a)
+    missing = _mt("translate", "--engine", "ct2", "-c", str(trained / "ct2"), "-i", src)
+    assert missing.exit_code == 1 and "choose one with --target-lang" in missing.output

@@ -109,6 +109,14 @@ QuantizeOpt = Annotated[
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+TargetLangOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target-lang",
+        help="The language to translate into: needed by a model trained into several (its "
+        "error lists them); /v1/model lists a served model's pairs.",
+    ),
+]
 DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config
 
 
@@ -230,12 +238,18 @@ def _translate(
 ):
     """Translate ``lines`` with the chosen engine: ``(results, decode settings)``; see
     :func:`_translator`."""
-    translate, decode = _translator(engine, model_paths, device, options, kw.pop("quantize", None))
+    quantization, target = kw.pop("quantize", None), kw.pop("target_lang", None)
+    translate, decode = _translator(engine, model_paths, device, options, quantization, target)
     return translate(lines, **kw), decode
 
 
 def _translator(
-    engine: str, model_paths: list[Path], device: str, options: dict, quantization: str | None
+    engine: str,
+    model_paths: list[Path],
+    device: str,
+    options: dict,
+    quantization: str | None,
+    target_lang: str | None = None,
 ):
     """Load the model(s) once: ``(translate(lines, **kw) -> results, decode settings)``.
 
@@ -243,10 +257,10 @@ def _translator(
     log-probabilities; decode defaults from the first); ``ct2``: one directory written by
     `mt export`. ``options`` are decode options (None keeps the model's); ``kw`` of ``translate``
     goes to translate_lines (progress, attention pictures, prefixes, alignments), which the
-    torch engine handles.
+    torch engine handles. ``target_lang``: the language a multilingual model translates into.
     """
     if engine == "ct2":
-        return _ct2_translator(model_paths, device, options, quantization)
+        return _ct2_translator(model_paths, device, options, quantization, target_lang)
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
@@ -256,6 +270,7 @@ def _translator(
     first = loaded[0]
     model = ensemble_model(loaded, [str(path) for path in model_paths])
     decode = _decode_settings(first.config.decode, **options)
+    src_prefix = first.source_prefix(target_lang)  # a multilingual model's tag, before any work
 
     def translate(lines: list[str], **kw):
         n_layers = first.model.n_dec_layers
@@ -267,12 +282,16 @@ def _translator(
                     f"{option} {layer}: the model's decoder layers are 0 to "
                     f"{n_layers - 1} (negative counts from the end); leave it out for their mean"
                 )
-        return translate_lines(model, first.src_tok, first.trg_tok, lines, decode, **kw)
+        return translate_lines(
+            model, first.src_tok, first.trg_tok, lines, decode, src_prefix=src_prefix, **kw
+        )
 
     return translate, decode
 
 
-def _ct2_translator(model_paths: list[Path], device: str, options: dict, quantization):
+def _ct2_translator(
+    model_paths: list[Path], device: str, options: dict, quantization, target_lang: str | None
+):
     """:func:`_translator` for a CTranslate2 export."""
     from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
@@ -281,13 +300,14 @@ def _ct2_translator(model_paths: list[Path], device: str, options: dict, quantiz
             raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
     model = load_ct2(model_paths[0], device)
     decode = _decode_settings(model.decode, **options)
+    src_prefix = model.source_prefix(target_lang)
 
     def translate(lines: list[str], **kw):
         for option, key in (("--attention-dir", "attention_dir"), ("--prefix-file", "prefixes"),
                             ("--alignments", "alignments")):  # fmt: skip
             if kw.get(key) is not None:
                 raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
-        return translate_lines_ct2(model, lines, decode, kw.get("first_line", 1))
+        return translate_lines_ct2(model, lines, decode, kw.get("first_line", 1), src_prefix)
 
     return translate, decode
 
@@ -326,17 +346,28 @@ def train(
             help="Resume even though the data or tokenizer differ from the checkpoint's.",
         ),
     ] = False,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-from",
+            help="Fine-tune: start from this checkpoint's weights, tokenizers and shape, with a "
+            "new optimizer and schedule (sets train.init_from).",
+        ),
+    ] = None,
 ) -> None:
     """Prepare the data (if needed) and train a Transformer; writes checkpoints and metrics.
 
     With no options: the built-in toy corpus and configs/toy.yaml, on CPU in a few minutes.
     Running it again on the same run directory continues the run (on the same data: see
     --allow-data-change). Ctrl-C or SIGTERM saves a checkpoint and exits with 130 or 143.
+    With --init-from CKPT, a new run continues training a trained model on the config's data.
     """
     from transformer_mt.training.state import StoppedBySignal
     from transformer_mt.training.trainer import train as run_training
 
     cfg = _load_config(config, set_)
+    if init_from is not None:
+        cfg.train.init_from = str(init_from)
     run_dir = run_dir or Path("runs") / cfg.name
     try:
         state = run_training(
@@ -454,6 +485,7 @@ def translate(
             "links mapped to word links, duplicates dropped).",
         ),
     ] = None,
+    target_lang: TargetLangOpt = None,
 ) -> None:
     """Translate text in order: one output line per input line (K with --nbest K); empty in, empty out."""
     from transformer_mt.inference import format_best, format_nbest
@@ -476,7 +508,7 @@ def translate(
     at_terminal = at_terminal and sys.stdin.isatty()
     if interactive or at_terminal:
         _check_interactive(input, output, prefix_file, implied=not interactive)
-        translate, decode = _translator(engine, checkpoints, device, options, quantize)
+        translate, decode = _translator(engine, checkpoints, device, options, quantize, target_lang)
         _translate_interactively(translate, decode.nbest, alignments,
                                  attention_dir=attention_dir, attention_layer=attention_layer,
                                  **align_kw)  # fmt: skip
@@ -487,7 +519,7 @@ def translate(
     results, decode = _translate(
         engine, checkpoints, device, lines, options, progress=input is not None,
         attention_dir=attention_dir, attention_layer=attention_layer, quantize=quantize,
-        prefixes=prefixes, alignments=aligned, **align_kw,
+        prefixes=prefixes, alignments=aligned, target_lang=target_lang, **align_kw,
     )  # fmt: skip
     out = format_nbest(results, aligned) if decode.nbest > 1 else format_best(results, aligned)
     _write_lines(output, out, inputs=inputs)
@@ -625,6 +657,7 @@ def evaluate(
             "the signature names it."
         ),
     ] = "13a",
+    target_lang: TargetLangOpt = None,
 ) -> None:
     """BLEU, chrF and TER (sacrebleu, detokenized text) with their signatures.
 
@@ -654,7 +687,14 @@ def evaluate(
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
         options = {"beam_size": beam, "nbest": 1, "len_penalty": len_penalty}
         results, _ = _translate(
-            engine, checkpoint, device, sources, options, progress=True, quantize=quantize
+            engine,
+            checkpoint,
+            device,
+            sources,
+            options,
+            progress=True,
+            quantize=quantize,
+            target_lang=target_lang,
         )
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
@@ -684,6 +724,7 @@ def score(
             min=1, help="Padded tokens per batch; default: the run's decode.batch_tokens."
         ),
     ] = None,
+    target_lang: TargetLangOpt = None,
 ) -> None:
     """Forced decoding: the model's log-probability of each target given its source.
 
@@ -716,6 +757,7 @@ def score(
     scores = score_pairs(
         [x.model for x in loaded], first.src_tok, first.trg_tok, sources, targets,
         batch_tokens=batch_tokens or first.config.decode.batch_tokens, progress=True,
+        src_prefix=first.source_prefix(target_lang),
     )  # fmt: skip
     _write_lines(output, format_scores(scores, as_json=as_json), inputs=[src, trg, *checkpoints])
 
@@ -740,13 +782,25 @@ def download(
     """
     from transformer_mt.data.download import download_corpus
     from transformer_mt.data.registry import list_corpora
+    from transformer_mt.data.tasks import all_tasks, find_task
 
     if list_:
-        for corpus in list_corpora():
-            typer.echo(corpus.summary())
+        for item in [*list_corpora(), *all_tasks()]:
+            typer.echo(item.summary())
+        typer.echo(
+            "opus:CORPUS/VERSION: an OPUS corpus through mtdata, e.g. opus:Tatoeba/v2023-04-12"
+        )
         return
     if name is None:
         raise MTError("name a corpus to download, or pass --list to see them")
+    task = find_task(name)
+    if task is not None:  # every source of every split, fetched and read into the cache
+        from transformer_mt.data.sources import fetch_task
+
+        for split, sources in fetch_task(task, dest or Path("data"), base_url).items():
+            for source in sources:
+                typer.echo(f"{split} {source.label}: {source.files[0]} {source.files[1]}")
+        return
     files = download_corpus(name, dest or Path("data") / name, base_url, only=only or None)
     for f in files:
         typer.echo(str(f))
@@ -771,12 +825,13 @@ def export(
     directory holds the sentencepiece models and the run's decode settings too.
     """
     from transformer_mt.inference import load_for_inference
-    from transformer_mt.inference.export import export_ctranslate2
+    from transformer_mt.inference.export import check_export_output, export_ctranslate2
 
     if format != "ctranslate2":
         raise MTError(f"--format {format!r}: the only export format is ctranslate2")
+    check_export_output(output, [checkpoint])  # before any work; it never holds the checkpoint
     loaded = load_for_inference(checkpoint)
-    out = export_ctranslate2(loaded, output, quantization, source=str(checkpoint))
+    out = export_ctranslate2(loaded, output, quantization, str(checkpoint), inputs=[checkpoint])
     _note(
         f"wrote {out} (CTranslate2, {quantization}); translate with: mt translate --engine ct2 -c {out}"
     )

@@ -14,6 +14,8 @@ knows its pairs and tags without any other record.
 from __future__ import annotations
 
 from transformer_mt.config import DataConfig, SourceConfig
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import MTError
 
 Pair = tuple[str, str]
 
@@ -49,3 +51,32 @@ def target_tags(data: DataConfig) -> dict[str, str]:
     """Target language -> its tag, for a model with several targets; empty for one target."""
     targets = sorted({trg for _, trg in training_pairs(data)})
     return {lang: lang_tag(lang) for lang in targets} if len(targets) > 1 else {}
+
+
+def source_prefix(
+    src_tok: Tokenizer, tags: dict[str, str], pairs: list[Pair], target: str | None
+) -> list[int]:
+    """The ids that start every source asking a model for ``target`` (``--target-lang``): the
+    tag of a model that has tags, nothing for one that has none.
+
+    Raises:
+        MTError: ``target`` is not among the model's targets, or is missing where the model has
+            several.
+    """
+    targets = list(tags) or sorted({trg for _, trg in pairs})
+    if target is None:
+        if len(targets) > 1:
+            raise MTError(
+                f"the model translates into {', '.join(targets)}: choose one with --target-lang"
+            )
+        target = targets[0]
+    if target not in targets:
+        raise MTError(
+            f"--target-lang {target}: the model translates into {', '.join(targets)} only"
+        )
+    if not tags:
+        return []
+    tag_id = src_tok.piece_id(tags[target])
+    if tag_id is None:
+        raise MTError(f"the model's tokenizer has no piece {tags[target]}; a damaged checkpoint")
+    return [tag_id]

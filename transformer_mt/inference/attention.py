@@ -177,10 +177,12 @@ class Alignments:
         trg_tok: Tokenizer,
         layer: int | None = None,
         units: str = "pieces",
+        skip: int = 0,
     ) -> None:
         n_layers = model.n_dec_layers
         if layer is not None and not -n_layers <= layer < n_layers:
             raise ValueError(f"alignment layer={layer} outside the model's {n_layers} layers")
+        self.skip = skip  # source positions before the user's text (a language tag): not aligned
         if units not in ALIGNMENT_UNITS:
             raise ValueError(f"alignment units {units!r}: expected one of {ALIGNMENT_UNITS}")
         self.model, self.src_tok, self.trg_tok = model, src_tok, trg_tok
@@ -194,8 +196,9 @@ class Alignments:
         matrices = iter(attention_matrices(self.model, src[rows.to(src.device)], hyps, self.layer))
         for line, ids, res in zip(lines, src.tolist(), decoded, strict=True):
             found = []
+            ids = ids[self.skip :]
             for hyp in res.nbest:
-                weights = next(matrices)
+                weights = next(matrices)[:, self.skip :]
                 n_src = weights.shape[1] - 1  # without the source's EOS
                 pairs = alignment(weights, n_src, len(hyp.tokens))
                 if self.units == "words" and pairs:

@@ -8,11 +8,13 @@ position table), and batches are cut by the same token budget.
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_mt.config import DecodeConfig, config_from_dict
 from transformer_mt.data.batching import longest_first_batches
+from transformer_mt.data.languages import source_prefix
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.text import Translation, encode_sources
 from transformer_mt.errors import MTError
@@ -29,6 +31,13 @@ class CT2Model:
     trg_tok: Tokenizer
     decode: DecodeConfig  # the run's decode settings, stored at export time
     max_len: int  # the position table: longest source and target
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # the language pairs it knows
+    lang_tags: dict[str, str] = field(default_factory=dict)  # a multilingual model's tags
+
+    def source_prefix(self, target: str | None) -> list[int]:
+        """The tag ids that start every source asking for ``target`` (see
+        :func:`transformer_mt.data.languages.source_prefix`)."""
+        return source_prefix(self.src_tok, self.lang_tags, self.pairs, target)
 
 
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
@@ -55,6 +64,10 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
     try:
         joint, max_len = bool(settings["joint_vocabulary"]), int(settings["max_len"])
         decode = config_from_dict({"decode": settings["decode"]}).decode
+        # Exports from before multilingual models name one pair and no tags.
+        pair = (str(settings.get("src_lang", "")), str(settings.get("trg_lang", "")))
+        pairs = [(str(a), str(b)) for a, b in settings.get("pairs") or [pair]]
+        lang_tags = {str(k): str(v) for k, v in (settings.get("lang_tags") or {}).items()}
     except (KeyError, TypeError, ValueError, MTError) as err:
         raise MTError(
             f"{settings_path} is damaged ({type(err).__name__}: {err}); run `mt export` again"
@@ -68,11 +81,15 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
         inter_threads=1,
         intra_threads=threads,
     )
-    return CT2Model(translator, src_tok, trg_tok, decode, max_len)
+    return CT2Model(translator, src_tok, trg_tok, decode, max_len, pairs, lang_tags)
 
 
 def translate_lines_ct2(
-    model: CT2Model, lines: list[str], decode: DecodeConfig, first_line: int = 1
+    model: CT2Model,
+    lines: list[str],
+    decode: DecodeConfig,
+    first_line: int = 1,
+    src_prefix: Sequence[int] = (),
 ) -> list[Translation]:
     """Translate ``lines`` with CTranslate2; per line, ``decode.nbest`` (text, score) pairs.
 
@@ -87,12 +104,13 @@ def translate_lines_ct2(
     would be exact in all cases but costs CTranslate2 about 6x in batches of 32 (a call has a
     fixed cost); what is left is a sentence whose beams outgrow its limit in the long call while
     every hypothesis returned still fits (rare: it needs a beam alive at its limit).
-    ``first_line`` is the number warnings give ``lines[0]``. Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
+    ``first_line`` is the number warnings give ``lines[0]``; ``src_prefix`` (a multilingual
+    model's target-language tag, :meth:`CT2Model.source_prefix`) starts every source. Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
     use GNMT's penalty), so they compare among one model's outputs only.
     """
     if decode.sampling:
         raise MTError("--engine ct2 does not sample here; use --engine torch for --sample")
-    sources = encode_sources(model.src_tok, lines, model.max_len, first_line)
+    sources = encode_sources(model.src_tok, lines, model.max_len, first_line, src_prefix)
     line_of = list(sources)
     ids = list(sources.values())
     budgets = [

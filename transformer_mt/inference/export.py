@@ -131,6 +131,9 @@ def _write_ours(directory: Path, loaded: LoadedModel, quantization: str, source:
         "step": loaded.step,
         "src_lang": loaded.config.data.src_lang,
         "trg_lang": loaded.config.data.trg_lang,
+        # A multilingual model's pairs and tags: the engine starts each source with its tag.
+        "pairs": [list(pair) for pair in loaded.pairs],
+        "lang_tags": loaded.lang_tags,
         "validation": validation_report(loaded),
     }
     write_text_atomic(directory / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")

@@ -15,6 +15,7 @@ from torch.nn import functional
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
+from transformer_mt.data.languages import source_prefix, target_tags, training_pairs
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
@@ -34,6 +35,21 @@ class LoadedModel:
     step: int  # optimizer steps the weights were trained for (0 when unknown)
     model_args: dict[str, Any] = field(default_factory=dict)  # the Transformer's, JSON-ready
     validation: dict[str, Any] | None = None  # validation BLEU at its step (validation_bleu)
+    lang_tags: dict[str, str] = field(default_factory=dict)  # target language -> its tag, for a
+    # model with several target languages (or fine-tuned from one); empty: no tags
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (source, target) language pairs the model was trained on."""
+        return training_pairs(self.config.data)
+
+    def source_prefix(self, target: str | None) -> list[int]:
+        """The ids that start every source asking for ``target``: its tag, or none.
+
+        Raises:
+            MTError: a model with several targets and no ``target``; a target it does not know.
+        """
+        return source_prefix(self.src_tok, self.lang_tags, self.pairs, target)
 
 
 def load_for_inference(
@@ -92,6 +108,7 @@ def load_for_inference(
         step=step,
         model_args=_plain(ckpt["model_args"]),
         validation=validation_bleu(ckpt.get("train_state"), step),
+        lang_tags=dict(ckpt.get("lang_tags") or target_tags(config.data)),
     )
 
 

@@ -59,6 +59,7 @@ def score_pairs(
     *,
     batch_tokens: int = 4096,
     progress: bool = False,
+    src_prefix: Sequence[int] = (),
 ) -> list[PairScore | None]:
     """Score each (source, target) pair by teacher forcing; one result per pair, in order, None
     for a pair with an empty side.
@@ -72,6 +73,7 @@ def score_pairs(
         batch_tokens: padded tokens per batch, counted on the wider side of each pair (the
             source, or the target + 1); a pair wider than the budget gets a batch alone.
         progress: a tqdm bar (pairs) on stderr.
+        src_prefix: ids that start every source (a multilingual model's target-language tag).
     """
     models = [model] if isinstance(model, Transformer) else list(model)
     model = models[0]
@@ -81,7 +83,7 @@ def score_pairs(
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
     table = min(m.positions.max_len for m in models)
-    src_ids = encode_sources(src_tok, sources, table)
+    src_ids = encode_sources(src_tok, sources, table, prefix=src_prefix)
     # The decoder reads BOS + pieces: pieces + 1 must fit the table, as with EOS.
     trg_ids = encode_lines(trg_tok, targets, table, "target pieces (with EOS)")
     todo = [i for i in src_ids if i in trg_ids]  # pairs with something on both sides

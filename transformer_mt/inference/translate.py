@@ -54,6 +54,7 @@ def translate_lines(
     alignment_layer: int | None = None,
     alignment_units: str = "pieces",
     first_line: int = 1,
+    src_prefix: Sequence[int] = (),
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first.
@@ -84,6 +85,8 @@ def translate_lines(
         alignment_units: "pieces" (sentencepiece pieces, EOS excluded) or "words".
         first_line: the line number of ``lines[0]`` in pictures and warnings (`mt translate
             --interactive` passes each line's own).
+        src_prefix: ids that start every source: a multilingual model's target-language tag
+            (:meth:`LoadedModel.source_prefix`); alignments leave it out.
     """
     callbacks: list = []
     if attention_dir is not None:
@@ -98,7 +101,9 @@ def translate_lines(
     if alignments is not None:
         if not isinstance(model, Transformer):
             raise MTError("alignments need one checkpoint, not an ensemble")
-        aligner = Alignments(model, src_tok, trg_tok, alignment_layer, alignment_units)
+        aligner = Alignments(
+            model, src_tok, trg_tok, alignment_layer, alignment_units, skip=len(src_prefix)
+        )
         callbacks.append(aligner)
 
     def on_batch(*args) -> None:
@@ -117,6 +122,7 @@ def translate_lines(
         progress=progress,
         on_batch=on_batch if callbacks else None,
         prefixes=prefixes,
+        src_prefix=src_prefix,
         first_line=first_line,
     )
     if aligner is not None:

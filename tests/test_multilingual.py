@@ -225,3 +225,14 @@ def test_the_export_translates_each_target_like_the_torch_model(trained):
         assert sum(x == y for x, y in zip(a, b, strict=True)) >= 0.99 * len(a)
     missing = _mt("translate", "--engine", "ct2", "-c", str(trained / "ct2"), "-i", src)
     assert missing.exit_code == 1 and "choose one with --target-lang" in missing.output
+
+
+def test_plot_draws_each_pair_beside_the_mean(trained):
+    import matplotlib
+
+    from transformer_mt.training.plot import plot_metrics
+
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # legend labels as <text>
+        svg = plot_metrics([trained / "run"], trained / "m.svg").read_text()
+    for label in ("run mean", "run xx-yy", "run xx-zz"):
+        assert label in svg, f"the legend names {label!r}"

@@ -283,8 +283,8 @@ def _mixed_sources(tmp_path: Path, text: str) -> str:
 
 @pytest.mark.parametrize(
     "variant",
-    ["best", "sampled", "mixed"],
-    ids=["best-segmentation", "sampled-subwords", "weighted-sources"],
+    ["best", "sampled", "mixed", "multilingual"],
+    ids=["best-segmentation", "sampled-subwords", "weighted-sources", "two-targets"],
 )
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, variant):
     config = tmp_path / "c.yaml"
@@ -297,6 +297,10 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, variant
     if variant == "mixed":  # each epoch a new draw of the half-weighted source's pairs
         text = _mixed_sources(tmp_path, text)
         assert "weight: 1.5" in text, "TINY_CONFIG changed: it must name corpus: toy"
+    if variant == "multilingual":  # two targets by tag, validated per pair
+        toy = "    - {corpus: toy, trg_lang: trg}\n    - {corpus: toy, trg_lang: trg2}\n"
+        text = text.replace("  corpus: toy\n", f"  train:\n{toy}  valid:\n{toy}")
+        assert "trg2" in text, "TINY_CONFIG changed: it must name corpus: toy"
     config.write_text(text)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(_train_cmd(config, tmp_path / "whole"), check=True, env=env, capture_output=True)

@@ -39,7 +39,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
                 f"{path}: the training line of step {record['step']} has no {', '.join(missing)}; "
                 "was it written by `mt train`?"
             )
-        for key in DRAWN:
+        per_pair = [k for k in record if k.startswith(("val_loss/", "val_bleu/"))]
+        for key in (*DRAWN, *per_pair):
             value = record.get(key, 0)
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise MTError(
@@ -110,7 +111,10 @@ def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
             axes[0].plot(val_steps, val_nll, "o-", color=colour, label=f"{name} valid")
         axes[1].plot(steps, [r["lr"] for r in train], color=colour, label=name)
         bleu_steps, bleu_values = [r["step"] for r in bleu], [r["val_bleu"] for r in bleu]
-        axes[2].plot(bleu_steps, bleu_values, "o-", color=colour, label=name)
+        several = any("/" in key for r in bleu for key in r)  # a multilingual run: its mean
+        axes[2].plot(bleu_steps, bleu_values, "o-", color=colour, label=name + " mean" * several)
+        _pair_curves(axes[0], valid, "val_loss", colour, name)
+        _pair_curves(axes[2], bleu, "val_bleu", colour, name)
         if timed:
             minutes = [r["time_s"] / 60 for r in bleu if "time_s" in r]
             values = [r["val_bleu"] for r in bleu if "time_s" in r]
@@ -127,3 +131,13 @@ def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
     fig.savefig(image, format=kind, dpi=100)
     write_output(out, image.getvalue(), inputs=inputs)
     return out
+
+
+def _pair_curves(ax, records: list[dict], key: str, colour: str, name: str) -> None:
+    """A multilingual run's per-pair values (``val_bleu/de-en``), dashed beside their mean."""
+    pairs = sorted({k.split("/", 1)[1] for r in records for k in r if k.startswith(key + "/")})
+    for j, pair in enumerate(pairs):
+        points = [(r["step"], r[f"{key}/{pair}"]) for r in records if f"{key}/{pair}" in r]
+        steps, values = zip(*points, strict=True)
+        style = ("--", ":", "-.")[j % 3]
+        ax.plot(steps, values, style, color=colour, alpha=0.8, label=f"{name} {pair}")

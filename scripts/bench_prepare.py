@@ -100,12 +100,14 @@ def child(url: str, work: Path, vocab_size: int) -> None:
 
 def run_child(url: str, work: Path, vocab_size: int, show_log: bool) -> dict[str, float]:
     """Run :func:`child` in a fresh interpreter (so ru_maxrss is this run's alone)."""
+    args = ["--child", url, "--work", str(work), "--vocab-size", str(vocab_size)]
+    return child_result(args, show_log)
+
+
+def child_result(args: list[str], show_log: bool) -> dict[str, float]:
+    """Run this script with ``args`` in a fresh interpreter; the JSON line it prints last."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", url, "--work", str(work)]
-        + ["--vocab-size", str(vocab_size)],
-        capture_output=True,
-        text=True,
-        check=False,
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
         sys.exit(f"preparation failed:\n{proc.stderr}")
@@ -212,17 +214,8 @@ def child_config(config: Path) -> None:
 
 
 def run_config(config: Path, show_log: bool) -> dict[str, float]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child-config", str(config)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        sys.exit(f"preparation failed:\n{proc.stderr}")
-    if show_log:
-        print(proc.stderr.rstrip())
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run :func:`child_config` in a fresh interpreter."""
+    return child_result(["--child-config", str(config)], show_log)
 
 
 def sources_report(shared: Path, total: int, vocab_size: int, show_log: bool) -> None:

@@ -219,26 +219,25 @@ def run_config(config: Path, show_log: bool) -> dict[str, float]:
 
 
 def sources_report(shared: Path, total: int, vocab_size: int, show_log: bool) -> None:
-    """Three sources of ``total`` pairs against one file pair of the same pairs, then a 4th."""
+    """Three sources of ``total`` pairs against one file pair of the same pairs, then a 4th;
+    each row printed as its preparation ends."""
     with tempfile.TemporaryDirectory(prefix="bench_sources-") as tmp:
         work = Path(tmp)
         start = time.perf_counter()
         write_sources(shared, work, total)
         print(f"generated {total:,} pairs in {time.perf_counter() - start:.0f} s ({work})")
-        rows = []
+        print(f"{'':<22} {'pairs':>12} {'seconds':>8} {'s / M pairs':>12} {'peak MiB':>9}")
         for label, which in (
             ("3 sources, cold", "mix3"),
             ("1 file pair, cold", "single"),
             ("4th source added", "mix4"),
         ):
             r = run_config(sources_config(work, which, vocab_size), show_log)
-            rows.append((label, r))
-        print(f"{'':<22} {'pairs':>12} {'seconds':>8} {'s / M pairs':>12} {'peak MiB':>9}")
-        for label, r in rows:
             pairs = r["train_pairs"]
             print(
                 f"{label:<22} {pairs:>12,} {r['seconds']:>8.1f} "
-                f"{r['seconds'] / pairs * 1e6:>12.1f} {r['peak_mib']:>9.0f}"
+                f"{r['seconds'] / pairs * 1e6:>12.1f} {r['peak_mib']:>9.0f}",
+                flush=True,
             )
 
 

@@ -1,15 +1,18 @@
 """`mt serve`: the HTTP API's contracts, its limits (each a 4xx JSON error, the server serving on),
-dynamic batching (32 concurrent requests get what `mt translate` gives), and SIGTERM with
-requests in flight. Servers listen on 127.0.0.1 only, on a free port.
+dynamic batching (32 concurrent requests get what `mt translate` gives), clients that leave before
+their answer (their work stops), a port in use, and SIGTERM with requests in flight. Servers
+listen on 127.0.0.1 only, on a free port.
 
 Skipped where FastAPI / uvicorn / httpx are missing (`make test` installs the `serve` extra).
 """
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +34,7 @@ from transformer_mt.config import DecodeConfig  # noqa: E402
 from transformer_mt.inference.batcher import Batcher, BatchSettings  # noqa: E402
 from transformer_mt.inference.engines import (  # noqa: E402
     Attention,
+    DecodeStopped,
     Engine,
     LineResult,
     TorchEngine,
@@ -471,7 +475,7 @@ class FakeEngine(Engine):
     def count_tokens(self, lines) -> int:
         return sum(len(line.split()) + 1 for line in lines)
 
-    def translate(self, lines, decode, attention=False):
+    def translate(self, lines, decode, attention=False, stop=None):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
@@ -629,7 +633,7 @@ def test_a_request_that_arrives_mid_search_joins_it_and_gets_what_translate_give
 
     def stepping(search):
         done = step(search)
-        steps.append(search.running)
+        steps.append(search)
         if len(steps) == 1:  # in the worker, between two steps of the first request
             late.append(batcher.submit([lines[5]], decode))
         return done
@@ -724,6 +728,164 @@ def test_too_many_waiting_requests_get_a_503_and_the_server_serves_on():
         assert after.status_code == 200 and after.json()["translations"][0]["text"] == "A"
 
 
+def _until(condition, what: str, seconds: float = 30) -> None:
+    """Wait until ``condition()`` holds; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.01)
+
+
+def _sent_request(url: str, body: dict) -> socket.socket:
+    """A connection that has sent a whole ``POST /v1/translate`` of ``body`` and reads nothing
+    (closing it is the client leaving)."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30)
+    sock.sendall(
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(data) + data
+    )
+    return sock
+
+
+def _gone_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "a client left" in r.getMessage()]
+
+
+def test_requests_whose_clients_left_while_queued_are_never_decoded(caplog):
+    """Three clients send two lines each while the worker is busy, then hang up: their requests
+    are dropped from the queue (before, each was decoded for nobody, and the next client's
+    request waited behind them); one log line each; the server serves on."""
+    caplog.set_level(logging.INFO, logger="transformer_mt")
+    engine = FakeEngine()
+    app = create_app(engine, LIMITS)
+    batcher = app.state.batcher
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(client.post, "/v1/translate", json={"text": ["hold"]})
+            _until(lambda: engine.calls, "the worker decoding 'hold'")
+            gone = [_sent_request(url, {"text": [f"gone {i}", "x"]}) for i in range(3)]
+            _until(lambda: batcher.waiting == 4, "three requests queued behind 'hold'")
+            for sock in gone:
+                sock.close()
+            _until(lambda: batcher.abandoned == 3, "the server seeing the clients leave")
+            engine.release.set()
+            assert held.result().status_code == 200
+        after = client.post("/v1/translate", json={"text": ["after"]})
+        assert after.json()["translations"][0]["text"] == "AFTER"
+        health = client.get("/health").json()
+    assert engine.calls == [["hold"], ["after"]], "a request of a client that left was decoded"
+    assert health["abandoned"] == 3 and health["lines_not_decoded"] == 6
+    assert (
+        _gone_lines(caplog)
+        == [
+            "a client left before its answer: dropped from the queue, 2 of its 2 lines left undecoded"
+        ]
+        * 3
+    )
+
+
+def test_a_full_batch_whose_client_hung_up_at_once_is_dropped_not_decoded(caplog):
+    """A client that sends a request and closes at once: the server sees it leave only after the
+    request is queued. A batch that fills its token budget (here: any request) still waits out
+    the gathering window, so the request is dropped; before, the worker took it at once and
+    decoded it for nobody."""
+    caplog.set_level(logging.INFO, logger="transformer_mt")
+    engine = FakeEngine()
+    app = create_app(engine, LIMITS, BatchSettings(window_s=0.5, max_wait_s=1.0, max_tokens=1))
+    with running(app) as url:
+        _sent_request(url, {"text": ["slow", "too"]}).close()  # "slow": 0.3 s to decode
+        _until(lambda: app.state.batcher.abandoned, "the server seeing the client leave")
+        calls = list(engine.calls)
+        after = httpx.post(f"{url}/v1/translate", json={"text": ["after"]}, timeout=30)
+    assert calls == [], "the request of a client that had left was decoded"
+    assert after.json()["translations"][0]["text"] == "AFTER"
+    assert _gone_lines(caplog) == [
+        "a client left before its answer: dropped from the queue, 2 of its 2 lines left undecoded"
+    ]
+
+
+class PausingEngine(TorchEngine):
+    """The fixture model, one sentence per decode batch; its first stop check (after the first
+    batch) waits until the server has seen the client leave, so that the test knows when."""
+
+    def __init__(self) -> None:
+        super().__init__(CKPT)
+        self.decode = dataclasses.replace(self.decode, batch_tokens=1)  # each sentence alone
+        self.first_batch = threading.Event()
+        self.answers: list[bool] = []  # what each stop check said
+
+    def translate(self, lines, decode, attention=False, stop=None):
+        def check() -> bool:
+            self.first_batch.set()
+            if not self.answers:
+                _until(stop, "the server seeing the client leave", 20)
+            self.answers.append(stop())
+            return self.answers[-1]
+
+        return super().translate(lines, decode, attention, None if stop is None else check)
+
+
+def test_a_long_request_stops_after_the_batch_its_client_left_in(lines, caplog):
+    """Eight lines in eight decode batches; the client leaves during the first: the engine is
+    asked once between batches, stops, and the log says 7 of the 8 lines were not decoded."""
+    caplog.set_level(logging.INFO, logger="transformer_mt")
+    engine = PausingEngine()
+    app = create_app(engine, LIMITS)
+    text = [line for line in lines if line][:8]
+    with running(app) as url:
+        with _sent_request(url, {"text": text, "beam": 2}):
+            assert engine.first_batch.wait(20), "the request never decoded a batch"
+        _until(lambda: app.state.batcher.abandoned, "the worker letting the request go")
+        assert engine.answers == [True], "decoding went on after the client left"
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        again = httpx.post(f"{url}/v1/translate", json={"text": text[:1]}, timeout=30)
+    assert health["abandoned"] == 1 and health["lines_not_decoded"] == 7
+    assert _gone_lines(caplog) == [
+        "a client left before its answer: decoding stopped, 7 of its 8 lines left undecoded"
+    ]
+    assert again.status_code == 200, again.text  # the server serves on
+
+
+def test_continuous_search_ends_when_every_client_in_it_has_left(engine, lines, monkeypatch):
+    """Continuous batching: the only request in the search loses its client during the first
+    step; the search ends after that step instead of running its eight sentences to the end."""
+    from transformer_mt.decoding import continuous
+
+    app = create_app(engine, LIMITS, BatchSettings(continuous=True))
+    steps, step = [], continuous.ContinuousSearch.step
+    counts = app.state.requests
+
+    def pausing(search):
+        steps.append(search)
+        if len(steps) == 1:  # the request's handler has returned: the server saw it leave
+            _until(lambda: counts.in_flight == 0, "the server seeing the client leave", 20)
+        return step(search)
+
+    monkeypatch.setattr(continuous.ContinuousSearch, "step", pausing)
+    text = [line for line in lines if line][:8]
+    with running(app) as url:
+        with _sent_request(url, {"text": text, "beam": 2}):
+            _until(lambda: steps, "the search's first step")
+        _until(lambda: app.state.batcher.abandoned, "the worker letting the request go")
+    assert len(steps) == 1, f"{len(steps)} steps: the search went on after the client left"
+    assert app.state.batcher.lines_not_decoded == 8
+
+
+def test_serve_on_a_port_in_use_is_one_error_line_before_loading_the_model():
+    """Before, uvicorn logged "serving on", then its own "[Errno 98]" line, and exited with 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli_app, ["serve", "-c", str(CKPT), "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: port {port} on 127.0.0.1 is in use (another `mt serve`, or another program); "
+        "stop it or choose another --port"
+    ]
+
+
 class AttentionEngine(FakeEngine):
     """FakeEngine whose lines come with a ``size`` x ``size`` attention matrix when asked."""
 
@@ -732,8 +894,8 @@ class AttentionEngine(FakeEngine):
         self.size = size
         self.matrix = [[(i * 7 + j) % 97 / 97.0000001 for j in range(size)] for i in range(size)]
 
-    def translate(self, lines, decode, attention=False):
-        results = super().translate(lines, decode, attention)
+    def translate(self, lines, decode, attention=False, stop=None):
+        results = super().translate(lines, decode, attention, stop)
         for result in results if attention else ():
             result.attention = Attention(["s"] * self.size, ["t"] * self.size, self.matrix)
         return results
@@ -944,6 +1106,13 @@ def test_ct2_engine_serves_an_export(engine, lines, tmp_path):
         assert attn["source"] == ct2.src_tok.id_to_piece(ct2.src_tok.encode(line))
         assert len(attn["weights"]) == len(attn["target"]) > 0
         assert all(len(row) == len(attn["source"]) for row in attn["weights"])
+    # Told to stop after its first decode batch (here one sentence each), either path gives up
+    # naming the three lines it left.
+    one_each = dataclasses.replace(ct2.decode, batch_tokens=1)
+    for attention in (False, True):
+        with pytest.raises(DecodeStopped) as stopped:
+            ct2.translate(lines[:4], one_each, attention, stop=lambda: True)
+        assert len(stopped.value.left) == 3, attention
 
 
 def test_a_gathering_window_longer_than_the_max_wait_is_refused():

@@ -38,6 +38,19 @@ products, 108.7 against 112.3 and 64.6 against 70.3; docs/BENCHMARKS.md). Taking
 newcomers' first step inside the running one (tried in session 11) did not close the gap:
 116.7 against 123.8 and 79.1 against 84.1.
 
+A client that leaves costs at most the batch it is in: ``translate`` watches an awaitable that
+completes when the client has gone (the server's: the connection's ``http.disconnect``). A request
+still queued then is dropped; one decoding stops after its current decode batch (the engine asks
+between batches; with several requests in one engine call, or in the continuous search, only once
+every one of them has gone). Each such request gets one log line saying how many of its lines
+were left undecoded. A batch whose token budget fills before its gathering window ends still
+starts ``window_s`` after its newest job arrived, like any other: a client that sends a request
+and hangs up at once is seen leaving only after its request is queued (the disconnect reaches
+the event loop after the body), and without that wait a batch of big requests started before
+the server saw them go, and decoded its first decode batch for nobody. Before, five clients
+that sent 64 lines at beam 16 and hung up at once were all decoded, and the next client's
+one-line request waited behind them (scripts/bench_disconnect.py).
+
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted
 finish before the worker ends.
@@ -50,11 +63,12 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from transformer_mt.config import DecodeConfig
-from transformer_mt.inference.engines import Engine, LineResult, empty_result
+from transformer_mt.inference.engines import DecodeStopped, Engine, LineResult, empty_result
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +99,16 @@ class Closed(Exception):
     """The batcher is shutting down and takes no new work."""
 
 
+class ClientGone(Exception):
+    """The request's client left before its answer; from the worker, with the number of its
+    lines left undecoded."""
+
+    def __init__(self, left: int | None = None) -> None:
+        undecoded = "" if left is None else f"; {left} lines left undecoded"
+        super().__init__(f"the client left{undecoded}")
+        self.left = left
+
+
 @dataclass
 class _Job:
     lines: list[str]
@@ -93,6 +117,7 @@ class _Job:
     arrived: float
     future: Future = field(default_factory=Future)
     tokens: int = 0  # counted by the worker (the event loop does no tokenizing)
+    gone: bool = False  # its client left (set on the event loop, read by the worker)
 
     @property
     def key(self) -> tuple:
@@ -124,6 +149,9 @@ class Batcher:
         self.batches = 0
         self.requests = 0
         self.largest_batch = 0
+        # Requests whose client left before their answer, and their lines not decoded for that.
+        self.abandoned = 0
+        self.lines_not_decoded = 0
         self.continuous = (
             self.settings.enabled
             and self.settings.continuous
@@ -137,8 +165,16 @@ class Batcher:
             self._thread.start()
         return self
 
+    @property
+    def waiting(self) -> int:
+        """Requests submitted and not yet answered (queued or decoding)."""
+        return self._waiting
+
     def submit(self, lines: list[str], decode: DecodeConfig, attention: bool = False) -> Future:
         """Queue a request; its future gets one :class:`LineResult` per line, in order."""
+        return self._submit(lines, decode, attention).future
+
+    def _submit(self, lines: list[str], decode: DecodeConfig, attention: bool) -> _Job:
         with self._lock:
             if self._closed:
                 raise Closed("the server is shutting down")
@@ -148,12 +184,63 @@ class Batcher:
             job = _Job(list(lines), decode, attention, time.monotonic())
             job.future.add_done_callback(self._answered)
             self._queue.put(job)  # under the lock: never behind the stop sign
-        return job.future
+        return job
 
     async def translate(
-        self, lines: list[str], decode: DecodeConfig, attention: bool = False
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        attention: bool = False,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> list[LineResult]:
-        return await asyncio.wrap_future(self.submit(lines, decode, attention))
+        """:meth:`submit`, awaited. ``gone()`` is awaited beside it and completes when the client
+        has left: then the request is dropped if still queued, or stops after its current decode
+        batch, and this raises :class:`ClientGone` at once (the log says how many lines were left
+        undecoded)."""
+        job = self._submit(lines, decode, attention)
+        answer = asyncio.wrap_future(job.future)
+        if gone is None:
+            return await answer
+        watcher = asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait((answer, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the request itself was cancelled (a shutdown)
+            answer.cancel()  # a job not yet decoding is dropped
+            raise
+        finally:
+            watcher.cancel()
+        if answer.done() or watcher.exception() is not None:  # answered, or no way to tell
+            return await answer
+        self._abandon(job)
+        answer.cancel()  # its result, if it comes, goes nowhere
+        raise ClientGone
+
+    def _abandon(self, job: _Job) -> None:
+        """Drop ``job`` if it is still queued, else let the worker stop it between batches; one
+        log line says what it cost (at once, or when the worker lets go of it)."""
+        job.gone = True
+        if job.future.cancel():
+            self._log_gone(job, "dropped from the queue", len(job.lines))
+        else:
+            job.future.add_done_callback(lambda future: self._log_outcome(job, future))
+
+    def _log_outcome(self, job: _Job, future: Future) -> None:
+        """Log what an abandoned job the worker had begun cost, once the worker lets go of it."""
+        err = future.exception()
+        if isinstance(err, ClientGone) and err.left is not None:
+            self._log_gone(job, "decoding stopped", err.left)
+        elif err is None:
+            self._log_gone(job, "decoded in full all the same", 0)
+        else:
+            self._log_gone(job, f"its decoding failed ({type(err).__name__}: {err})", 0)
+
+    def _log_gone(self, job: _Job, what: str, left: int) -> None:
+        """Count an abandoned job and its ``left`` lines not decoded; one log line."""
+        with self._lock:
+            self.abandoned += 1
+            self.lines_not_decoded += left
+        message = "a client left before its answer: %s, %d of its %d lines left undecoded"
+        logger.info(message, what, left, len(job.lines))
 
     def close(self, timeout: float | None = None) -> None:
         """Take no new work, finish every submitted job, stop the worker."""
@@ -185,11 +272,16 @@ class Batcher:
                 if item is _STOP:
                     return  # nothing pending, nothing queued before the stop
                 self._add(pending, item)
+                if not pending:
+                    continue  # its client had left
             stopping = self._gather(pending) or stopping
-            self._decode(self._take_batch(pending))
-            self._free_since = time.monotonic()
+            batch = self._take_batch(pending)  # none: every pending job's client left
+            if batch and self._decode(batch):  # False: every client of the batch left
+                self._free_since = time.monotonic()
 
     def _add(self, pending: deque, job: _Job) -> None:
+        if job.future.cancelled():
+            return  # its client left while it was queued
         try:
             job.tokens = self.engine.count_tokens(job.lines)
         except Exception:  # the engine reports it to this job alone when it decodes
@@ -224,7 +316,13 @@ class Batcher:
         return False
 
     def _take_batch(self, pending: deque) -> list[_Job]:
-        """The oldest job and, batching on, the later ones with its settings within the budget."""
+        """The oldest job and, batching on, the later ones with its settings within the budget;
+        none if every pending job's client has left (those jobs are dropped here)."""
+        live = [job for job in pending if not job.future.cancelled()]
+        pending.clear()
+        pending.extend(live)
+        if not pending:
+            return []
         first = pending.popleft()
         batch, tokens = [first], first.tokens
         if not self.settings.enabled:
@@ -240,16 +338,40 @@ class Batcher:
         pending.extend(keep)
         return batch
 
-    def _decode(self, batch: list[_Job]) -> None:
+    def _settle(self, batch: list[_Job]) -> None:
+        """With batching on, wait until ``window_s`` after the newest job of ``batch`` arrived:
+        only a batch whose token budget filled sooner waits here. A client that sends a request
+        and hangs up at once is seen leaving a moment after its request is queued (its
+        disconnect goes through the event loop after its body); the wait lets its job be
+        dropped instead of decoded (see the module docstring)."""
+        if self.settings.enabled:
+            newest = max(job.arrived for job in batch)
+            time.sleep(max(0.0, newest + self.settings.window_s - time.monotonic()))
+
+    def _decode(self, batch: list[_Job]) -> bool:
+        """Decode the jobs of ``batch`` whose client is still there (after :meth:`_settle`);
+        False if none was."""
+        self._settle(batch)
         batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
         if not batch:
-            return  # every client went away
+            return False  # every client went away
         lines = [line for job in batch for line in job.lines]
         self.batches += 1
         self.requests += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
+        self._engine_call(batch, lines)
+        return True
+
+    def _engine_call(self, batch: list[_Job], lines: list[str]) -> None:
+        """Decode ``lines`` (those of ``batch``, in order) as one engine call and answer each job;
+        it stops between decode batches once every client of ``batch`` has left."""
         try:
-            results = self.engine.translate(lines, batch[0].decode, batch[0].attention)
+            results = self.engine.translate(
+                lines, batch[0].decode, batch[0].attention, stop=lambda: all(j.gone for j in batch)
+            )
+        except DecodeStopped as stopped:  # every client of the batch left
+            self._stopped(batch, set(stopped.left))
+            return
         except Exception as err:
             if len(batch) == 1:
                 batch[0].future.set_exception(err)
@@ -265,12 +387,30 @@ class Batcher:
             job.future.set_result(results[start : start + len(job.lines)])
             start += len(job.lines)
 
+    def _stopped(self, batch: list[_Job], left: set[int]) -> None:
+        """Fail each job of a stopped engine call with :class:`ClientGone`, counting its lines
+        in ``left`` (indices into the call's lines)."""
+        start = 0
+        for job in batch:
+            end = start + len(job.lines)
+            job.future.set_exception(ClientGone(sum(start <= i < end for i in left)))
+            start = end
+
     def _decode_alone(self, job: _Job) -> None:
+        if job.gone:
+            job.future.set_exception(ClientGone(len(job.lines)))
+            return
         self.batches += 1
         try:
-            job.future.set_result(self.engine.translate(job.lines, job.decode, job.attention))
+            results = self.engine.translate(
+                job.lines, job.decode, job.attention, stop=lambda: job.gone
+            )
+        except DecodeStopped as stopped:
+            job.future.set_exception(ClientGone(len(stopped.left)))
         except Exception as err:
             job.future.set_exception(err)
+        else:
+            job.future.set_result(results)
 
 
 class _ContinuousWorker:
@@ -326,6 +466,9 @@ class _ContinuousWorker:
         joined = 0
         while self.waiting:
             job = self.waiting[0]
+            if job.future.cancelled():  # its client left while it waited
+                self.waiting.popleft()
+                continue
             fits = self.tokens_in_flight + job.tokens <= self.batcher.max_tokens
             if self.flights and not (fits and self._joins(job)):
                 break
@@ -388,6 +531,15 @@ class _ContinuousWorker:
                 del self.flights[key]
                 self.tokens_in_flight -= flight.job.tokens
                 flight.job.future.set_result(flight.results)
+        if self.flights and all(flight.job.gone for flight in self.flights.values()):
+            self._drop_search()
+
+    def _drop_search(self) -> None:
+        """Every client of the running search has left: end it, each job failing with
+        :class:`ClientGone` (its sentences still running are left undecoded)."""
+        flights, self.flights, self.search, self.tokens_in_flight = self.flights, {}, None, 0
+        for flight in flights.values():
+            flight.job.future.set_exception(ClientGone(flight.left))
 
 
 @dataclass

@@ -4,6 +4,9 @@ CTranslate2 export), for the HTTP server and its benchmark.
 ``engine.translate(lines, decode, attention)`` keeps the line contract of ``mt translate`` (one
 result per line, in order, empty in -> empty out) and returns, per line, the best text and score,
 the n-best list and, when asked, the cross-attention matrix with the pieces on both of its axes.
+Given ``stop`` (a function of no arguments), it asks it after each decode batch and, when it says
+True with lines still to decode, gives up with :class:`DecodeStopped`: the server's way of not
+decoding the rest of a request whose client has gone.
 """
 
 import dataclasses
@@ -11,7 +14,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 
 from transformer_mt.config import DecodeConfig
+from transformer_mt.data.batching import longest_first_batches
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding import DecodeResult
 from transformer_mt.decoding.continuous import ContinuousSearch
@@ -28,6 +32,26 @@ from transformer_mt.inference.attention import attention_matrices
 from transformer_mt.inference.loading import load_for_inference, validation_report
 
 EOS_PIECE = "</s>"
+
+StopCheck = Callable[[], bool]
+"""Asked between decode batches: True to decode no further (see :class:`DecodeStopped`)."""
+
+
+class DecodeStopped(Exception):
+    """``translate`` gave up between two decode batches because its ``stop`` check said so."""
+
+    def __init__(self, left: list[int], lines: int) -> None:
+        super().__init__(f"stopped with {len(left)} of {lines} lines left undecoded")
+        self.left = left  # indices of the input lines not decoded (lines with text in them)
+
+
+def _check_stop(stop: StopCheck | None, lines: Sequence[str], done: set[int]) -> None:
+    """Raise :class:`DecodeStopped` if ``stop`` says so and a line with text is not in ``done``."""
+    if stop is None or not stop():
+        return
+    left = [i for i, line in enumerate(lines) if line.strip() and i not in done]
+    if left:  # after the last batch there is nothing left to spare
+        raise DecodeStopped(left, len(lines))
 
 
 @dataclass
@@ -66,10 +90,15 @@ class Engine(ABC):
 
     @abstractmethod
     def translate(
-        self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
+        self,
+        lines: Sequence[str],
+        decode: DecodeConfig,
+        attention: bool = False,
+        stop: StopCheck | None = None,
     ) -> list[LineResult]:
         """One result per line, in order (empty in, empty out); with ``attention``, the best
-        hypothesis' cross-attention over its source pieces."""
+        hypothesis' cross-attention over its source pieces. ``stop`` is asked after each decode
+        batch; when it says True and lines are left, :class:`DecodeStopped` names them."""
 
     def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
         """A search that requests with ``decode``'s beam can join between steps (continuous
@@ -162,22 +191,21 @@ class TorchEngine(Engine):
         return _result([(self.trg_tok.decode(h.tokens), h.score) for h in result.nbest], None)
 
     def translate(
-        self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
+        self,
+        lines: Sequence[str],
+        decode: DecodeConfig,
+        attention: bool = False,
+        stop: StopCheck | None = None,
     ) -> list[LineResult]:
         lines = list(lines)
         matrices: dict[int, Attention] = {}
+        done: set[int] = set()
 
         def on_batch(batch_lines: list[int], src: torch.Tensor, decoded) -> None:
-            if not attention:
-                return
-            hyps = [res.nbest[0] for res in decoded]
-            weights = attention_matrices(self.model, src, hyps)
-            for line, hyp, ids, w in zip(batch_lines, hyps, src.tolist(), weights, strict=True):
-                matrices[line] = Attention(
-                    source=self.src_tok.id_to_piece(ids[: w.shape[1]]),
-                    target=self.trg_tok.id_to_piece([*hyp.tokens, EOS_ID][: w.shape[0]]),
-                    weights=w.tolist(),
-                )
+            done.update(batch_lines)
+            if attention:
+                self._keep_attention(matrices, batch_lines, src, decoded)
+            _check_stop(stop, lines, done)  # raised through the search: no further batch
 
         results = translate_texts(
             self.model, self.src_tok, self.trg_tok, lines, decode, on_batch=on_batch
@@ -189,6 +217,19 @@ class TorchEngine(Engine):
             else:
                 out.append(_result(nbest, matrices.get(i)))
         return out
+
+    def _keep_attention(
+        self, matrices: dict[int, Attention], batch_lines: list[int], src: torch.Tensor, decoded
+    ) -> None:
+        """Put the cross-attention of each best hypothesis of a decoded batch in ``matrices``."""
+        hyps = [res.nbest[0] for res in decoded]
+        weights = attention_matrices(self.model, src, hyps)
+        for line, hyp, ids, w in zip(batch_lines, hyps, src.tolist(), weights, strict=True):
+            matrices[line] = Attention(
+                source=self.src_tok.id_to_piece(ids[: w.shape[1]]),
+                target=self.trg_tok.id_to_piece([*hyp.tokens, EOS_ID][: w.shape[0]]),
+                weights=w.tolist(),
+            )
 
 
 class CT2Engine(Engine):
@@ -221,22 +262,54 @@ class CT2Engine(Engine):
         )
 
     def translate(
-        self, lines: Sequence[str], decode: DecodeConfig, attention: bool = False
+        self,
+        lines: Sequence[str],
+        decode: DecodeConfig,
+        attention: bool = False,
+        stop: StopCheck | None = None,
     ) -> list[LineResult]:
         from transformer_mt.inference.ct2 import translate_lines_ct2
 
         lines = list(lines)
-        if not attention:
+        if attention:
+            return self._translate_with_attention(lines, decode, stop)
+        if stop is None:
             return [
                 _result(nbest, None) for nbest in translate_lines_ct2(self.model, lines, decode)
             ]
-        return self._translate_with_attention(lines, decode)
+        return self._translate_batch_by_batch(lines, decode, stop)
 
-    def _translate_with_attention(self, lines: list[str], decode: DecodeConfig) -> list[LineResult]:
-        """``translate_lines_ct2`` with ``return_attention``: the same grouping by length budget."""
+    def _translate_batch_by_batch(
+        self, lines: list[str], decode: DecodeConfig, stop: StopCheck
+    ) -> list[LineResult]:
+        """``translate_lines_ct2`` one of its batches at a time (the same batches: longest first
+        within ``decode.batch_tokens``; a batch alone is cut as one), asking ``stop`` after each."""
+        from transformer_mt.inference.ct2 import translate_lines_ct2
+
+        sources = encode_sources(self.src_tok, lines, self.model.max_len)
+        line_of = list(sources)
+        out = [empty_result(decode.nbest, False) for _ in lines]
+        done: set[int] = set()
+        lengths = [len(ids) for ids in sources.values()]
+        for batch in longest_first_batches(lengths, decode.batch_tokens):
+            indices = [line_of[p] for p in batch.tolist()]
+            batch_lines = [lines[i] for i in indices]
+            results = translate_lines_ct2(self.model, batch_lines, decode)
+            for i, nbest in zip(indices, results, strict=True):
+                out[i] = _result(nbest, None)
+            done.update(indices)
+            _check_stop(stop, lines, done)
+        return out
+
+    def _translate_with_attention(
+        self, lines: list[str], decode: DecodeConfig, stop: StopCheck | None = None
+    ) -> list[LineResult]:
+        """``translate_lines_ct2`` with ``return_attention``: the same grouping by length budget
+        (``stop`` asked after each group)."""
         model = self.model
         sources = encode_sources(model.src_tok, lines, model.max_len)
         out = [empty_result(decode.nbest, True) for _ in lines]
+        done: set[int] = set()
         by_budget: dict[int, list[int]] = defaultdict(list)
         for i, ids in sources.items():
             budget = math.floor(decode.max_len_a + decode.max_len_b * len(ids))
@@ -267,6 +340,8 @@ class CT2Engine(Engine):
                     weights=weights,
                 )
                 out[i] = _result(nbest, attn)
+            done.update(indices)
+            _check_stop(stop, lines, done)
         return out
 
 
@@ -275,6 +350,15 @@ def load_engine(
 ) -> Engine:
     """``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory);
     ``quantize`` ("int8", torch only): dynamic int8 linear layers."""
+    check_engine(kind, path, quantize)
+    if kind == "torch":
+        return TorchEngine(path, device, quantize)
+    return CT2Engine(path, device)
+
+
+def check_engine(kind: str, path: Path | str, quantize: str | None = None) -> None:
+    """The checks of :func:`load_engine` that load nothing (the engine's name, a file or a
+    directory for it, quantization): an MTError naming the option at fault."""
     if quantize is not None and kind != "torch":
         raise MTError(
             "--quantize is for --engine torch; CTranslate2 models are quantized by "
@@ -285,12 +369,11 @@ def load_engine(
             raise MTError(
                 f"--checkpoint {path} is a directory: for a CTranslate2 export pass --engine ct2"
             )
-        return TorchEngine(path, device, quantize)
-    if kind == "ct2":
+    elif kind == "ct2":
         if not Path(path).is_dir():
             raise MTError(
                 f"--engine ct2 runs a directory written by `mt export --format ctranslate2`; "
                 f"{path} is not a directory"
             )
-        return CT2Engine(path, device)
-    raise MTError(f"--engine {kind!r}: expected torch or ct2")
+    else:
+        raise MTError(f"--engine {kind!r}: expected torch or ct2")

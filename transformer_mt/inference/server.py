@@ -20,18 +20,24 @@ the body is read and parsed here, not by FastAPI, so that invalid JSON, undecoda
 fields and every limit of :class:`Limits` get our one-line message. Decoding goes through one
 :class:`~transformer_mt.inference.batcher.Batcher` worker (dynamic batching); an answer with
 attention (up to max_lines matrices) is rounded and encoded in a worker thread of starlette's pool
-(plain Python, no torch), not on the event loop. On SIGTERM uvicorn stops accepting, lets the
+(plain Python, no torch), not on the event loop. A client that closes its connection before its
+answer costs at most the decode batch its request is in: queued, the request is dropped;
+decoding, it stops after the current batch (the decode worker's log says how many lines were left
+undecoded). `mt serve` binds its port before it loads the model: a port in use is one ``error:``
+line, at once. On SIGTERM uvicorn stops accepting, lets the
 requests in flight finish (for at most the shutdown timeout; the log says how many it cut off),
 and the decode worker drains before the process ends.
 """
 
 import asyncio
 import dataclasses
+import errno
 import json
 import logging
 import math
 import re
 import signal
+import socket
 import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +48,8 @@ from typing import Literal
 
 from transformer_mt.config import validate_decode
 from transformer_mt.errors import MTError
-from transformer_mt.inference.batcher import Batcher, BatchSettings, Busy, Closed
-from transformer_mt.inference.engines import Engine, LineResult, load_engine
+from transformer_mt.inference.batcher import Batcher, BatchSettings, Busy, ClientGone, Closed
+from transformer_mt.inference.engines import Engine, LineResult, check_engine, load_engine
 
 try:
     from fastapi import FastAPI, Request
@@ -261,7 +267,7 @@ def create_app(
             validate_decode(decode)
         except MTError as err:
             raise ApiError(400, str(err)) from None
-        results = iter(await _translate(batcher, lines, decode, False))
+        results = iter(await _translate(batcher, lines, decode, False, request))
         answers = []  # per text: its translation, then its alternatives
         for text in split:
             per_line = [next(results).nbest for _ in text]
@@ -301,7 +307,7 @@ def create_app(
         req = await _read(request, TranslateRequest, limits)
         _check_lines(req.text, limits, "text", engine)
         decode = _decode_settings(engine, req, limits)
-        results = await _translate(batcher, req.text, decode, req.attention)
+        results = await _translate(batcher, req.text, decode, req.attention, request)
         if req.attention:  # up to max_lines matrices of floats: not on the event loop
             body = await run_in_threadpool(_translations_body, results)
         else:
@@ -311,8 +317,15 @@ def create_app(
     @app.get("/health")
     async def health() -> dict:
         """Alive; with the decode worker's counters: engine calls and the requests they carried
-        (their ratio is the mean batch, in requests)."""
-        return {"status": "ok", "batches": batcher.batches, "requests": batcher.requests}
+        (their ratio is the mean batch, in requests), the requests whose client left before
+        their answer and the lines that were not decoded for that."""
+        return {
+            "status": "ok",
+            "batches": batcher.batches,
+            "requests": batcher.requests,
+            "abandoned": batcher.abandoned,
+            "lines_not_decoded": batcher.lines_not_decoded,
+        }
 
     @app.get("/v1/model")
     async def model_info() -> dict:
@@ -539,9 +552,14 @@ def _decode_settings(engine: Engine, req: TranslateRequest, limits: Limits):
     return decode
 
 
-async def _translate(batcher: Batcher, lines: list[str], decode, attention: bool):
+async def _translate(
+    batcher: Batcher, lines: list[str], decode, attention: bool, request: Request
+) -> list[LineResult]:
+    """The decode worker's results, or an ApiError; a client that leaves stops the work."""
     try:
-        return await batcher.translate(lines, decode, attention)
+        return await batcher.translate(lines, decode, attention, gone=lambda: _left(request))
+    except ClientGone:  # nobody reads this answer
+        raise ApiError(400, "the client closed the connection before its answer") from None
     except Busy as err:
         raise ApiError(503, f"server busy: {err}") from None
     except Closed as err:
@@ -551,6 +569,14 @@ async def _translate(batcher: Batcher, lines: list[str], decode, attention: bool
     except Exception as err:
         logger.exception("translation failed")
         raise ApiError(500, f"translation failed: {type(err).__name__}: {err}") from None
+
+
+async def _left(request: Request) -> None:
+    """Return once the client has closed its connection. The body has been read: what the
+    server says next is ``http.disconnect`` (uvicorn keeps reading the socket while this waits,
+    so it sees the connection close; waiting costs nothing)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _number(x: float) -> float | None:
@@ -609,15 +635,66 @@ def serve(
 ) -> None:
     """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first, for at
     most ``shutdown_timeout_s``); ``quantize="int8"``: dynamic int8 linear layers (torch engine,
-    CPU)."""
+    CPU). The port is bound first: one in use is an MTError before the model loads."""
+    check_engine(engine, path, quantize)  # a mistake in the options comes first
+    sockets = bind_sockets(host, port)
+    try:
+        model = load_engine_off_main_thread(engine, path, device, quantize)
+        app = create_app(model, limits, batching)
+        port = sockets[0].getsockname()[1]  # the one the system chose for port 0
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        message = "loaded %s -> %s (%s engine); serving on http://%s (API docs at /docs)"
+        logger.info(message, model.src_lang, model.trg_lang, model.name, where)
+        _run_uvicorn(app, sockets, access_log, shutdown_timeout_s)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to ``port`` on each address of ``host`` (as asyncio's ``create_server``
+    binds them, for uvicorn to listen on); an MTError naming host and port when one is in use,
+    or ``host`` is not an address of this machine."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise MTError(f"--host {host}: not an address or a known name ({err.strerror})") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio: IPv6 only, "::" is not 0.0.0.0 too
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as err:
+        for sock in sockets:
+            sock.close()
+        raise MTError(_bind_error(host, port, err)) from None
+    return sockets
+
+
+def _bind_error(host: str, port: int, err: OSError) -> str:
+    """One line for a port that cannot be bound."""
+    if err.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is in use (another `mt serve`, or another program); stop "
+            "it or choose another --port"
+        )
+    if err.errno == errno.EACCES:
+        return f"port {port} on {host} needs privileges here; choose a --port of 1024 or above"
+    if err.errno == errno.EADDRNOTAVAIL:
+        return f"--host {host} is not an address of this machine; use 127.0.0.1 or 0.0.0.0"
+    return f"cannot listen on port {port} on {host}: {err.strerror or err}"
+
+
+def _run_uvicorn(
+    app: FastAPI, sockets: list[socket.socket], access_log: bool, shutdown_timeout_s: float
+) -> None:
+    """Serve ``app`` on the bound ``sockets`` until SIGINT/SIGTERM; the stop is logged once."""
     import uvicorn
 
-    model = load_engine_off_main_thread(engine, path, device, quantize)
-    app = create_app(model, limits, batching)
-    logger.info(
-        "loaded %s -> %s (%s engine); serving on http://%s:%d (API docs at /docs)",
-        model.src_lang, model.trg_lang, model.name, host, port,
-    )  # fmt: skip
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
     # handler it found: a quiet one here, so that a requested stop ends with exit code 0.
     quiet = threading.current_thread() is threading.main_thread()
@@ -631,15 +708,13 @@ def serve(
             _log_stop(logged[0], app.state.requests, shutdown_timeout_s)
 
     previous = {sig: signal.signal(sig, stopped) for sig in stops} if quiet else {}
+    config = uvicorn.Config(
+        app, access_log=access_log, log_level="info", timeout_graceful_shutdown=shutdown_timeout_s
+    )
     try:
-        uvicorn.run(
-            app,
-            host=host,
-            port=port,
-            access_log=access_log,
-            log_level="info",
-            timeout_graceful_shutdown=shutdown_timeout_s,
-        )
+        uvicorn.Server(config).run(sockets=sockets)
+    except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C during the shutdown
+        pass
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

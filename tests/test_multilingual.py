@@ -236,3 +236,52 @@ def test_plot_draws_each_pair_beside_the_mean(trained):
         svg = plot_metrics([trained / "run"], trained / "m.svg").read_text()
     for label in ("run mean", "run xx-yy", "run xx-zz"):
         assert label in svg, f"the legend names {label!r}"
+
+
+def test_the_server_routes_libretranslate_targets_under_32_mixed_requests(trained):
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from test_serve import running
+
+    from transformer_mt.inference.batcher import BatchSettings
+    from transformer_mt.inference.engines import TorchEngine
+    from transformer_mt.inference.server import Limits, create_app
+
+    ckpt, src = trained / "run" / "last.pt", trained / "in.xx"
+    lines = src.read_text().splitlines()[:16]
+    expected = {}
+    for lang in ("yy", "zz"):
+        result = _mt("translate", "-c", str(ckpt), "-i", str(src), "--target-lang", lang)
+        assert result.exit_code == 0, result.output
+        expected[lang] = dict(
+            zip(src.read_text().splitlines(), result.stdout.splitlines(), strict=True)
+        )
+    assert any(expected["yy"][x] != expected["zz"][x] for x in lines), "the targets differ"
+    app = create_app(TorchEngine(ckpt), Limits(), BatchSettings(window_s=0.05, max_wait_s=1.0))
+    with running(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        langs = {x["code"]: x["targets"] for x in client.get("/languages").json()}
+        assert langs == {"xx": ["yy", "zz"], "yy": [], "zz": []}
+        model = client.get("/v1/model").json()
+        assert model["pairs"] == [["xx", "yy"], ["xx", "zz"]]
+        assert model["lang_tags"] == {"yy": "<2yy>", "zz": "<2zz>"}
+        asks = [(line, ("yy", "zz")[i % 2]) for i, line in enumerate(lines * 2)]
+
+        def ask(item: tuple[str, str]) -> str:
+            line, target = item
+            body = {"q": line, "source": "xx", "target": target}
+            reply = client.post("/translate", json=body)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["translatedText"]
+
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(ask, asks))
+        for (line, target), answer in zip(asks, answers, strict=True):
+            assert answer == expected[target][line], (target, line)
+        wrong = client.post("/translate", json={"q": "a", "source": "xx", "target": "qq"})
+        assert wrong.status_code == 400 and "xx -> yy, xx -> zz" in wrong.json()["error"]
+        untold = client.post("/v1/translate", json={"text": ["a"]})
+        assert untold.status_code == 400 and "choose one with target" in untold.json()["error"]
+        told = client.post("/v1/translate", json={"text": [lines[0]], "target": "zz"})
+        assert told.json()["translations"][0]["text"] == expected["zz"][lines[0]]

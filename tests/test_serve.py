@@ -475,7 +475,7 @@ class FakeEngine(Engine):
     def count_tokens(self, lines) -> int:
         return sum(len(line.split()) + 1 for line in lines)
 
-    def translate(self, lines, decode, attention=False, stop=None):
+    def translate(self, lines, decode, attention=False, stop=None, target=None):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
@@ -815,7 +815,7 @@ class PausingEngine(TorchEngine):
         self.first_batch = threading.Event()
         self.answers: list[bool] = []  # what each stop check said
 
-    def translate(self, lines, decode, attention=False, stop=None):
+    def translate(self, lines, decode, attention=False, stop=None, target=None):
         def check() -> bool:
             self.first_batch.set()
             if not self.answers:
@@ -894,7 +894,7 @@ class AttentionEngine(FakeEngine):
         self.size = size
         self.matrix = [[(i * 7 + j) % 97 / 97.0000001 for j in range(size)] for i in range(size)]
 
-    def translate(self, lines, decode, attention=False, stop=None):
+    def translate(self, lines, decode, attention=False, stop=None, target=None):
         results = super().translate(lines, decode, attention, stop)
         for result in results if attention else ():
             result.attention = Attention(["s"] * self.size, ["t"] * self.size, self.matrix)

@@ -118,11 +118,13 @@ class _Job:
     future: Future = field(default_factory=Future)
     tokens: int = 0  # counted by the worker (the event loop does no tokenizing)
     gone: bool = False  # its client left (set on the event loop, read by the worker)
+    target: str | None = None  # the language a multilingual model translates into
 
     @property
     def key(self) -> tuple:
-        """Jobs decode together only with equal settings."""
-        return (*dataclasses.astuple(self.decode), self.attention)
+        """Jobs decode together only with equal settings (and, in a multilingual model's batch
+        calls, one target language: its tag starts every source of the call)."""
+        return (*dataclasses.astuple(self.decode), self.attention, self.target)
 
 
 _STOP = object()
@@ -170,18 +172,26 @@ class Batcher:
         """Requests submitted and not yet answered (queued or decoding)."""
         return self._waiting
 
-    def submit(self, lines: list[str], decode: DecodeConfig, attention: bool = False) -> Future:
+    def submit(
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        attention: bool = False,
+        target: str | None = None,
+    ) -> Future:
         """Queue a request; its future gets one :class:`LineResult` per line, in order."""
-        return self._submit(lines, decode, attention).future
+        return self._submit(lines, decode, attention, target).future
 
-    def _submit(self, lines: list[str], decode: DecodeConfig, attention: bool) -> _Job:
+    def _submit(
+        self, lines: list[str], decode: DecodeConfig, attention: bool, target: str | None = None
+    ) -> _Job:
         with self._lock:
             if self._closed:
                 raise Closed("the server is shutting down")
             if self._waiting >= self.max_waiting:
                 raise Busy(f"{self._waiting} requests are waiting (max_waiting); try again later")
             self._waiting += 1
-            job = _Job(list(lines), decode, attention, time.monotonic())
+            job = _Job(list(lines), decode, attention, time.monotonic(), target=target)
             job.future.add_done_callback(self._answered)
             self._queue.put(job)  # under the lock: never behind the stop sign
         return job
@@ -192,12 +202,13 @@ class Batcher:
         decode: DecodeConfig,
         attention: bool = False,
         gone: Callable[[], Awaitable[object]] | None = None,
+        target: str | None = None,
     ) -> list[LineResult]:
         """:meth:`submit`, awaited. ``gone()`` is awaited beside it and completes when the client
         has left: then the request is dropped if still queued, or stops after its current decode
         batch, and this raises :class:`ClientGone` at once (the log says how many lines were left
         undecoded)."""
-        job = self._submit(lines, decode, attention)
+        job = self._submit(lines, decode, attention, target)
         answer = asyncio.wrap_future(job.future)
         if gone is None:
             return await answer
@@ -366,8 +377,13 @@ class Batcher:
         """Decode ``lines`` (those of ``batch``, in order) as one engine call and answer each job;
         it stops between decode batches once every client of ``batch`` has left."""
         try:
+            first = batch[0]
             results = self.engine.translate(
-                lines, batch[0].decode, batch[0].attention, stop=lambda: all(j.gone for j in batch)
+                lines,
+                first.decode,
+                first.attention,
+                lambda: all(j.gone for j in batch),
+                first.target,
             )
         except DecodeStopped as stopped:  # every client of the batch left
             self._stopped(batch, set(stopped.left))
@@ -403,7 +419,7 @@ class Batcher:
         self.batches += 1
         try:
             results = self.engine.translate(
-                job.lines, job.decode, job.attention, stop=lambda: job.gone
+                job.lines, job.decode, job.attention, lambda: job.gone, job.target
             )
         except DecodeStopped as stopped:
             job.future.set_exception(ClientGone(len(stopped.left)))
@@ -495,7 +511,7 @@ class _ContinuousWorker:
     def _start(self, job: _Job) -> int:
         """Add ``job``'s lines to the search; 1 if it joined, 0 if it was answered at once."""
         try:
-            sources = self.engine.encode_lines(job.lines, job.decode)
+            sources = self.engine.encode_lines(job.lines, job.decode, job.target)
         except Exception as err:
             job.future.set_exception(err)
             return 0

@@ -23,6 +23,7 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.batching import longest_first_batches
+from transformer_mt.data.languages import source_prefix
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding import DecodeResult
 from transformer_mt.decoding.continuous import ContinuousSearch
@@ -87,6 +88,19 @@ class Engine(ABC):
     trg_lang: str
     info: dict[str, Any] = field(default_factory=dict)  # GET /v1/model, besides the above
     max_src_len: int = 0  # longest source in pieces, EOS included (the position table); 0: any
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # the pairs it translates
+    lang_tags: dict[str, str] = field(default_factory=dict)  # a multilingual model's tags
+
+    @property
+    def targets(self) -> list[str]:
+        """The languages it translates into (several: a request names one)."""
+        return list(dict.fromkeys(trg for _, trg in self.pairs)) or [self.trg_lang]
+
+    def source_prefix(self, target: str | None) -> list[int]:
+        """The ids that start each source asking for ``target`` (a multilingual model's tag);
+        an MTError for a target it does not know, or none where it has several."""
+        pairs = self.pairs or [(self.src_lang, self.trg_lang)]
+        return source_prefix(self.src_tok, self.lang_tags, pairs, target)
 
     @abstractmethod
     def translate(
@@ -95,10 +109,12 @@ class Engine(ABC):
         decode: DecodeConfig,
         attention: bool = False,
         stop: StopCheck | None = None,
+        target: str | None = None,
     ) -> list[LineResult]:
         """One result per line, in order (empty in, empty out); with ``attention``, the best
         hypothesis' cross-attention over its source pieces. ``stop`` is asked after each decode
-        batch; when it says True and lines are left, :class:`DecodeStopped` names them."""
+        batch; when it says True and lines are left, :class:`DecodeStopped` names them.
+        ``target``: the language a multilingual model translates into."""
 
     def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
         """A search that requests with ``decode``'s beam can join between steps (continuous
@@ -127,6 +143,8 @@ class Engine(ABC):
         return {
             "engine": self.name,
             "languages": {"source": self.src_lang, "target": self.trg_lang},
+            "pairs": [list(pair) for pair in self.pairs or [(self.src_lang, self.trg_lang)]],
+            "lang_tags": self.lang_tags,
             "vocabulary": {
                 "source": self.src_tok.vocab_size,
                 "target": self.trg_tok.vocab_size,
@@ -175,16 +193,21 @@ class TorchEngine(Engine):
                 "validation": validation_report(loaded),
             },
             max_src_len=self.model.positions.max_len,
+            pairs=loaded.pairs,
+            lang_tags=loaded.lang_tags,
         )
 
     def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
         return None if decode.sampling else ContinuousSearch(self.model, decode.beam_size)
 
-    def encode_lines(self, lines: Sequence[str], decode: DecodeConfig) -> dict[int, list[int]]:
+    def encode_lines(
+        self, lines: Sequence[str], decode: DecodeConfig, target: str | None = None
+    ) -> dict[int, list[int]]:
         """Source ids (EOS included) of the lines with something to translate, by line index,
         as :meth:`translate` encodes them; checks ``decode``'s beam against the vocabulary."""
         check_beam(decode, self.trg_tok.vocab_size)
-        return encode_sources(self.src_tok, list(lines), self.model.positions.max_len)
+        prefix = self.source_prefix(target)
+        return encode_sources(self.src_tok, list(lines), self.model.positions.max_len, 1, prefix)
 
     def line_result(self, result: DecodeResult) -> LineResult:
         """A search result as :meth:`translate` returns it (no attention)."""
@@ -196,8 +219,10 @@ class TorchEngine(Engine):
         decode: DecodeConfig,
         attention: bool = False,
         stop: StopCheck | None = None,
+        target: str | None = None,
     ) -> list[LineResult]:
         lines = list(lines)
+        prefix = self.source_prefix(target)
         matrices: dict[int, Attention] = {}
         done: set[int] = set()
 
@@ -208,7 +233,13 @@ class TorchEngine(Engine):
             _check_stop(stop, lines, done)  # raised through the search: no further batch
 
         results = translate_texts(
-            self.model, self.src_tok, self.trg_tok, lines, decode, on_batch=on_batch
+            self.model,
+            self.src_tok,
+            self.trg_tok,
+            lines,
+            decode,
+            on_batch=on_batch,
+            src_prefix=prefix,
         )
         out = []
         for i, nbest in enumerate(results):
@@ -259,6 +290,8 @@ class CT2Engine(Engine):
                 "validation": settings.get("validation"),
             },
             max_src_len=self.model.max_len,
+            pairs=self.model.pairs,
+            lang_tags=self.model.lang_tags,
         )
 
     def translate(
@@ -267,26 +300,27 @@ class CT2Engine(Engine):
         decode: DecodeConfig,
         attention: bool = False,
         stop: StopCheck | None = None,
+        target: str | None = None,
     ) -> list[LineResult]:
         from transformer_mt.inference.ct2 import translate_lines_ct2
 
         lines = list(lines)
+        prefix = self.source_prefix(target)
         if attention:
-            return self._translate_with_attention(lines, decode, stop)
+            return self._translate_with_attention(lines, decode, stop, prefix)
         if stop is None:
-            return [
-                _result(nbest, None) for nbest in translate_lines_ct2(self.model, lines, decode)
-            ]
-        return self._translate_batch_by_batch(lines, decode, stop)
+            results = translate_lines_ct2(self.model, lines, decode, 1, prefix)
+            return [_result(nbest, None) for nbest in results]
+        return self._translate_batch_by_batch(lines, decode, stop, prefix)
 
     def _translate_batch_by_batch(
-        self, lines: list[str], decode: DecodeConfig, stop: StopCheck
+        self, lines: list[str], decode: DecodeConfig, stop: StopCheck, prefix: list[int]
     ) -> list[LineResult]:
         """``translate_lines_ct2`` one of its batches at a time (the same batches: longest first
         within ``decode.batch_tokens``; a batch alone is cut as one), asking ``stop`` after each."""
         from transformer_mt.inference.ct2 import translate_lines_ct2
 
-        sources = encode_sources(self.src_tok, lines, self.model.max_len)
+        sources = encode_sources(self.src_tok, lines, self.model.max_len, 1, prefix)
         line_of = list(sources)
         out = [empty_result(decode.nbest, False) for _ in lines]
         done: set[int] = set()
@@ -294,7 +328,7 @@ class CT2Engine(Engine):
         for batch in longest_first_batches(lengths, decode.batch_tokens):
             indices = [line_of[p] for p in batch.tolist()]
             batch_lines = [lines[i] for i in indices]
-            results = translate_lines_ct2(self.model, batch_lines, decode)
+            results = translate_lines_ct2(self.model, batch_lines, decode, 1, prefix)
             for i, nbest in zip(indices, results, strict=True):
                 out[i] = _result(nbest, None)
             done.update(indices)
@@ -302,12 +336,16 @@ class CT2Engine(Engine):
         return out
 
     def _translate_with_attention(
-        self, lines: list[str], decode: DecodeConfig, stop: StopCheck | None = None
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        stop: StopCheck | None = None,
+        prefix: Sequence[int] = (),
     ) -> list[LineResult]:
         """``translate_lines_ct2`` with ``return_attention``: the same grouping by length budget
         (``stop`` asked after each group)."""
         model = self.model
-        sources = encode_sources(model.src_tok, lines, model.max_len)
+        sources = encode_sources(model.src_tok, lines, model.max_len, 1, prefix)
         out = [empty_result(decode.nbest, True) for _ in lines]
         done: set[int] = set()
         by_budget: dict[int, list[int]] = defaultdict(list)

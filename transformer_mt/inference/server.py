@@ -129,6 +129,7 @@ class TranslateRequest(_Strict):
     nbest: int = 1  # hypotheses per line, 1..beam
     len_penalty: float | None = None  # GNMT alpha; default: the model's
     attention: bool = False  # return the cross-attention of each best translation
+    target: str | None = None  # the language to translate into (a multilingual model needs it)
 
 
 @dataclass
@@ -241,12 +242,7 @@ def create_app(
     async def libre_translate(request: Request) -> dict:
         """LibreTranslate's endpoint: ``{"q", "source", "target"}`` -> ``{"translatedText"}``."""
         req = await _read(request, LibreRequest, limits, form=True)
-        if req.source not in (engine.src_lang, "auto") or req.target != engine.trg_lang:
-            raise ApiError(
-                400,
-                f"this model translates {engine.src_lang} -> {engine.trg_lang}; "
-                f"got source {req.source!r} and target {req.target!r}",
-            )
+        target = _libre_target(engine, req.source, req.target)
         texts = [req.q] if isinstance(req.q, str) else req.q
         # A text of several lines is translated line by line and put back together.
         split = [text.split("\n") for text in texts]
@@ -267,7 +263,7 @@ def create_app(
             validate_decode(decode)
         except MTError as err:
             raise ApiError(400, str(err)) from None
-        results = iter(await _translate(batcher, lines, decode, False, request))
+        results = iter(await _translate(batcher, lines, decode, False, request, target))
         answers = []  # per text: its translation, then its alternatives
         for text in split:
             per_line = [next(results).nbest for _ in text]
@@ -281,19 +277,22 @@ def create_app(
         reply: dict = {"translatedText": answers[0][0] if one else [a[0] for a in answers]}
         if req.alternatives:
             reply["alternatives"] = answers[0][1:] if one else [a[1:] for a in answers]
-        if req.source == "auto":  # one language in, as LibreTranslate reports a detection
-            detected = {"language": engine.src_lang, "confidence": 100.0}
+        if req.source == "auto":  # a source the model knows, as LibreTranslate reports one
+            source = next(src for src, trg in _pairs(engine) if trg == req.target)
+            detected = {"language": source, "confidence": 100.0}
             reply["detectedLanguage"] = detected if one else [detected] * len(answers)
         return reply
 
     @app.get("/languages")
     async def languages() -> list:
-        """LibreTranslate's: the languages and, per source language, its targets (this model:
-        one pair). Names are the codes: the model knows no others."""
-        pair = [{"code": engine.src_lang, "name": engine.src_lang, "targets": [engine.trg_lang]}]
-        if engine.trg_lang != engine.src_lang:  # a client checks both ends against this list
-            pair.append({"code": engine.trg_lang, "name": engine.trg_lang, "targets": []})
-        return pair
+        """LibreTranslate's: every language of the model's pairs and, per source language, its
+        targets. Names are the codes: the model knows no others."""
+        targets: dict[str, list[str]] = {}
+        for src, trg in _pairs(engine):
+            targets.setdefault(src, []).append(trg)
+        for _, trg in _pairs(engine):  # a client checks both ends against this list
+            targets.setdefault(trg, [])
+        return [{"code": code, "name": code, "targets": to} for code, to in targets.items()]
 
     @app.post("/detect", openapi_extra=_body_schema(DetectRequest))
     async def detect(request: Request) -> list:
@@ -307,7 +306,8 @@ def create_app(
         req = await _read(request, TranslateRequest, limits)
         _check_lines(req.text, limits, "text", engine)
         decode = _decode_settings(engine, req, limits)
-        results = await _translate(batcher, req.text, decode, req.attention, request)
+        target = _v1_target(engine, req.target)
+        results = await _translate(batcher, req.text, decode, req.attention, request, target)
         if req.attention:  # up to max_lines matrices of floats: not on the event loop
             body = await run_in_threadpool(_translations_body, results)
         else:
@@ -553,11 +553,17 @@ def _decode_settings(engine: Engine, req: TranslateRequest, limits: Limits):
 
 
 async def _translate(
-    batcher: Batcher, lines: list[str], decode, attention: bool, request: Request
+    batcher: Batcher,
+    lines: list[str],
+    decode,
+    attention: bool,
+    request: Request,
+    target: str | None = None,
 ) -> list[LineResult]:
     """The decode worker's results, or an ApiError; a client that leaves stops the work."""
     try:
-        return await batcher.translate(lines, decode, attention, gone=lambda: _left(request))
+        gone = lambda: _left(request)  # noqa: E731 (a watcher started by the batcher)
+        return await batcher.translate(lines, decode, attention, gone=gone, target=target)
     except ClientGone:  # nobody reads this answer
         raise ApiError(400, "the client closed the connection before its answer") from None
     except Busy as err:
@@ -569,6 +575,31 @@ async def _translate(
     except Exception as err:
         logger.exception("translation failed")
         raise ApiError(500, f"translation failed: {type(err).__name__}: {err}") from None
+
+
+def _pairs(engine: Engine) -> list[tuple[str, str]]:
+    return engine.pairs or [(engine.src_lang, engine.trg_lang)]
+
+
+def _libre_target(engine: Engine, source: str, target: str) -> str | None:
+    """The target a LibreTranslate request asks a multilingual model for (None for a model of
+    one target), or a 400 naming the pairs the model has."""
+    pairs = _pairs(engine)
+    if not any(source in (src, "auto") and target == trg for src, trg in pairs):
+        have = ", ".join(f"{src} -> {trg}" for src, trg in pairs)
+        raise ApiError(
+            400, f"this model translates {have}; got source {source!r} and target {target!r}"
+        )
+    return target if engine.lang_tags else None
+
+
+def _v1_target(engine: Engine, target: str | None) -> str | None:
+    """/v1/translate's ``target``: required where the model has several, checked against them."""
+    try:
+        engine.source_prefix(target)
+    except MTError as err:
+        raise ApiError(400, str(err).replace("--target-lang", "target")) from None
+    return target if engine.lang_tags else None
 
 
 async def _left(request: Request) -> None:

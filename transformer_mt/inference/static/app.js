@@ -92,6 +92,7 @@ async function loadModel() {
       ? `${languages.source || "?"} → ${languages.target || "?"}`
       : "language pair unknown";
     if (languages.source) source.lang = languages.source;
+    offerTargets(model);
     $("model-info").replaceChildren(summary(model), describe(model));
     useModelDefaults(model);
   } catch (err) {
@@ -150,6 +151,18 @@ function readInt(input, name) {
   return value;
 }
 
+// A multilingual model translates into the language chosen here (its "pairs" name several).
+function offerTargets(model) {
+  const targets = [...new Set((model.pairs || []).map((pair) => pair[1]))];
+  if (targets.length < 2) return;
+  const select = $("target");
+  select.replaceChildren(...targets.map((code) => el("option", { value: code }, code)));
+  $("target-choice").hidden = false;
+  $("pair").textContent = `${languages.source || "?"} → ${targets.join(", ")}`;
+  select.addEventListener("change", () => { languages.target = select.value; });
+  languages.target = select.value;
+}
+
 async function translate() {
   if (busy) return;
   showError("");
@@ -160,6 +173,7 @@ async function translate() {
     const beam = readInt($("beam"), "beam size");
     const nbest = Math.max(1, Math.min(readInt($("nbest"), "n-best"), beam));  // at most the beam
     request = { text: lines, beam, nbest, attention: true };
+    if (!$("target-choice").hidden) request.target = $("target").value;
   } catch (err) {
     showError(err.message);
     return;

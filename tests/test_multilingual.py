@@ -285,3 +285,28 @@ def test_the_server_routes_libretranslate_targets_under_32_mixed_requests(traine
         assert untold.status_code == 400 and "choose one with target" in untold.json()["error"]
         told = client.post("/v1/translate", json={"text": [lines[0]], "target": "zz"})
         assert told.json()["translations"][0]["text"] == expected["zz"][lines[0]]
+
+
+def test_fine_tuning_a_tagged_model_on_one_pair_keeps_the_tag(trained):
+    from transformer_mt.inference import load_for_inference
+
+    loaded = load_for_inference(trained / "run" / "last.pt")
+    cfg = load_config(
+        None,
+        [
+            "name=ft",
+            "data.src_lang=xx",
+            "data.trg_lang=zz",
+            f"data.train=[{{src: {trained}/zz.src, trg: {trained}/zz.trg}}]",
+            f"data.valid={{src: {trained}/vzz.src, trg: {trained}/vzz.trg}}",
+            f"data.cache_dir={trained / 'ft-cache'}",
+            "tokenizer.vocab_size=200",
+        ],
+    )
+    data = prep.prepare(
+        cfg, False, tokenizers=(loaded.src_tok, loaded.trg_tok), tags=loaded.lang_tags
+    )
+    tag = loaded.src_tok.piece_id("<2zz>")
+    assert not isinstance(data.train, MixedCorpus), "one source of weight 1: not mixed"
+    assert {int(data.train[i][0][0]) for i in range(len(data.train))} == {tag}
+    assert data.valid_sets[0].prefix == (tag,)

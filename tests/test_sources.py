@@ -189,3 +189,15 @@ def test_with_the_tokenizer_sources_named_adding_a_source_prepares_only_it(tmp_p
     assert [len(p) for p in data.train.parts] == [300, 200, 100]
     with pytest.raises(MTError, match=r"tokenizer.train_on names \['d'\]; the training sources"):
         prep.prepare(_config(tmp_path, [three["a"]], three["valid"], "tokenizer.train_on=[d]"))
+
+
+def test_from_one_source_to_three_the_first_keeps_its_tokenizer_and_cache(tmp_path, three, calls):
+    pin = "tokenizer.train_on=[a]"
+    prep.prepare(_config(tmp_path, [three["a"]], three["valid"], pin), progress=False)
+    assert calls.tokenizers == 1 and sorted(calls.builds) == ["train.a", "valid"]
+    calls.reset()
+    # another pair's source too (its own source language): no label changes, nothing rebuilt
+    other = three["b"].replace("}", ", src_lang: ww}")
+    cfg = _config(tmp_path, [three["a"], other, three["c"]], three["valid"], pin)
+    prep.prepare(cfg, progress=False)
+    assert calls.tokenizers == 0 and sorted(calls.builds) == ["train.b", "train.c"]

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 EXTRACT_VERSION = 1  # bump when a reader's output changes: every extracted file is read again
 _COMPRESSED = (".gz", ".xz", ".bz2")
+_NOT_READ = ("weight", "name", "src_lang", "trg_lang")  # source keys the extracted text ignores
 # The split a Hugging Face dataset calls ours by.
 _HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
@@ -108,10 +109,10 @@ def _extracted(cfg: Config, source: SourceConfig, split: str, label: str) -> tup
 
     langs = (cfg.data.src_lang, cfg.data.trg_lang)
     reader, identity = _reader(source, split, langs)
-    key = cache_key(
-        {"version": EXTRACT_VERSION, "source": dataclasses.asdict(source), "langs": langs},
-        *identity,
-    )[:16]
+    # What the text depends on: neither the weight (it only mixes) nor the name (it names the
+    # folder), and the languages as resolved (a null and the config's own code are one source).
+    read = {k: v for k, v in dataclasses.asdict(source).items() if k not in _NOT_READ}
+    key = cache_key({"version": EXTRACT_VERSION, "source": read, "langs": langs}, *identity)[:16]
     out = Path(cfg.data.cache_dir) / "sources" / f"{label}-{key}"
     files = (out / f"{split}.{langs[0]}", out / f"{split}.{langs[1]}")
     if all(p.is_file() for p in files):

@@ -80,3 +80,12 @@ def source_prefix(
     if tag_id is None:
         raise MTError(f"the model's tokenizer has no piece {tags[target]}; a damaged checkpoint")
     return [tag_id]
+
+
+def model_pairs(data: DataConfig, tags: dict[str, str]) -> list[Pair]:
+    """The pairs a trained model translates: its config's, and, for a model with tags (one
+    fine-tuned on fewer pairs keeps them all), each of its sources into every tagged target."""
+    pairs = training_pairs(data)
+    for src in dict.fromkeys(s for s, _ in training_pairs(data)):
+        pairs += [(src, trg) for trg in tags if (src, trg) not in pairs and trg != src]
+    return pairs

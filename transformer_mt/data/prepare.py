@@ -488,13 +488,15 @@ def _sampled_epochs(
     key: str,
     train: BinarizedPair,
     toks: tuple[Tokenizer, Tokenizer],
+    prefix: tuple[int, ...] = (),
 ) -> SampledEpochs | None:
-    """With subword sampling (tokenizer.sample_alpha > 0), the cached draws of each pair."""
+    """With subword sampling (tokenizer.sample_alpha > 0), the cached draws of each pair (each
+    source starting with ``prefix``, a fine-tuned multilingual model's tag)."""
     tok_cfg = cfg.tokenizer
     if tok_cfg.sample_alpha <= 0:
         return None
     sampling = SamplingSettings(tok_cfg.sample_alpha, tok_cfg.sample_nbest, tok_cfg.sample_draws)
-    draws = binarize_split(cfg, files, key, *toks, "train-sampled", sampling)
+    draws = binarize_split(cfg, files, key, *toks, "train-sampled", sampling, prefix)
     sampler = SampledEpochs(draws, sampling.draws, cfg.train.seed)
     if sampler.n_pairs != len(train):  # the same cleaning and limit keep the same pairs
         raise MTError(
@@ -562,8 +564,14 @@ def prepare(
         )
         sampler: SampledEpochs | MixedCorpus | None = train
     else:
-        train = binarize_split(cfg, files["train"], train_keys[0], src_tok, trg_tok, "train")
-        sampler = _sampled_epochs(cfg, files["train"], train_keys[0], train, tokenizers)
+        only = train_sources[0]
+        prefix = prefixes.get((only.pair or (cfg.data.src_lang, cfg.data.trg_lang))[1], ())
+        # A listed source keeps the cache entry it has when sources are added: train.<label>.
+        name = "train" if cfg.data.train is None else f"train.{only.label}"
+        train = binarize_split(
+            cfg, files["train"], train_keys[0], src_tok, trg_tok, name, src_prefix=prefix
+        )
+        sampler = _sampled_epochs(cfg, files["train"], train_keys[0], train, tokenizers, prefix)
     sets = [
         _valid_set(
             cfg, pair, pair_files, texts, tokenizers, prefixes.get(pair[1], ()), len(valid_texts)
@@ -582,7 +590,8 @@ def _tokenizers(
     """The tokenizers trained on the sources (or those ``tokenizer.train_on`` names)."""
     tok_sources, tok_keys = _tokenizer_sources(cfg, sources, keys)
     pairs = [[k, s.weight] for k, s in zip(tok_keys, tok_sources, strict=True)]
-    tok_key = cache_key({"sources": pairs}) if mixed else keys[0]
+    named = cfg.tokenizer.train_on is not None  # then adding a source keeps the key
+    tok_key = cache_key({"sources": pairs}) if mixed or named else keys[0]
     return train_tokenizers(cfg, tok_sources, tok_key, Path(cfg.data.cache_dir), tags)
 
 

@@ -96,11 +96,16 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
     for split in SPLITS:
         listed = _expand_tasks(cfg, split, progress)
         pairs = [source_pair(cfg.data, s) for s in listed]
-        several = len(set(pairs)) > 1  # a label names its pair: toy.src-trg, toy.src-trg2
+        bases = [source_label(s) for s in listed]
+        # A label that two sources of different pairs share names its pair (toy.src-trg,
+        # toy.src-trg2); others stay as they are, so that adding a source renames none.
+        clash = {
+            b for b in bases if len({p for b2, p in zip(bases, pairs, strict=True) if b2 == b}) > 1
+        }
         labels = _unique(
             [
-                source_label(s) + (f".{pair_name(p)}" if several and not s.name else "")
-                for s, p in zip(listed, pairs, strict=True)
+                base + (f".{pair_name(p)}" if base in clash and not s.name else "")
+                for s, base, p in zip(listed, bases, pairs, strict=True)
             ]
         )
         for source, label in zip(listed, labels, strict=True):

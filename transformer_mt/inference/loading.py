@@ -15,7 +15,7 @@ from torch.nn import functional
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
-from transformer_mt.data.languages import source_prefix, target_tags, training_pairs
+from transformer_mt.data.languages import model_pairs, source_prefix, target_tags
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
@@ -40,8 +40,8 @@ class LoadedModel:
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
-        """The (source, target) language pairs the model was trained on."""
-        return training_pairs(self.config.data)
+        """The (source, target) language pairs the model translates (:func:`model_pairs`)."""
+        return model_pairs(self.config.data, self.lang_tags)
 
     def source_prefix(self, target: str | None) -> list[int]:
         """The ids that start every source asking for ``target``: its tag, or none.

@@ -10,7 +10,6 @@ decoding the rest of a request whose client has gone.
 """
 
 import dataclasses
-import json
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -271,10 +270,11 @@ class CT2Engine(Engine):
 
     def __init__(self, directory: Path | str, device: str = "cpu", threads: int = 0) -> None:
         from transformer_mt.inference.ct2 import load_ct2
-        from transformer_mt.inference.export import SETTINGS_FILE
+        from transformer_mt.inference.export import read_settings
 
         self.model = load_ct2(Path(directory), device=device, threads=threads)
-        settings = json.loads((Path(directory) / SETTINGS_FILE).read_text(encoding="utf-8"))
+        settings = read_settings(Path(directory))  # a JSON object: load_ct2 checked the rest
+        step = settings.get("step")
         super().__init__(
             name="ct2",
             src_tok=self.model.src_tok,
@@ -286,7 +286,7 @@ class CT2Engine(Engine):
                 "device": device,
                 "quantization": settings.get("quantization"),
                 "model_args": settings.get("model_args"),
-                "step": int(settings.get("step", 0)),
+                "step": step if isinstance(step, int) and not isinstance(step, bool) else 0,
                 "validation": settings.get("validation"),
             },
             max_src_len=self.model.max_len,

@@ -107,7 +107,7 @@ def test_wmt14_en_de_by_name_reads_its_archives_and_sacrebleu_test_sets(tmp_path
     log = proc.stderr
     for label, n in (("europarl-v7", 100), ("commoncrawl", 200), ("news-commentary-v9", 300)):
         assert f"train.{label}: " in log and f"kept {n} of {n} pairs" in log
-    assert "ready: 600 training and 20 validation pairs" in log
+    assert "ready: 600 training pairs in 3 sources (600 an epoch) and 20 validation pairs" in log
     downloaded = (tmp_path / "dl" / "wmt14_en_de_train").glob("*.tgz")
     assert sorted(p.name for p in downloaded) == sorted(Path(u).name for u in ARCHIVES), (
         "the archives are kept whole, not unpacked"

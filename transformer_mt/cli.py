@@ -388,7 +388,13 @@ def prepare(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     from transformer_mt.data.prepare import prepare as run_prepare
 
     data = run_prepare(_load_config(config, set_))
-    _note(f"ready: {len(data.train):,} training and {len(data.valid):,} validation pairs")
+    from transformer_mt.data.mixing import MixedCorpus
+
+    train = data.train
+    what = f"{len(train):,} training"
+    if isinstance(train, MixedCorpus):
+        what += f" pairs in {len(train.parts)} sources ({train.epoch_size():,} an epoch)"
+    _note(f"ready: {what} and {len(data.valid):,} validation pairs")
 
 
 def _read_input(path: Path | None) -> list[str]:

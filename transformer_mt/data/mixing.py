@@ -48,6 +48,10 @@ class MixedCorpus:
         """The pairs of all sources together (an epoch draws :meth:`epoch_size` of them)."""
         return int(self.starts[-1])
 
+    def describe(self) -> str:
+        """``1,234 pairs in 3 sources, 2,000 an epoch``: for logs."""
+        return f"{len(self):,} pairs in {len(self.parts)} sources, {self.epoch_size():,} an epoch"
+
     def counts(self) -> list[int]:
         """Pairs an epoch draws from each source: ``round(weight x size)``."""
         return [round(w * len(p)) for w, p in zip(self.weights, self.parts, strict=True)]

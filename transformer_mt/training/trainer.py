@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config
+from transformer_mt.data.mixing import MixedCorpus
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.sources import check_source
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, SPECIAL_IDS
@@ -672,7 +673,7 @@ class Trainer:
         log.info(
             f"training on {self.device} ({self.info.world_size} process(es)): "
             f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
-            f"{len(self.data.train):,} pairs, steps {state.step} -> {train_cfg.max_steps}"
+            f"{_pairs(self.data)}, steps {state.step} -> {train_cfg.max_steps}"
         )
         self.model.train()
         return True
@@ -816,3 +817,9 @@ def train(
         # Also when the constructor failed after joining the process group: a group left alive at
         # exit aborts the process (SIGABRT) instead of exiting with the error's code.
         distributed.shutdown()
+
+
+def _pairs(data: PreparedData) -> str:
+    """The training pairs, for the log: ``19,810 pairs``, or a mix's sources and epoch size."""
+    train = data.train
+    return train.describe() if isinstance(train, MixedCorpus) else f"{len(train):,} pairs"

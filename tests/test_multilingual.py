@@ -203,8 +203,9 @@ def test_translate_needs_a_target_it_knows_and_routes_by_tag(trained):
         ref.write_text("".join(t + "\n" for _, t in refs))
         totals = {}
         for tag in ("yy", "zz"):
-            scored = _mt("score", "-c", ckpt, "--src", src, "--trg", str(ref), "--json",
-                         "--target-lang", tag)  # fmt: skip
+            scored = _mt(
+                "score", "-c", ckpt, "--src", src, "--trg", str(ref), "--json", "--target-lang", tag
+            )
             assert scored.exit_code == 0, scored.output
             totals[tag] = sum(json.loads(x)["logprob"] for x in scored.stdout.splitlines())
         other = "zz" if lang == "yy" else "yy"
@@ -218,8 +219,19 @@ def test_the_export_translates_each_target_like_the_torch_model(trained):
     assert exported.exit_code == 0, exported.output
     for lang in ("yy", "zz"):
         ours = _mt("translate", "-c", ckpt, "-i", src, "--beam", "1", "--target-lang", lang)
-        theirs = _mt("translate", "--engine", "ct2", "-c", str(trained / "ct2"), "-i", src,
-                     "--beam", "1", "--target-lang", lang)  # fmt: skip
+        theirs = _mt(
+            "translate",
+            "--engine",
+            "ct2",
+            "-c",
+            str(trained / "ct2"),
+            "-i",
+            src,
+            "--beam",
+            "1",
+            "--target-lang",
+            lang,
+        )
         assert theirs.exit_code == 0, theirs.output
         a, b = ours.stdout.splitlines(), theirs.stdout.splitlines()
         assert sum(x == y for x, y in zip(a, b, strict=True)) >= 0.99 * len(a)

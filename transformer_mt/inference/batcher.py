@@ -35,7 +35,7 @@ and on 2 CPU cores joining costs more than the gathering window and the batches'
 (scripts/bench_serve.py, Multi30k model, medians of 3, continuous against batch by batch: 72.8
 against 78.5 sentences/s with 32 clients, 42.7 against 56.2 with 8; after the packed fp32
 products, 108.7 against 112.3 and 64.6 against 70.3; docs/BENCHMARKS.md). Taking the
-newcomers' first step inside the running one (tried in session 11) did not close the gap:
+newcomers' first step inside the running one (measured, not kept) did not close the gap:
 116.7 against 123.8 and 79.1 against 84.1.
 
 A client that leaves costs at most the batch it is in: ``translate`` watches an awaitable that

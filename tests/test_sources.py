@@ -83,7 +83,7 @@ def test_each_epoch_draws_weight_times_size_of_each_source(tmp_path, three):
         chosen = train.chosen(epoch)
         per_source = np.bincount(train.source_of(chosen), minlength=3)
         for got, want in zip(per_source, targets, strict=True):
-            assert abs(got - want) <= 0.02 * want  # the 2 %; the counts are exact
+            assert abs(got - want) <= 0.02 * want  # within 2 %: the counts are exact
         assert list(per_source) == [600, 100, 125]
         # weight 2: every pair of a exactly twice; 0.5: 100 distinct pairs of b
         a_ids = chosen[train.source_of(chosen) == 0]

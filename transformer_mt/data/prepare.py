@@ -539,13 +539,7 @@ def prepare(
         split: one_pair(cfg, split, listed) for split, listed in sources.items() if split != "valid"
     }
     files["valid"] = next(iter(valid_texts.values()))[0]
-    tags = target_tags(cfg.data) if tags is None else tags
-    untagged = sorted({trg for _, trg in training_pairs(cfg.data)} - set(tags)) if tags else []
-    if untagged:
-        raise MTError(
-            f"the model has language tags for {', '.join(sorted(tags))}, not for "
-            f"{', '.join(untagged)}: it cannot be trained to translate into those"
-        )
+    tags = _checked_tags(cfg, tags)
     train_sources = sources["train"]
     train_keys = [cache_key(*s.files) for s in train_sources]
     mixed = len(train_sources) > 1 or train_sources[0].weight != 1.0
@@ -556,22 +550,12 @@ def prepare(
         )
     if tokenizers is None:
         tokenizers = _tokenizers(cfg, train_sources, train_keys, mixed, tuple(tags.values()))
-    src_tok, trg_tok = tokenizers
-    prefixes = _tag_ids(src_tok, tags)
+    prefixes = _tag_ids(tokenizers[0], tags)
     if mixed:
-        train: BinarizedPair | MixedCorpus = _mixed_train(
-            cfg, train_sources, train_keys, tokenizers, prefixes
-        )
+        train = _mixed_train(cfg, train_sources, train_keys, tokenizers, prefixes)
         sampler: SampledEpochs | MixedCorpus | None = train
     else:
-        only = train_sources[0]
-        prefix = prefixes.get((only.pair or (cfg.data.src_lang, cfg.data.trg_lang))[1], ())
-        # A listed source keeps the cache entry it has when sources are added: train.<label>.
-        name = "train" if cfg.data.train is None else f"train.{only.label}"
-        train = binarize_split(
-            cfg, files["train"], train_keys[0], src_tok, trg_tok, name, src_prefix=prefix
-        )
-        sampler = _sampled_epochs(cfg, files["train"], train_keys[0], train, tokenizers, prefix)
+        train, sampler = _single_train(cfg, train_sources[0], train_keys[0], tokenizers, prefixes)
     sets = [
         _valid_set(
             cfg, pair, pair_files, texts, tokenizers, prefixes.get(pair[1], ()), len(valid_texts)
@@ -580,8 +564,37 @@ def prepare(
     ]
     first = sets[0]
     return PreparedData(
-        src_tok, trg_tok, train, first.data, first.src, first.trg, files, sampler, sets, tags
+        *tokenizers, train, first.data, first.src, first.trg, files, sampler, sets, tags
     )
+
+
+def _checked_tags(cfg: Config, tags: dict[str, str] | None) -> dict[str, str]:
+    """The target-language tags: ``tags`` (a fine-tuned model's) or the config's; an MTError
+    when a trained target has none (a model cannot learn to translate into it)."""
+    tags = target_tags(cfg.data) if tags is None else tags
+    untagged = sorted({trg for _, trg in training_pairs(cfg.data)} - set(tags)) if tags else []
+    if untagged:
+        raise MTError(
+            f"the model has language tags for {', '.join(sorted(tags))}, not for "
+            f"{', '.join(untagged)}: it cannot be trained to translate into those"
+        )
+    return tags
+
+
+def _single_train(
+    cfg: Config,
+    only: SplitSource,
+    key: str,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    prefixes: dict[str, tuple[int, ...]],
+) -> tuple[BinarizedPair, SampledEpochs | None]:
+    """One training source of weight 1: its binarized pairs and, with subword sampling, their
+    cached draws."""
+    prefix = prefixes.get((only.pair or (cfg.data.src_lang, cfg.data.trg_lang))[1], ())
+    # A listed source keeps the cache entry it has when sources are added: train.<label>.
+    name = "train" if cfg.data.train is None else f"train.{only.label}"
+    train = binarize_split(cfg, only.files, key, *tokenizers, name, src_prefix=prefix)
+    return train, _sampled_epochs(cfg, only.files, key, train, tokenizers, prefix)
 
 
 def _tokenizers(

@@ -20,7 +20,7 @@ M30K_DIR ?= runs/multi30k_de_en
 M30K_MINUTES ?= 60
 BASE_URL ?=
 
-.PHONY: train test test-slow test-browser multi30k lint format clean
+.PHONY: train test test-slow test-cluster test-gpu test-browser multi30k lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # The test set-up installs the optional extras too, so that their tests run.
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf]"
+	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,documents]"
 	touch $@
 
 train: $(VENV)/.installed
@@ -57,11 +57,20 @@ test: lint
 test-slow: $(VENV)/.installed-dev
 	$(BIN)/pytest -q -m slow
 
+# Several machines played by torchrun agents on 127.0.0.1 (docs/CLUSTER.md): the 2-node run, a
+# late and a missing node, a killed worker restarted from last.pt; and the cluster scripts.
+test-cluster: $(VENV)/.installed-dev
+	$(BIN)/pytest -q -m "slow or not slow" -rs tests/test_multinode.py
+
+# The GPU code paths (NCCL, bf16, torch.compile on CUDA); each test skips, saying so, without a GPU.
+test-gpu: $(VENV)/.installed-dev
+	$(BIN)/pytest -q -m gpu -rs
+
 # The translation page in a real headless Chromium (tests/test_page.py; writes
 # docs/translation_page.png): Debian's chromium and chromium-driver, installed with apt-get when
 # missing and root, driven by selenium (no browser download). Without them the test skips, saying why.
 $(VENV)/.installed-browser: $(VENV)/.installed-dev
-	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,browser]"
+	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,documents,browser]"
 	touch $@
 
 test-browser: $(VENV)/.installed-browser

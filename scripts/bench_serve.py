@@ -7,14 +7,17 @@ by batch, a gathering window) and no batching;
 for each number of clients, ``--runs`` runs send the sentences of ``--src`` (in order, each
 sentence once per run, at most ``--requests`` of them, at most ``--max-seconds`` seconds). Prints
 sentences/s, target tokens/s (pieces of the translations, EOS not counted), p50/p95/p99 latency and
-the mean requests per decode batch (the server's /health counters; continuous batching: per
-group of requests that joined the search at one step) and the cores the load
+the mean requests per decode batch (the server's /metrics, summed over its worker processes;
+continuous batching: per group of requests that joined the search at one step) and the cores the load
 generator itself kept busy (its CPU time / wall time: what the server did not get), medians over
 the runs, beside the offline throughput of the same engine on the same sentences (``translate_lines`` /
 ``translate_lines_ct2``, one call, the model's decode settings).
 
     python scripts/bench_serve.py --checkpoint runs/toy/best.pt --src test.src \\
         --clients 32 8 --engines torch ct2 --ct2-export int8 --runs 3
+
+``--workers 1 2`` measures each setting with `mt serve --workers 1` and ``--workers 2`` (N
+processes behind one port, the CPUs split among them); ``--modes`` picks batching modes.
 
 Only loopback: the servers listen on 127.0.0.1 and the clients connect there.
 """
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 # The `mt serve` options of each batching mode.
 MODES = {
@@ -52,7 +56,14 @@ class Server:
     """`mt serve` in a child process on a free loopback port."""
 
     def __init__(
-        self, engine: str, path: Path, mode: str, window_ms: float, max_wait_ms: float, log: Path
+        self,
+        engine: str,
+        path: Path,
+        mode: str,
+        window_ms: float,
+        max_wait_ms: float,
+        log: Path,
+        workers: int = 1,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -61,6 +72,7 @@ class Server:
             "--host", "127.0.0.1", "--port", str(self.port),
             *MODES[mode],
             "--batch-window-ms", str(window_ms), "--batch-max-wait-ms", str(max_wait_ms),
+            "--workers", str(workers), "--no-files",
         ]  # fmt: skip
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -71,8 +83,8 @@ class Server:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
                 raise SystemExit(f"the server exited ({self.proc.returncode}):\n{tail}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
+                if httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200:
+                    return  # every worker's model is loaded
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
@@ -112,13 +124,24 @@ async def load_run(url: str, sentences: list[str], clients: int, max_seconds: fl
                 reply.raise_for_status()
                 done.append((latency, count(reply.json()["translations"][0]["text"])))
 
-        before = (await client.get("/health")).json()
+        before = batch_counts((await client.get("/metrics")).text)
         start, cpu_start = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one_client() for _ in range(clients)))
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        after = (await client.get("/health")).json()
-    batches = max(1, after["batches"] - before["batches"])
-    return done, elapsed, (after["requests"] - before["requests"]) / batches, cpu / elapsed
+        after = batch_counts((await client.get("/metrics")).text)
+    batches = max(1.0, after[0] - before[0])
+    return done, elapsed, (after[1] - before[1]) / batches, cpu / elapsed
+
+
+def batch_counts(metrics: str) -> tuple[float, float]:
+    """(decode batches, requests in them) from a /metrics scrape (all worker processes)."""
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if not sample.labels
+    }
+    return values["mt_batch_requests_count"], values["mt_batch_requests_sum"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -184,7 +207,36 @@ def offline(engine: str, path: Path, sentences: list[str], runs: int, count) -> 
     return median_of(results)
 
 
-def main() -> None:
+def measure(engine, path, modes, args, sentences, count, log) -> dict[tuple, dict]:
+    """Medians of ``args.runs`` load runs per (mode, workers, clients), a server per (mode,
+    workers), in the order they are printed."""
+    served: dict[tuple, dict] = {}
+    for mode in modes:
+        for workers in args.workers:
+            server = Server(
+                engine, path, mode, args.window_ms, args.max_wait_ms, log, workers=workers
+            )
+            try:
+                for clients in args.clients:
+                    # warm-up: every worker's first requests
+                    asyncio.run(load_run(server.url, sentences[: 2 * clients], clients, 30, count))
+                    runs = [
+                        summarize(
+                            *asyncio.run(
+                                load_run(server.url, sentences, clients, args.max_seconds, count)
+                            )
+                        )
+                        for _ in range(args.runs)
+                    ]
+                    served[mode, workers, clients] = median_of(runs)
+            finally:
+                server.stop()
+    order = {mode: i for i, mode in enumerate(modes)}
+    return dict(sorted(served.items(), key=lambda kv: (kv[0][2], kv[0][1], order[kv[0][0]])))
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line, checked."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="a .pt from `mt train`")
     parser.add_argument("--src", type=Path, required=True, help="sentences, one per line")
@@ -207,10 +259,17 @@ def main() -> None:
         help="export --checkpoint to a temporary directory with this quantization (e.g. int8) "
         "for the ct2 engine (with --engines ct2)",
     )
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="`mt serve --workers` values to measure (default 1)")  # fmt: skip
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                        help="batching modes to measure (default all; no-batching is the "
+                        "/no-batch column's baseline)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.requests < 1 or args.max_seconds <= 0 or min(args.clients) < 1 or args.runs < 1:
         parser.error("--requests, --max-seconds, --clients and --runs must be positive")
+    if min(args.workers) < 1:
+        parser.error("--workers must be positive")
     if not 0 <= args.window_ms <= args.max_wait_ms:
         parser.error("--window-ms must be between 0 and --max-wait-ms (mt serve refuses others)")
     ct2_source = args.ct2 is not None or args.ct2_export is not None
@@ -222,7 +281,12 @@ def main() -> None:
         parser.error("--ct2/--ct2-export are for the ct2 engine: add ct2 to --engines")
     if args.ct2 is not None and args.ct2_export is not None:
         parser.error("--ct2 and --ct2-export both name the ct2 model: give one")
+    return args
 
+
+def main() -> None:
+    """Measure every setting the command line names; print the table (and write --json)."""
+    args = parse_args()
     sentences = [
         line.strip() for line in args.src.read_text(encoding="utf-8").splitlines() if line.strip()
     ][: args.requests]
@@ -251,7 +315,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
-    header = f"{'engine':<7}{'mode':<13}{'clients':>8}{'sent/s':>9}{'tok/s':>9}"
+    header = f"{'engine':<7}{'mode':<13}{'workers':>8}{'clients':>8}{'sent/s':>9}{'tok/s':>9}"
     header += f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'/offline':>10}{'/no-batch':>11}"
     header += f"{'req/batch':>11}{'client CPU':>12}"
     figures: dict = {"sentences": len(sentences), "runs": args.runs, "results": []}
@@ -259,41 +323,26 @@ def main() -> None:
         base = offline(engine, path, sentences, args.runs, count)
         print(f"\n{header}", flush=True)
         print(
-            f"{engine:<7}{'offline':<13}{'-':>8}{base['sent_s']:>9.1f}{base['tok_s']:>9.0f}",
+            f"{engine:<7}{'offline':<13}{'-':>8}{'-':>8}{base['sent_s']:>9.1f}"
+            f"{base['tok_s']:>9.0f}",
             flush=True,
         )
         figures["results"].append({"engine": engine, "mode": "offline", **base})
-        served: dict[tuple[str, int], dict] = {}
-        modes = list(MODES) if engine == "torch" else ["batching", "no-batching"]
-        for mode in modes:
-            server = Server(engine, path, mode, args.window_ms, args.max_wait_ms, log)
-            try:
-                for clients in args.clients:
-                    asyncio.run(load_run(server.url, sentences[:clients], clients, 30, count))
-                    runs = [
-                        summarize(
-                            *asyncio.run(
-                                load_run(server.url, sentences, clients, args.max_seconds, count)
-                            )
-                        )
-                        for _ in range(args.runs)
-                    ]
-                    served[mode, clients] = median_of(runs)
-            finally:
-                server.stop()
-        for clients in args.clients:
-            for mode in modes:
-                m = served[mode, clients]
-                vs_off = m["sent_s"] / base["sent_s"]
-                vs_nb = m["sent_s"] / served["no-batching", clients]["sent_s"]
-                print(
-                    f"{engine:<7}{mode:<13}{clients:>8}{m['sent_s']:>9.1f}{m['tok_s']:>9.0f}"
-                    f"{m['p50_ms']:>9.0f}{m['p95_ms']:>9.0f}{m['p99_ms']:>9.0f}"
-                    f"{vs_off:>9.2f}x{vs_nb:>10.2f}x{m['requests_per_batch']:>11.1f}"
-                    f"{m['client_cores']:>11.2f}c",
-                    flush=True,
-                )
-                figures["results"].append({"engine": engine, "mode": mode, "clients": clients, **m})
+        modes = [m for m in args.modes if engine == "torch" or m != "continuous"]
+        served = measure(engine, path, modes, args, sentences, count, log)
+        for (mode, workers, clients), m in served.items():
+            no_batch = served.get(("no-batching", workers, clients))
+            vs_nb = f"{m['sent_s'] / no_batch['sent_s']:>10.2f}x" if no_batch else f"{'-':>11}"
+            print(
+                f"{engine:<7}{mode:<13}{workers:>8}{clients:>8}{m['sent_s']:>9.1f}"
+                f"{m['tok_s']:>9.0f}{m['p50_ms']:>9.0f}{m['p95_ms']:>9.0f}{m['p99_ms']:>9.0f}"
+                f"{m['sent_s'] / base['sent_s']:>9.2f}x{vs_nb}"
+                f"{m['requests_per_batch']:>11.1f}{m['client_cores']:>11.2f}c",
+                flush=True,
+            )
+            figures["results"].append(
+                {"engine": engine, "mode": mode, "workers": workers, "clients": clients, **m}
+            )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     tmp.cleanup()

@@ -218,3 +218,51 @@ def test_ranks_that_would_resume_from_different_steps_stop_before_training(tmp_p
         ), got
         assert "put --run-dir on storage that every machine shares" in got[rank]
     assert (tmp_path / "run0" / "last.pt").read_bytes() == before
+
+
+def _dead_peer_worker(rank: int, store: str, queue) -> None:
+    """Rank 1 dies after joining; rank 0's all-reduce fails, and a SIGTERM (torchrun stopping
+    the group to restart it) arrives while it waits to learn who failed."""
+    import signal
+    import time
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                         world_size=2)  # fmt: skip
+    torch.distributed.barrier()
+    if rank == 1:
+        os._exit(0)  # no goodbye: as a SIGKILLed worker
+    seen: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))  # the stop flag's
+    info = distributed.DistInfo(rank=0, world_size=2, timeout_s=60.0)
+    queue.put("ready")
+    started = time.monotonic()
+    try:
+        distributed.all_reduce_sum([1.0], info, torch.device("cpu"))
+        queue.put(("no error", 0.0, seen))
+    except MTError as err:
+        queue.put((str(err), time.monotonic() - started, seen))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_stop_signal_cuts_the_wait_to_name_a_dead_rank_short(tmp_path):
+    import signal
+    import time
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_dead_peer_worker, args=(r, str(tmp_path / "s"), queue))
+             for r in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    assert queue.get(timeout=TIMEOUT_S) == "ready"
+    time.sleep(3)  # rank 0 now waits (up to 30 s) for the other ranks to report
+    os.kill(procs[0].pid, signal.SIGTERM)
+    message, took, seen = queue.get(timeout=TIMEOUT_S)
+    for p in procs:
+        p.join(TIMEOUT_S)
+        assert p.exitcode == 0
+    assert message.startswith("another rank left the all-reduce of a step's sums (rank 0 saw:")
+    assert "it died or was killed" in message
+    assert took < distributed.DIAGNOSE_TIMEOUT_S / 2, f"took {took:.1f} s"
+    assert seen == [signal.SIGTERM], "the signal still reaches the handler that was in place"

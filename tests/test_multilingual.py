@@ -322,3 +322,41 @@ def test_fine_tuning_a_tagged_model_on_one_pair_keeps_the_tag(trained):
     assert not isinstance(data.train, MixedCorpus), "one source of weight 1: not mixed"
     assert {int(data.train[i][0][0]) for i in range(len(data.train))} == {tag}
     assert data.valid_sets[0].prefix == (tag,)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_search_never_emits_a_language_tag_even_where_the_model_prefers_it(trained, beam):
+    """A model pushed to write a tag at every step (its output raised by 1e4 there) still
+    writes none; with the ban lifted, the same search writes tags (the test could fail)."""
+    import torch
+
+    from transformer_mt.config import DecodeConfig
+    from transformer_mt.decoding.search import search
+    from transformer_mt.inference import load_for_inference
+
+    loaded = load_for_inference(trained / "run" / "last.pt", pack=False)
+    model, tok = loaded.model, loaded.src_tok
+    tags = sorted(tok.piece_id(t) for t in loaded.lang_tags.values())
+    assert list(model.never_emit) == tags
+    boost = torch.zeros(tok.vocab_size)
+    boost[tags] = 1e4
+    model.out.register_forward_hook(lambda _m, _i, out: out + boost)
+    lines = [s for s, _ in _pairs(360, 1)[300:310]]
+    prefix = loaded.source_prefix("zz")
+    src = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor([*prefix, *tok.encode(x), 2]) for x in lines], batch_first=True
+    )
+    decode = DecodeConfig(beam_size=beam, nbest=1, max_len_a=5, max_len_b=1.0)
+    emitted = {t for r in search(model, src, decode) for t in r.tokens}
+    assert not emitted & set(tags) and emitted
+    model.never_emit = ()
+    assert set(tags) & {t for r in search(model, src, decode) for t in r.tokens}
+
+
+def test_the_export_is_told_to_never_emit_a_tag(trained):
+    pytest.importorskip("ctranslate2")
+    from transformer_mt.inference.ct2 import load_ct2
+
+    out = trained / "ct2-tags"
+    assert _mt("export", "-c", str(trained / "run" / "last.pt"), "-o", str(out)).exit_code == 0
+    assert sorted(load_ct2(out).never_emit()) == [["<2yy>"], ["<2zz>"]]

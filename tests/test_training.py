@@ -756,3 +756,26 @@ def test_validation_bleu_uses_the_configured_tokenizer(tiny_config, tmp_path):
     assert report is not None and "|tok:char|" in report["signature"]
     with pytest.raises(MTError, match=r"train.valid_bleu_tokenize='spm': expected one of 13a"):
         load_config(tiny_config, ["train.valid_bleu_tokenize=spm"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_loss_with_an_output_bias_equals_the_unfused_pair(dtype):
+    """An imported model's output projection has a bias: the fused loss adds it to each block
+    and returns its gradient, as the unfused pair does."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 7, 16, requires_grad=True)
+    weight, bias = torch.randn(50, 16, requires_grad=True), torch.randn(50, requires_grad=True)
+    target = torch.randint(1, 50, (2, 7))
+    target[0, -2:] = 0  # padding
+    fused, _ = linear_label_smoothed_nll(hidden, weight, target, 0, 0.1, dtype, bias=bias)
+    fused.backward()
+    grads = [p.grad.clone() for p in (hidden, weight, bias)]
+    for p in (hidden, weight, bias):
+        p.grad = None
+    logits = (hidden.to(dtype) @ weight.to(dtype).T).float() + bias
+    plain, _ = label_smoothed_nll(logits, target, 0, 0.1)
+    plain.backward()
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    assert abs(fused.item() - plain.item()) < tol * abs(plain.item())
+    for got, p in zip(grads, (hidden, weight, bias), strict=True):
+        assert torch.allclose(got, p.grad, atol=tol), (got - p.grad).abs().max()

@@ -13,6 +13,7 @@ import torch
 from transformer_mt.config import DecodeConfig, validate_decode
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.decoding import Hypothesis, greedy_search
+from transformer_mt.decoding.text import has_text
 from transformer_mt.errors import MTError
 from transformer_mt.inference import format_best, format_nbest, translate_lines
 from transformer_mt.inference.attention import attention_matrices
@@ -82,6 +83,48 @@ def test_empty_lines_do_not_run_the_model(model, tok):
     assert results == [[("", 0.0)] * 2] * 4
     assert calls == []
     assert translate_lines(model, tok, tok, [], FAST) == []
+
+
+def test_lines_with_nothing_to_translate_come_back_unchanged_without_the_model(model, tok):
+    nothing = [
+        "🙂",
+        " 42 ",
+        "--> ...",
+        "https://example.com/a?b=c",
+        "(www.example.org).",
+        "a@b.org",
+    ]
+    sizes = []
+    hook = model.encoder[0].register_forward_hook(
+        lambda _m, args, _o: sizes.append(args[0].shape[0])
+    )
+    try:
+        results = translate_lines(
+            model, tok, tok, [*nothing, "the cat sat", ""], _decode(beam_size=2, nbest=2)
+        )
+    finally:
+        hook.remove()
+    assert results[: len(nothing)] == [[(line.strip(), 0.0)] * 2 for line in nothing]
+    assert results[-1] == [("", 0.0)] * 2
+    assert (
+        results[-2]
+        == translate_lines(model, tok, tok, ["the cat sat"], _decode(beam_size=2, nbest=2))[0]
+    )
+    assert sizes == [1], "only the line with words was encoded"
+    # A prefix does not make such a line translatable, and a word next to an emoji does.
+    assert translate_lines(model, tok, tok, ["🙂"], FAST, prefixes=["the"]) == [[("🙂", 0.0)]]
+    assert translate_lines(model, tok, tok, ["🙂 dog"], FAST)[0][0][0] != "🙂 dog"
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [("🙂", False), ("3.14 %", False), ("—", False), ("http://x.org/a", False),
+     ("<https://x.org>,", False), ("www.x.org", False), ("me@x.org", False), ("", False),
+     ("dog", True), ("3 km", True), ("日本語", True), ("Привет", True), ("e.g.", True),
+     ("see https://x.org", True), ("mailto", True)],
+)  # fmt: skip
+def test_has_text(line, expected):
+    assert has_text(line) is expected
 
 
 def test_batching_does_not_change_outputs(model, tok):

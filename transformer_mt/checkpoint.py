@@ -6,6 +6,7 @@ strings, bytes, lists, dicts), so nothing in it can run code when loaded:
 - ``model``: the state dict; ``model_args``: the Transformer's keyword arguments;
 - ``config``: the resolved config as a dict; ``src_spm`` / ``trg_spm``: sentencepiece model bytes;
   ``special_ids``: the ids the vocabularies were built with;
+- written by `mt import`: ``imported_from`` ({format, source}) and ``step`` 0;
 - written by training: ``step`` and ``train_state`` (optimizer, scaler, RNG streams, data position,
   best metric); by averaging: ``averaged_from``.
 
@@ -293,6 +294,8 @@ FIELDS: dict[str, Rule] = {
     "step": COUNT,
     "averaged_from": _list_of(TEXT, "a list of file names"),
     "lang_tags": _or_none((_is_texts, "a dict of language -> tag piece")),  # multilingual runs
+    # `mt import`: what the checkpoint was converted from ({"format": "hf-marian", "source"})
+    "imported_from": (_is_texts, "a dict of the format and source it was imported from"),
 }
 # train_state["state"]: the fields of transformer_mt.training.state.TrainState (a test checks
 # that the two agree); each entry of "history" is a step and its validation results.

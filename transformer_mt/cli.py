@@ -293,6 +293,7 @@ def _ct2_translator(
     model_paths: list[Path], device: str, options: dict, quantization, target_lang: str | None
 ):
     """:func:`_translator` for a CTranslate2 export."""
+    from transformer_mt.decoding.text import keep_untranslatable
     from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
     for option, given in (("--quantize", quantization), ("several --checkpoint", model_paths[1:])):
@@ -307,7 +308,12 @@ def _ct2_translator(
                             ("--alignments", "alignments")):  # fmt: skip
             if kw.get(key) is not None:
                 raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
-        return translate_lines_ct2(model, lines, decode, kw.get("first_line", 1), src_prefix)
+        first = kw.get("first_line", 1)
+        return keep_untranslatable(
+            lines,
+            decode.nbest,
+            lambda todo: translate_lines_ct2(model, todo, decode, first, src_prefix),
+        )
 
     return translate, decode
 
@@ -493,42 +499,134 @@ def translate(
     ] = None,
     target_lang: TargetLangOpt = None,
 ) -> None:
-    """Translate text in order: one output line per input line (K with --nbest K); empty in, empty out."""
+    """Translate text in order: one output line per input line (K with --nbest K); empty in, empty
+    out. A document (-i page.html, .docx, .odt, .pptx, .epub) becomes one of its format (-o)."""
+    model = _ModelOptions(checkpoints, engine, device, quantize, target_lang)
+    options = _decode_options(beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k,
+                              top_p, seed)  # fmt: skip
+    text = _TextOptions(nbest, prefix_file, attention_dir, attention_layer, alignments,
+                        alignment_layer, alignment_units, interactive)  # fmt: skip
+    if input is not None and _is_document(input):
+        _translate_document(input, output, model, options, text.given())
+    else:
+        _translate_text(input, output, model, options, text)
+
+
+@dataclasses.dataclass
+class _ModelOptions:
+    """What translates: --checkpoint (several: an ensemble), --engine, --device, --quantize,
+    --target-lang."""
+
+    checkpoints: list[Path]
+    engine: str
+    device: str
+    quantize: str | None
+    target_lang: str | None
+
+
+@dataclasses.dataclass
+class _TextOptions:
+    """The options of `mt translate` for lines of text (a document takes none of them)."""
+
+    nbest: int | None
+    prefix_file: Path | None
+    attention_dir: Path | None
+    attention_layer: int | None
+    alignments: bool
+    alignment_layer: int | None
+    alignment_units: str | None
+    interactive: bool
+
+    def given(self) -> list[str]:
+        """The options given, as written on the command line."""
+        values = dataclasses.asdict(self)
+        values["nbest"] = None if self.nbest in (None, 1) else self.nbest
+        return ["--" + key.replace("_", "-") for key, value in values.items()
+                if value not in (None, False)]  # fmt: skip
+
+
+def _translate_text(
+    input: Path | None, output: Path | None, model: _ModelOptions, options: dict,
+    text: _TextOptions,
+) -> None:  # fmt: skip
+    """`mt translate` on lines: a file or stdin (at a terminal or with --interactive, line by
+    line) to a file or stdout."""
     from transformer_mt.inference import format_best, format_nbest
 
-    inputs = _check_translate_paths(input, output, checkpoints, prefix_file, attention_dir,
-                                    attention_layer, alignments, alignment_layer,
-                                    alignment_units)  # fmt: skip
+    inputs = _check_translate_paths(input, output, model.checkpoints, text.prefix_file,
+                                    text.attention_dir, text.attention_layer, text.alignments,
+                                    text.alignment_layer, text.alignment_units)  # fmt: skip
+    align_kw = {"alignment_layer": text.alignment_layer,
+                "alignment_units": text.alignment_units or "pieces"}  # fmt: skip
+    at_terminal = input is None and text.prefix_file is None and sys.stdin is not None
+    at_terminal = at_terminal and sys.stdin.isatty()
+    load = (model.engine, model.checkpoints, model.device, options, model.quantize,
+            model.target_lang)  # fmt: skip
+    if text.interactive or at_terminal:
+        _check_interactive(input, output, text.prefix_file, implied=not text.interactive)
+        translate, decode = _translator(*load)
+        _translate_interactively(translate, decode.nbest, text.alignments,
+                                 attention_dir=text.attention_dir,
+                                 attention_layer=text.attention_layer, **align_kw)  # fmt: skip
+        return
+    lines = _read_input(input)
+    prefixes = _read_prefixes(text.prefix_file, lines, str(input or "stdin"))
+    aligned = [] if text.alignments else None
+    translate, decode = _translator(*load)
+    results = translate(lines, progress=input is not None, attention_dir=text.attention_dir,
+                        attention_layer=text.attention_layer, prefixes=prefixes,
+                        alignments=aligned, **align_kw)  # fmt: skip
+    out = format_nbest(results, aligned) if decode.nbest > 1 else format_best(results, aligned)
+    _write_lines(output, out, inputs=inputs)
+
+
+def _decode_options(beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p,
+                    seed) -> dict:  # fmt: skip
+    """The decode options of `mt translate` as changes of a model's DecodeConfig (None keeps
+    the model's value); the sampling options only with --sample."""
     if not sample:
         for option, value in (("--temperature", temperature), ("--top-k", top_k),
                               ("--top-p", top_p), ("--seed", seed)):  # fmt: skip
             if value is not None:
                 raise MTError(f"{option} applies to sampling: add --sample, or drop {option}")
-    align_kw = {"alignment_layer": alignment_layer, "alignment_units": alignment_units or "pieces"}
     options = {"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
                "batch_tokens": batch_tokens}  # fmt: skip
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
         options.update(sample_seed=seed, beam_size=beam or 1)
-    at_terminal = input is None and prefix_file is None and sys.stdin is not None
-    at_terminal = at_terminal and sys.stdin.isatty()
-    if interactive or at_terminal:
-        _check_interactive(input, output, prefix_file, implied=not interactive)
-        translate, decode = _translator(engine, checkpoints, device, options, quantize, target_lang)
-        _translate_interactively(translate, decode.nbest, alignments,
-                                 attention_dir=attention_dir, attention_layer=attention_layer,
-                                 **align_kw)  # fmt: skip
-        return
-    lines = _read_input(input)
-    prefixes = _read_prefixes(prefix_file, lines, str(input or "stdin"))
-    aligned = [] if alignments else None
-    results, decode = _translate(
-        engine, checkpoints, device, lines, options, progress=input is not None,
-        attention_dir=attention_dir, attention_layer=attention_layer, quantize=quantize,
-        prefixes=prefixes, alignments=aligned, target_lang=target_lang, **align_kw,
-    )  # fmt: skip
-    out = format_nbest(results, aligned) if decode.nbest > 1 else format_best(results, aligned)
-    _write_lines(output, out, inputs=inputs)
+    return options
+
+
+def _is_document(path: Path) -> bool:
+    from transformer_mt.inference.translate import is_document
+
+    return is_document(path)
+
+
+def _translate_document(
+    input: Path, output: Path | None, model: _ModelOptions, options: dict, unused: list[str]
+) -> None:
+    """`mt translate -i DOC -o DOC`: a document into one of its format, its markup kept (the
+    model's cross-attention places it); ``unused``: options for lines, refused."""
+    from transformer_mt.fileio import check_output
+    from transformer_mt.inference.documents import read_document_file
+    from transformer_mt.inference.engines import load_engine
+    from transformer_mt.inference.translate import check_document_output, translate_file
+
+    if unused:
+        raise MTError(f"{unused[0]} is for lines of text; {input} is a document: drop {unused[0]}")
+    if output is None:
+        raise MTError(f"--input {input} is a document: name its translation with --output FILE")
+    if len(model.checkpoints) > 1:
+        raise MTError("a document is translated with one --checkpoint (no ensemble)")
+    inputs = [input, *model.checkpoints]
+    check_output(output, inputs)
+    document = read_document_file(input)
+    check_document_output(document, output)
+    engine = load_engine(model.engine, model.checkpoints[0], model.device, model.quantize)
+    decode = _decode_settings(engine.decode, **options)
+    translate_file(engine, document, output, decode, model.target_lang, inputs=inputs)
+    _note(f"wrote {output}: {len(document.segments)} segments translated")
 
 
 def _check_interactive(
@@ -843,6 +941,31 @@ def export(
     )
 
 
+@app.command("import")
+@user_errors
+def import_(
+    source: Annotated[
+        str, typer.Argument(help="A model directory, or a name on the Hugging Face hub.")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The checkpoint to write.")],
+    from_: Annotated[str, typer.Option("--from", help="The model's format: hf.")] = "hf",
+) -> None:
+    """Turn a published model into a checkpoint: a Hugging Face MarianMTModel (OPUS-MT).
+
+    The checkpoint then works as a trained one: mt translate, evaluate, score, serve, export,
+    and mt train --init-from to fine-tune it. A name that is not a directory is fetched from the
+    hub (needs the hf extra: pip install 'transformer-mt\\[hf]').
+    """
+    from transformer_mt.inference.hf_import import import_marian
+
+    if from_ != "hf":
+        raise MTError(f"--from {from_!r}: the only format is hf (a Hugging Face MarianMTModel)")
+    summary = import_marian(source, output)
+    tags = summary["lang_tags"]
+    targets = f"; targets (--target-lang): {', '.join(tags)}" if tags else ""
+    _note(f"wrote {output} from {source}{targets}; translate with: mt translate -c {output}")
+
+
 @app.command()
 @user_errors
 def average(
@@ -921,42 +1044,179 @@ def serve(
             "ones left are cut off.",
         ),
     ] = 30.0,
+    drain_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="On SIGTERM, first keep serving this long with /health/ready answering 503, "
+            "so that a load balancer stops sending requests before the server stops.",
+        ),
+    ] = 0.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Processes, each with its own model and decode worker, behind the one port "
+            "(the CPUs are split among them; /translate_file needs 1).",
+        ),
+    ] = 1,
     max_beam: Annotated[
         int, typer.Option(min=1, max=64, help="Largest beam a request may ask.")
     ] = 16,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     quantize: QuantizeOpt = None,
+    api_keys: Annotated[
+        Path | None,
+        typer.Option(
+            help="A keys file (`mt serve-keys add FILE NAME`): keys with their own request and "
+            "character limits."
+        ),
+    ] = None,
+    require_api_key: Annotated[
+        bool, typer.Option(help="Refuse requests without a key (needs --api-keys).")
+    ] = False,
+    key_free_origin: Annotated[
+        str | None,
+        typer.Option(
+            help="With --require-api-key: requests whose Origin matches this regex need no "
+            "key (e.g. your own page)."
+        ),
+    ] = None,
+    req_limit: Annotated[
+        int, typer.Option(min=0, help="Requests per minute per client address; 0: no limit.")
+    ] = 0,
+    char_limit: Annotated[
+        int, typer.Option(min=0, help="Characters per text (LibreTranslate's); 0: no limit.")
+    ] = 0,
+    files: Annotated[
+        bool, typer.Option(help="File translation (/translate_file, /download_file).")
+    ] = True,
+    files_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where translated files wait for download (default: a temp dir)."),
+    ] = None,
+    files_ttl: Annotated[
+        float, typer.Option(min=1.0, help="Seconds a translated file can be downloaded.")
+    ] = 1800.0,
 ) -> None:
-    """Serve the model over HTTP: LibreTranslate's POST /translate, POST /v1/translate (n-best,
-    attention), GET /v1/model, /health, API docs at /docs and a translation page at /.
+    """Serve the model over HTTP: LibreTranslate's API (/translate, /languages, /detect,
+    /translate_file, /frontend/settings), POST /v1/translate (n-best, attention), GET /v1/model,
+    /health, API docs at /docs and a translation page at /; for load balancers and monitoring,
+    /health/live, /health/ready (503 while the model loads and while draining) and /metrics
+    (Prometheus).
 
     Requests that arrive together are gathered into batches and decoded together; with
     --engine torch, --continuous lets them join the running search between steps instead.
-    Ctrl-C or SIGTERM lets the requests in flight finish (at most --shutdown-timeout), then
-    stops.
+    Opened beyond localhost: --api-keys, --req-limit and --char-limit. Ctrl-C or SIGTERM lets
+    the requests in flight finish (at most --shutdown-timeout), then stops.
     """
-    if batch_window_ms > batch_max_wait_ms:
-        raise MTError(
-            f"--batch-window-ms ({batch_window_ms:g}) exceeds --batch-max-wait-ms "
-            f"({batch_max_wait_ms:g}): gathering would never wait that long; lower the window "
-            "or raise the max wait"
-        )
-    from transformer_mt.inference.server import BatchSettings, Limits
     from transformer_mt.inference.server import serve as serve_model
 
-    limits = Limits(
-        max_body_bytes=max_body_kib * 1024, max_lines=max_lines, max_chars=max_chars,
-        max_beam=max_beam, body_timeout_s=body_timeout,
-    )  # fmt: skip
-    settings = BatchSettings(
-        enabled=batching, continuous=continuous, window_s=batch_window_ms / 1000,
-        max_wait_s=batch_max_wait_ms / 1000,
-    )  # fmt: skip
-    serve_model(
-        checkpoint, engine=engine, device=device, host=host, port=port, limits=limits,
-        batching=settings, access_log=access_log, quantize=quantize,
-        shutdown_timeout_s=shutdown_timeout,
-    )  # fmt: skip
+    serve_model(checkpoint, _serve_settings(dict(locals())))
+
+
+def _serve_settings(options: dict):
+    """The serve command's options grouped into the server's settings objects."""
+    from transformer_mt.inference import serve_settings as ss
+
+    o = options
+    if o["batch_window_ms"] > o["batch_max_wait_ms"]:
+        raise MTError(
+            f"--batch-window-ms ({o['batch_window_ms']:g}) exceeds --batch-max-wait-ms "
+            f"({o['batch_max_wait_ms']:g}): gathering would never wait that long; lower the "
+            "window or raise the max wait"
+        )
+    if o["require_api_key"] and o["api_keys"] is None:
+        raise MTError("--require-api-key needs --api-keys FILE (create it: mt serve-keys add)")
+    limits = ss.Limits(
+        max_body_bytes=o["max_body_kib"] * 1024,
+        max_lines=o["max_lines"],
+        max_chars=o["max_chars"],
+        max_beam=o["max_beam"],
+        body_timeout_s=o["body_timeout"],
+    )
+    batching = ss.BatchSettings(
+        enabled=o["batching"],
+        continuous=o["continuous"],
+        window_s=o["batch_window_ms"] / 1000,
+        max_wait_s=o["batch_max_wait_ms"] / 1000,
+    )
+    access = ss.AccessSettings(
+        api_keys=o["api_keys"],
+        require_api_key=o["require_api_key"],
+        key_free_origin=o["key_free_origin"],
+        req_limit=o["req_limit"],
+        char_limit=o["char_limit"],
+    )
+    files = ss.FileSettings(enabled=o["files"], directory=o["files_dir"], ttl_s=o["files_ttl"])
+    return ss.ServeSettings(
+        host=o["host"],
+        port=o["port"],
+        engine=o["engine"],
+        device=o["device"],
+        quantize=o["quantize"],
+        access_log=o["access_log"],
+        shutdown_timeout_s=o["shutdown_timeout"],
+        drain_s=o["drain_seconds"],
+        workers=o["workers"],
+        limits=limits,
+        batching=batching,
+        access=access,
+        files=files,
+    )
+
+
+serve_keys = typer.Typer(
+    help="Manage the API keys of `mt serve --api-keys FILE` (the file keeps their hashes only).",
+    no_args_is_help=True,
+)
+app.add_typer(serve_keys, name="serve-keys")
+
+
+@serve_keys.command("add")
+@user_errors
+def serve_keys_add(
+    keys_file: Annotated[Path, typer.Argument(help="The keys file (created if absent).")],
+    name: Annotated[str, typer.Argument(help="A name to manage the key by (a client, a team).")],
+    req_limit: Annotated[
+        int | None, typer.Option(min=1, help="Its requests per minute (default: --req-limit).")
+    ] = None,
+    char_limit: Annotated[
+        int | None, typer.Option(min=1, help="Its characters per text (default: --char-limit).")
+    ] = None,
+) -> None:
+    """Add a new random key and print it (the only time it is shown)."""
+    from transformer_mt.inference.access import add_key
+
+    typer.echo(add_key(keys_file, name, req_limit, char_limit))
+    _note(f"added key {name!r} to {keys_file}")
+
+
+@serve_keys.command("list")
+@user_errors
+def serve_keys_list(keys_file: Annotated[Path, typer.Argument(help="The keys file.")]) -> None:
+    """List the keys' names and limits (never the keys)."""
+    from transformer_mt.inference.access import read_keys
+
+    if not keys_file.is_file():
+        raise MTError(f"{keys_file}: no such keys file (create it: mt serve-keys add FILE NAME)")
+    for key in read_keys(keys_file):
+        limits = f"req_limit={key.req_limit or '-'}\tchar_limit={key.char_limit or '-'}"
+        typer.echo(f"{key.name}\t{limits}")
+
+
+@serve_keys.command("remove")
+@user_errors
+def serve_keys_remove(
+    keys_file: Annotated[Path, typer.Argument(help="The keys file.")],
+    name: Annotated[str, typer.Argument(help="The key's name.")],
+) -> None:
+    """Remove a key (a running server reads the changed file at its next request)."""
+    from transformer_mt.inference.access import remove_key
+
+    remove_key(keys_file, name)
+    _note(f"removed key {name!r} from {keys_file}")
 
 
 @app.command()

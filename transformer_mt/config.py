@@ -132,6 +132,27 @@ class ModelConfig:
     pre_norm: bool = False  # LayerNorm before sublayers (stable when deep) instead of after (paper)
     tie_embeddings: bool = True  # decoder input embedding shared with the output projection
     share_embeddings: bool = True  # source and target embeddings shared (needs tokenizer.joint)
+    # What imported models (`mt import`: Marian / OPUS-MT) compute differently; the defaults are
+    # this project's own Transformer, which every trained checkpoint was built as:
+    scale_embeddings: bool = True  # embeddings multiplied by sqrt(d_model) (Marian: config's
+    # scale_embedding)
+    position_layout: str = "interleaved"  # sinusoid table: "interleaved" (sin, cos alternate,
+    # the paper's) or "halves" (all sines, then all cosines: Marian's)
+    activation: str = "relu"  # feed-forward activation: relu, gelu or swish (OPUS-MT's)
+    logits_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
+
+    # The values of the string choices above (the model implements exactly these).
+    CHOICES = types.MappingProxyType(
+        {"position_layout": ("interleaved", "halves"), "activation": ("relu", "gelu", "swish")}
+    )
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        """Set a field; a choice the model does not have is refused, naming the key (whether
+        set by the constructor, a config file or an override)."""
+        choices = self.CHOICES.get(key)
+        if choices is not None and value not in choices:
+            raise MTError(f"model.{key}={value!r}: expected one of {', '.join(choices)}")
+        super().__setattr__(key, value)
 
 
 @dataclass

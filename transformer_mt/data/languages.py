@@ -89,3 +89,10 @@ def model_pairs(data: DataConfig, tags: dict[str, str]) -> list[Pair]:
     for src in dict.fromkeys(s for s, _ in training_pairs(data)):
         pairs += [(src, trg) for trg in tags if (src, trg) not in pairs and trg != src]
     return pairs
+
+
+def tag_ids(trg_tok: Tokenizer, tags: dict[str, str]) -> tuple[int, ...]:
+    """The target-vocabulary ids of the language tags (none in a separate target vocabulary,
+    which has no tags): what search must never emit, so that no translation holds a tag."""
+    ids = (trg_tok.piece_id(tag) for tag in tags.values())
+    return tuple(sorted(i for i in ids if i is not None))

@@ -20,7 +20,9 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
-_TAG_RE = re.compile(r"<2[A-Za-z0-9_-]+>")  # a target-language tag piece (data/languages.py)
+# A target-language tag piece: ours (<2en>, data/languages.py) or an imported Marian model's
+# (>>deu<<, inference/hf_import.py).
+_TAG_RE = re.compile(r"<2[A-Za-z0-9_-]+>|>>[A-Za-z0-9_-]+<<")
 
 
 @dataclass(frozen=True)

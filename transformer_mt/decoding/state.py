@@ -56,8 +56,9 @@ class ModelState:
         self.src_mask = src_mask  # (M, 1, 1, S)
         self.cache = cache  # None: the uncached reference path (whole prefix every step)
         self.beams = 1  # rows per memory row (K after repeat_beams)
-        # The ids search must never emit: PAD and BOS.
-        self.never = torch.tensor([model.trg_pad_idx, model.trg_sos_idx], device=memory.device)
+        # The ids search must never emit: PAD, BOS and the model's own (language tags).
+        never = [model.trg_pad_idx, model.trg_sos_idx, *model.never_emit]
+        self.never = torch.tensor(never, device=memory.device)
 
     @classmethod
     def start(cls, model: Transformer, src: torch.Tensor, use_cache: bool) -> "ModelState":

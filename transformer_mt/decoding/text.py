@@ -11,13 +11,19 @@ tokenizer normalizes it. The search may continue the prefix's last word: "the ca
 sat", and "the cat" may become "the cats sat".
 A line with nothing to translate still gives an empty translation, whatever its prefix.
 
+A line with no words to translate (:func:`has_text`: emoji, punctuation, numbers or a link alone)
+is its own translation, unchanged but for surrounding whitespace, with the score 0.0; the model
+never sees it.
+
 Used by `mt translate` / `mt evaluate` (through :mod:`transformer_mt.inference`) and by the
 validation BLEU of training: both translate the same way.
 """
 
 import sys
+import unicodedata
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import urlsplit
 
 import torch
 from tqdm import tqdm
@@ -32,6 +38,60 @@ from transformer_mt.errors import MTError
 Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
 OnBatch = BatchCallback
 """Called after each batch with its line indices, its padded source ids (B, S) and its results."""
+
+
+LINK_SCHEMES = frozenset({"http", "https", "ftp", "ftps", "mailto", "file", "tel"})
+_WRAPPING = "\"'()[]{}<>.,;:!?\u00ab\u00bb\u201c\u201d\u2018\u2019"  # around a link in prose
+
+
+def has_text(line: str) -> bool:
+    """True when ``line`` has a word a model should translate: a letter outside links.
+
+    False for a line of emoji, punctuation, symbols or numbers alone (``"🙂"``, ``"--"``,
+    ``"3.14"``), or of links alone (``https://example.com/a``, ``www.example.com``,
+    ``someone@example.com``): such a line is its own translation. Letters are Unicode's
+    (category L*), so every script counts.
+    """
+    for word in line.split():
+        if any(unicodedata.category(ch).startswith("L") for ch in word) and not is_link(word):
+            return True
+    return False
+
+
+def is_link(word: str) -> bool:
+    """Whether ``word`` (no whitespace) is a URL or an e-mail address, possibly in brackets or
+    followed by punctuation."""
+    word = word.strip(_WRAPPING)
+    if word.lower().startswith("www.") and "." in word[4:]:
+        return True
+    try:
+        parts = urlsplit(word)
+    except ValueError:  # e.g. an unbalanced "[" in what looked like a host
+        return False
+    if parts.scheme.lower() in LINK_SCHEMES and (parts.netloc or parts.path):
+        return True
+    user, at, host = word.partition("@")
+    return bool(at and user and "." in host.strip(".") and "@" not in host)
+
+
+def untranslatable(lines: Sequence[str]) -> dict[int, str]:
+    """The lines with something in them but nothing to translate (not :func:`has_text`), by
+    index: each line's text without surrounding whitespace, which is its translation."""
+    return {i: line.strip() for i, line in enumerate(lines) if line.strip() and not has_text(line)}
+
+
+def keep_untranslatable(
+    lines: Sequence[str],
+    nbest: int,
+    translate: Callable[[list[str]], list[Translation]],
+) -> list[Translation]:
+    """``translate(lines)`` for a translator that knows only the empty-line rule (CTranslate2's):
+    the lines with nothing to translate go to it blank, and come back unchanged (score 0.0)."""
+    kept = untranslatable(lines)
+    results = translate(["" if i in kept else line for i, line in enumerate(lines)])
+    for i, text in kept.items():
+        results[i] = [(text, 0.0)] * nbest
+    return results
 
 
 def encode_sources(
@@ -131,7 +191,8 @@ def translate_texts(
     src_prefix: Sequence[int] = (),
 ) -> list[Translation]:
     """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
-    (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0).
+    (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0); a line with
+    nothing to translate (:func:`has_text`), ``nbest`` pairs (its text, 0.0).
 
     Args:
         model: the Transformer, or an :class:`~transformer_mt.decoding.ensemble.Ensemble`
@@ -163,7 +224,9 @@ def translate_texts(
             f"{len(prefixes)} prefixes for {len(lines)} input lines: give one prefix per input "
             "line (an empty line for none)"
         )
-    sources = encode_sources(src_tok, lines, limit, first_line, src_prefix)
+    kept = untranslatable(lines)
+    todo = ["" if i in kept else line for i, line in enumerate(lines)]
+    sources = encode_sources(src_tok, todo, limit, first_line, src_prefix)
     line_of = list(sources)  # position in the batch input -> line index
     forced = (
         None
@@ -171,7 +234,9 @@ def translate_texts(
         else encode_prefixes(trg_tok, prefixes, line_of, table - 1, first_line)
     )
     # Lines with nothing to translate are answered now, without the model.
-    results: list[Translation] = [[("", 0.0)] * decode.nbest for _ in lines]
+    results: list[Translation] = [
+        [(kept.get(i, ""), 0.0)] * decode.nbest for i in range(len(lines))
+    ]
 
     with tqdm(total=len(sources), unit="sent", disable=not progress, file=sys.stderr) as bar:
 

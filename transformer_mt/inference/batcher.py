@@ -91,6 +91,23 @@ class BatchSettings:
             )
 
 
+class BatchObserver:
+    """What the decode worker reports as it works (the server's metrics); this one ignores it."""
+
+    def waiting(self, delta: int) -> None:
+        """Requests submitted and not yet answered changed by ``delta``."""
+
+    def batch(self, requests: int, lines: int, tokens: int) -> None:
+        """A batch began decoding: its requests, lines and source pieces (continuous batching:
+        the requests that joined the search at one step)."""
+
+    def decoded(self, seconds: float) -> None:
+        """An engine call (continuous batching: a search step) took ``seconds``."""
+
+    def abandoned(self) -> None:
+        """A request's client left before its answer."""
+
+
 class Busy(Exception):
     """Too many requests are waiting for the decode worker."""
 
@@ -134,10 +151,15 @@ class Batcher:
     """One decode worker over ``engine``; ``submit`` from any thread, ``translate`` from async."""
 
     def __init__(
-        self, engine: Engine, settings: BatchSettings | None = None, max_waiting: int = 1024
+        self,
+        engine: Engine,
+        settings: BatchSettings | None = None,
+        max_waiting: int = 1024,
+        observer: BatchObserver | None = None,
     ):
         self.engine = engine
         self.settings = settings or BatchSettings()
+        self.observer = observer or BatchObserver()
         self.max_tokens = self.settings.max_tokens or engine.decode.batch_tokens
         self.max_waiting = max_waiting
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -168,6 +190,11 @@ class Batcher:
         return self
 
     @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (or was never started)."""
+        return self._thread is None or self._thread.is_alive()
+
+    @property
     def waiting(self) -> int:
         """Requests submitted and not yet answered (queued or decoding)."""
         return self._waiting
@@ -191,6 +218,7 @@ class Batcher:
             if self._waiting >= self.max_waiting:
                 raise Busy(f"{self._waiting} requests are waiting (max_waiting); try again later")
             self._waiting += 1
+            self.observer.waiting(1)
             job = _Job(list(lines), decode, attention, time.monotonic(), target=target)
             job.future.add_done_callback(self._answered)
             self._queue.put(job)  # under the lock: never behind the stop sign
@@ -250,6 +278,7 @@ class Batcher:
         with self._lock:
             self.abandoned += 1
             self.lines_not_decoded += left
+        self.observer.abandoned()
         message = "a client left before its answer: %s, %d of its %d lines left undecoded"
         logger.info(message, what, left, len(job.lines))
 
@@ -266,6 +295,7 @@ class Batcher:
     def _answered(self, _future: Future) -> None:
         with self._lock:
             self._waiting -= 1
+        self.observer.waiting(-1)
 
     # -- the worker ----------------------------------------------------------------------------
 
@@ -370,6 +400,7 @@ class Batcher:
         self.batches += 1
         self.requests += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
+        self.observer.batch(len(batch), len(lines), sum(job.tokens for job in batch))
         self._engine_call(batch, lines)
         return True
 
@@ -377,14 +408,7 @@ class Batcher:
         """Decode ``lines`` (those of ``batch``, in order) as one engine call and answer each job;
         it stops between decode batches once every client of ``batch`` has left."""
         try:
-            first = batch[0]
-            results = self.engine.translate(
-                lines,
-                first.decode,
-                first.attention,
-                lambda: all(j.gone for j in batch),
-                first.target,
-            )
+            results = self._translate(lines, batch[0], lambda: all(j.gone for j in batch))
         except DecodeStopped as stopped:  # every client of the batch left
             self._stopped(batch, set(stopped.left))
             return
@@ -417,16 +441,24 @@ class Batcher:
             job.future.set_exception(ClientGone(len(job.lines)))
             return
         self.batches += 1
+        self.observer.batch(1, len(job.lines), job.tokens)
         try:
-            results = self.engine.translate(
-                job.lines, job.decode, job.attention, lambda: job.gone, job.target
-            )
+            results = self._translate(job.lines, job, lambda: job.gone)
         except DecodeStopped as stopped:
             job.future.set_exception(ClientGone(len(stopped.left)))
         except Exception as err:
             job.future.set_exception(err)
         else:
             job.future.set_result(results)
+
+    def _translate(self, lines: list[str], job: _Job, stop: Callable[[], bool]) -> list:
+        """The engine's results for ``lines`` with ``job``'s settings (the observer told how
+        long it took before any job is answered)."""
+        started = time.monotonic()
+        try:
+            return self.engine.translate(lines, job.decode, job.attention, stop, job.target)
+        finally:
+            self.observer.decoded(time.monotonic() - started)
 
 
 class _ContinuousWorker:
@@ -479,7 +511,7 @@ class _ContinuousWorker:
         """Let waiting jobs join the search, oldest first, within the token budget; a job the
         search cannot take waits (and keeps the later ones waiting) until it is empty, then
         starts a new search or, if no search can take it, decodes alone."""
-        joined = 0
+        joined: list[_Job] = []
         while self.waiting:
             job = self.waiting[0]
             if job.future.cancelled():  # its client left while it waited
@@ -495,10 +527,13 @@ class _ContinuousWorker:
             if not self._joins(job):
                 self.batcher._decode_alone(job)
                 continue
-            joined += self._start(job)
+            if self._start(job):
+                joined.append(job)
         if joined:
             self.batcher.batches += 1
             self.batcher.largest_batch = max(self.batcher.largest_batch, len(self.flights))
+            lines, tokens = sum(len(j.lines) for j in joined), sum(j.tokens for j in joined)
+            self.batcher.observer.batch(len(joined), lines, tokens)
 
     def _joins(self, job: _Job) -> bool:
         """Whether ``job`` can decode in the running search (or start a new one)."""
@@ -515,7 +550,8 @@ class _ContinuousWorker:
         except Exception as err:
             job.future.set_exception(err)
             return 0
-        flight = _Flight(job, [empty_result(job.decode.nbest, False) for _ in job.lines])
+        # Lines with nothing to translate stay as they are (empty ones empty).
+        flight = _Flight(job, [empty_result(job.decode.nbest, False, line) for line in job.lines])
         if not sources:
             job.future.set_result(flight.results)
             return 0
@@ -529,8 +565,10 @@ class _ContinuousWorker:
         return 1
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             done = self.search.step()
+            self.batcher.observer.decoded(time.monotonic() - started)
         except Exception as err:
             flights, self.flights, self.search, self.tokens_in_flight = self.flights, {}, None, 0
             logger.warning(

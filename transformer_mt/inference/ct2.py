@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformer_mt.config import DecodeConfig, config_from_dict
 from transformer_mt.data.batching import longest_first_batches
-from transformer_mt.data.languages import source_prefix
+from transformer_mt.data.languages import source_prefix, tag_ids
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.text import Translation, encode_sources
 from transformer_mt.errors import MTError
@@ -38,6 +38,12 @@ class CT2Model:
         """The tag ids that start every source asking for ``target`` (see
         :func:`transformer_mt.data.languages.source_prefix`)."""
         return source_prefix(self.src_tok, self.lang_tags, self.pairs, target)
+
+    def never_emit(self) -> list[list[str]] | None:
+        """The language tags as CTranslate2's ``suppress_sequences`` (never in a translation,
+        as in our search); None where the target vocabulary has none."""
+        ids = tag_ids(self.trg_tok, self.lang_tags)
+        return [[self.trg_tok.id_to_piece([i])[0]] for i in ids] or None
 
 
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
@@ -129,6 +135,8 @@ def translate_lines_ct2(
             num_hypotheses=decode.nbest,
             length_penalty=decode.len_penalty,
             max_decoding_length=call_limit,
+            min_decoding_length=0,  # EOS may come first, as in our search (its default is 1)
+            suppress_sequences=model.never_emit(),
             max_batch_size=len(group),
             return_scores=True,
         )

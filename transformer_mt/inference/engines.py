@@ -2,7 +2,8 @@
 CTranslate2 export), for the HTTP server and its benchmark.
 
 ``engine.translate(lines, decode, attention)`` keeps the line contract of ``mt translate`` (one
-result per line, in order, empty in -> empty out) and returns, per line, the best text and score,
+result per line, in order, empty in -> empty out, a line with nothing to translate -- emoji,
+numbers, a link alone -- out unchanged without decoding) and returns, per line, the best text and score,
 the n-best list and, when asked, the cross-attention matrix with the pieces on both of its axes.
 Given ``stop`` (a function of no arguments), it asks it after each decode batch and, when it says
 True with lines still to decode, gives up with :class:`DecodeStopped`: the server's way of not
@@ -26,7 +27,13 @@ from transformer_mt.data.languages import source_prefix
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding import DecodeResult
 from transformer_mt.decoding.continuous import ContinuousSearch
-from transformer_mt.decoding.text import check_beam, encode_sources, translate_texts
+from transformer_mt.decoding.text import (
+    check_beam,
+    encode_sources,
+    has_text,
+    translate_texts,
+    untranslatable,
+)
 from transformer_mt.errors import MTError
 from transformer_mt.inference.attention import attention_matrices
 from transformer_mt.inference.loading import load_for_inference, validation_report
@@ -49,7 +56,7 @@ def _check_stop(stop: StopCheck | None, lines: Sequence[str], done: set[int]) ->
     """Raise :class:`DecodeStopped` if ``stop`` says so and a line with text is not in ``done``."""
     if stop is None or not stop():
         return
-    left = [i for i, line in enumerate(lines) if line.strip() and i not in done]
+    left = [i for i, line in enumerate(lines) if has_text(line) and i not in done]
     if left:  # after the last batch there is nothing left to spare
         raise DecodeStopped(left, len(lines))
 
@@ -161,8 +168,13 @@ class Engine(ABC):
         }
 
 
-def empty_result(nbest: int, attention: bool) -> LineResult:
-    return LineResult("", 0.0, [("", 0.0)] * nbest, Attention([], [], []) if attention else None)
+def empty_result(nbest: int, attention: bool, line: str = "") -> LineResult:
+    """The result of a line that is not decoded: "" for an empty line, the line itself (without
+    surrounding whitespace) for one with nothing to translate; score 0.0, empty attention."""
+    text = "" if has_text(line) else line.strip()
+    return LineResult(
+        text, 0.0, [(text, 0.0)] * nbest, Attention([], [], []) if attention else None
+    )
 
 
 def _result(nbest: list[tuple[str, float]], attn: Attention | None) -> LineResult:
@@ -206,7 +218,10 @@ class TorchEngine(Engine):
         as :meth:`translate` encodes them; checks ``decode``'s beam against the vocabulary."""
         check_beam(decode, self.trg_tok.vocab_size)
         prefix = self.source_prefix(target)
-        return encode_sources(self.src_tok, list(lines), self.model.positions.max_len, 1, prefix)
+        lines = list(lines)
+        kept = untranslatable(lines)
+        todo = ["" if i in kept else line for i, line in enumerate(lines)]
+        return encode_sources(self.src_tok, todo, self.model.positions.max_len, 1, prefix)
 
     def line_result(self, result: DecodeResult) -> LineResult:
         """A search result as :meth:`translate` returns it (no attention)."""
@@ -243,7 +258,7 @@ class TorchEngine(Engine):
         out = []
         for i, nbest in enumerate(results):
             if attention and i not in matrices:  # nothing to translate on this line
-                out.append(empty_result(decode.nbest, attention))
+                out.append(empty_result(decode.nbest, attention, lines[i]))
             else:
                 out.append(_result(nbest, matrices.get(i)))
         return out
@@ -304,14 +319,19 @@ class CT2Engine(Engine):
     ) -> list[LineResult]:
         from transformer_mt.inference.ct2 import translate_lines_ct2
 
-        lines = list(lines)
         prefix = self.source_prefix(target)
+        kept = untranslatable(lines)  # CTranslate2 would decode them: they go to it blank
+        todo = ["" if i in kept else line for i, line in enumerate(lines)]
         if attention:
-            return self._translate_with_attention(lines, decode, stop, prefix)
-        if stop is None:
-            results = translate_lines_ct2(self.model, lines, decode, 1, prefix)
-            return [_result(nbest, None) for nbest in results]
-        return self._translate_batch_by_batch(lines, decode, stop, prefix)
+            out = self._translate_with_attention(todo, decode, stop, prefix)
+        elif stop is None:
+            results = translate_lines_ct2(self.model, todo, decode, 1, prefix)
+            out = [_result(nbest, None) for nbest in results]
+        else:
+            out = self._translate_batch_by_batch(todo, decode, stop, prefix)
+        for i in kept:
+            out[i] = empty_result(decode.nbest, attention, lines[i])
+        return out
 
     def _translate_batch_by_batch(
         self, lines: list[str], decode: DecodeConfig, stop: StopCheck, prefix: list[int]
@@ -360,6 +380,8 @@ class CT2Engine(Engine):
                 num_hypotheses=decode.nbest,
                 length_penalty=decode.len_penalty,
                 max_decoding_length=budget,
+                min_decoding_length=0,  # EOS may come first, as in our search (its default is 1)
+                suppress_sequences=model.never_emit(),
                 max_batch_size=decode.batch_tokens,
                 batch_type="tokens",
                 return_scores=True,

@@ -6,7 +6,10 @@ weight, so nothing depends on another toolkit's checkpoint format. Facts the map
 - our fused self-attention projection is q, k, v stacked on the output axis: CTranslate2's fused
   ``linear[0]``; cross-attention is ``q_proj`` -> ``linear[0]``, ``kv_proj`` (k, v) ->
   ``linear[1]``, ``out_proj`` -> the last linear;
-- CTranslate2 multiplies embeddings by sqrt(d_model) itself (``scale_embeddings``), as we do;
+- CTranslate2 multiplies embeddings by sqrt(d_model) itself (``scale_embeddings``), as we do
+  (an imported model without that scale exports with it off); the feed-forward activation
+  (ReLU, or an imported model's swish or gelu) and the output projection's bias, where a model
+  has one, are CTranslate2's options as they are;
 - its built-in sinusoid lays out sin/cos differently and starts at position 1, so our position
   table is passed explicitly (row t = position t);
 - post-norm (the paper's) is ``pre_norm=False``: a LayerNorm after each residual sum, no final
@@ -305,20 +308,20 @@ def transformer_spec(model: Transformer, specs):
         (len(model.encoder), len(model.decoder)),
         model.encoder[0].self_attn.n_head,
         pre_norm=pre_norm,
-        activation=specs.common_spec.Activation.RELU,
+        activation=_ACTIVATIONS[model.activation](specs.common_spec.Activation),
     )
     positions = _numpy(model.positions.table)  # (max_len, D): row t is position t
     spec.encoder.embeddings[0].weight = _numpy(model.src_emb.weight)
-    spec.encoder.scale_embeddings = True
+    spec.encoder.scale_embeddings = model.emb_scale != 1.0
     spec.encoder.position_encodings.encodings = positions
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
         _attention(layer_spec.self_attention, [layer.self_attn.qkv_proj, layer.self_attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.self_attn_residual.norm)
         _ffn(layer_spec.ffn, layer.ffn, layer.ffn_residual.norm)
     spec.decoder.embeddings.weight = _numpy(model.trg_emb.weight)
-    spec.decoder.scale_embeddings = True
+    spec.decoder.scale_embeddings = model.emb_scale != 1.0
     spec.decoder.position_encodings.encodings = positions
-    spec.decoder.projection.weight = _numpy(model.out.weight)
+    _linear(spec.decoder.projection, model.out)  # with its bias where it has one (imported)
     for layer_spec, layer in zip(spec.decoder.layer, model.decoder, strict=True):
         _attention(layer_spec.self_attention, [layer.self_attn.qkv_proj, layer.self_attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.self_attn_residual.norm)
@@ -330,6 +333,15 @@ def transformer_spec(model: Transformer, specs):
         _norm(spec.encoder.layer_norm, model.enc_norm)
         _norm(spec.decoder.layer_norm, model.dec_norm)
     return spec
+
+
+# Our feed-forward activations (Transformer.activation) as CTranslate2's; torch's gelu is the
+# exact (erf) one, CTranslate2's GELU.
+_ACTIVATIONS = {
+    "relu": lambda kinds: kinds.RELU,
+    "gelu": lambda kinds: kinds.GELU,
+    "swish": lambda kinds: kinds.SWISH,
+}
 
 
 def _is_pre_norm(model: Transformer) -> bool:

@@ -15,7 +15,7 @@ from torch.nn import functional
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
-from transformer_mt.data.languages import model_pairs, source_prefix, target_tags
+from transformer_mt.data.languages import model_pairs, source_prefix, tag_ids, target_tags
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
@@ -100,6 +100,8 @@ def load_for_inference(
     elif pack:
         pack_linear_layers(model)
     step = int(ckpt.get("step", 0))
+    lang_tags = dict(ckpt.get("lang_tags") or target_tags(config.data))
+    model.never_emit = tag_ids(trg_tok, lang_tags)
     return LoadedModel(
         model=model,
         src_tok=src_tok,
@@ -108,7 +110,7 @@ def load_for_inference(
         step=step,
         model_args=_plain(ckpt["model_args"]),
         validation=validation_bleu(ckpt.get("train_state"), step),
-        lang_tags=dict(ckpt.get("lang_tags") or target_tags(config.data)),
+        lang_tags=lang_tags,
     )
 
 

@@ -3,7 +3,9 @@ and word alignments.
 
 The line contract (one result per input line, in order; empty in, empty out; over-long lines
 truncated with a warning) is kept by :func:`transformer_mt.decoding.text.translate_texts`, which
-training's validation uses too; this module adds the pictures, the alignments and the output formats.
+training's validation uses too; this module adds the pictures, the alignments and the output formats,
+and documents: :func:`translate_file` translates an .html, .docx, .odt, .pptx or .epub file into
+one of the same format (:mod:`transformer_mt.inference.documents`).
 """
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -14,12 +16,15 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.ensemble import Ensemble, SearchModel, check_ensemble
 from transformer_mt.decoding.text import Translation, translate_texts
 from transformer_mt.errors import MTError
+from transformer_mt.fileio import write_output
 from transformer_mt.inference.attention import (
     Alignment,
     Alignments,
     AttentionPictures,
     format_alignment,
 )
+from transformer_mt.inference.documents import SUFFIXES, Document
+from transformer_mt.inference.engines import Engine
 from transformer_mt.inference.loading import LoadedModel
 from transformer_mt.model import Transformer
 
@@ -164,3 +169,46 @@ def format_best(
 
 def _one_line(text: str) -> str:
     return " ".join(text.replace("\t", " ").splitlines())
+
+
+def is_document(path: Path) -> bool:
+    """Whether ``path`` names a document that :func:`translate_file` keeps the format of (an
+    HTML page or an office file, by its suffix; a .txt file is lines, as any other)."""
+    suffix = SUFFIXES.get(path.suffix.lower(), path.suffix.lower())
+    return suffix in (".html", ".docx", ".odt", ".pptx", ".epub")
+
+
+def translate_document(
+    engine: Engine, document: Document, decode: DecodeConfig, target: str | None = None
+) -> bytes:
+    """``document`` translated by ``engine``: its segments as lines, with their cross-attention
+    (which places the markup inside a segment), rendered in the document's format.
+    ``target``: the language a multilingual model translates into."""
+    results = engine.translate(document.segments, decode, attention=True, target=target)
+    return document.render(results)
+
+
+def check_document_output(document: Document, output: Path) -> None:
+    """An MTError unless ``output`` names a file of ``document``'s format."""
+    wanted = SUFFIXES.get(Path(output).suffix.lower(), Path(output).suffix.lower())
+    if wanted != document.suffix:
+        raise MTError(
+            f"--output {output}: a {document.suffix} document translates into a "
+            f"{document.suffix} file; give --output the suffix {document.suffix}"
+        )
+
+
+def translate_file(
+    engine: Engine,
+    document: Document,
+    output: Path,
+    decode: DecodeConfig,
+    target: str | None = None,
+    inputs: Sequence[Path] = (),
+) -> None:
+    """Translate ``document`` (:func:`~transformer_mt.inference.documents.read_document_file`)
+    into the file ``output`` of its format (:func:`check_document_output`), written whole
+    (:func:`~transformer_mt.fileio.write_output`: never over one of ``inputs``)."""
+    check_document_output(document, output)
+    data = translate_document(engine, document, decode, target)
+    write_output(output, data, inputs=inputs)

@@ -147,7 +147,7 @@ def _attention(
     fp32 (with autocast off, which would cast them back) and the result returned in their dtype."""
     if _explicit_is_faster(q):
         return _explicit_attention(q, k, v, mask, drop)[0]
-    if q.device.type != "cpu" or q.dtype == torch.float32:
+    if q.device.type != "cpu" or q.dtype in (torch.float32, torch.float64):
         return functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
     with torch.autocast("cpu", enabled=False):
         y = functional.scaled_dot_product_attention(
@@ -161,14 +161,15 @@ def _explicit_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T / sqrt(Dh), masked) v, and the weights (fp32, before dropout): the products
     in the dtype of ``q``, ``k``, ``v``, the scores and softmax in fp32 (as autocast would on a
-    GPU), the weights cast back for the second product; ``drop`` is dropout on the weights, as in
+    GPU; float64 inputs: in float64), the weights cast back for the second product; ``drop`` is dropout on the weights, as in
     the fused kernel. The one explicit path: attention pictures, and where
     :func:`_explicit_is_faster`."""
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
             return _explicit_attention(q, k, v, mask, drop)
     # In place where autograd allows it (no backward needs these scores): fewer allocations.
-    scores = (q @ k.transpose(-2, -1)).float().mul_(1.0 / math.sqrt(q.size(-1)))
+    scores = (q @ k.transpose(-2, -1)).to(torch.promote_types(q.dtype, torch.float32))
+    scores.mul_(1.0 / math.sqrt(q.size(-1)))
     if mask is not None:
         scores.masked_fill_(mask.logical_not(), float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -181,33 +182,63 @@ def _explicit_attention(
     return dropout(weights, drop).to(q.dtype) @ v, weights
 
 
-class FeedForward(nn.Module):
-    """Position-wise feed-forward network: Linear -> ReLU -> (dropout) -> Linear.
+# The feed-forward activations by name (ModelConfig.activation). swish is x * sigmoid(x), torch's
+# SiLU: what OPUS-MT models use (Marian's and Hugging Face's name for it).
+ACTIVATIONS = {"relu": functional.relu, "gelu": functional.gelu, "swish": functional.silu}
 
-    The inner dropout is not in the paper (the Annotated Transformer adds it): it is off unless
-    ``drop_prob`` > 0, and then costs a random mask over the widest activation of the layer.
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: Linear -> activation -> (dropout) -> Linear.
+
+    The activation is ReLU (the paper's) unless ``activation`` names another of
+    :data:`ACTIVATIONS`. The inner dropout is not in the paper (the Annotated Transformer adds
+    it): it is off unless ``drop_prob`` > 0, and then costs a random mask over the widest
+    activation of the layer.
     """
 
-    def __init__(self, d_model: int, ffn_hidden: int, *, drop_prob: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, ffn_hidden: int, *, drop_prob: float = 0.0, activation: str = "relu"
+    ) -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r}: expected one of {', '.join(ACTIVATIONS)}")
         self.fc1 = nn.Linear(d_model, ffn_hidden)
         self.fc2 = nn.Linear(ffn_hidden, d_model)
         self.dropout = Dropout(drop_prob) if drop_prob > 0 else nn.Identity()
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(functional.relu(self.fc1(x))))
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+
+POSITION_LAYOUTS = ("interleaved", "halves")
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal position encodings of the paper, added to the scaled embeddings."""
+    """Fixed sinusoidal position encodings of the paper, added to the scaled embeddings.
 
-    def __init__(self, d_model: int, max_len: int) -> None:
+    Frequency k (k = 0 .. D/2 - 1) of position p is p / 10000^(2k / D). ``layout`` places its
+    sine and cosine: ``interleaved`` at columns 2k and 2k + 1 (the paper's, this project's
+    models), ``halves`` at columns k and D/2 + k (Marian's; computed in float64 as Hugging Face
+    computes it, so that an imported model's table is its own to the last bit).
+    """
+
+    def __init__(self, d_model: int, max_len: int, layout: str = "interleaved") -> None:
         super().__init__()
-        pos = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
-        inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
-        table = torch.zeros(max_len, d_model)
-        table[:, 0::2] = torch.sin(pos * inv_freq)
-        table[:, 1::2] = torch.cos(pos * inv_freq)
+        if layout not in POSITION_LAYOUTS:
+            raise ValueError(
+                f"position layout {layout!r}: expected one of {', '.join(POSITION_LAYOUTS)}"
+            )
+        if layout == "halves":
+            table = _halves_table(d_model, max_len)
+        else:
+            pos = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+            inv_freq = torch.exp(
+                torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model)
+            )
+            table = torch.zeros(max_len, d_model)
+            table[:, 0::2] = torch.sin(pos * inv_freq)
+            table[:, 1::2] = torch.cos(pos * inv_freq)
         # Not a parameter and not saved: it is a pure function of (max_len, d_model).
         self.register_buffer("table", table, persistent=False)
         self.max_len = max_len
@@ -224,6 +255,16 @@ class SinusoidalPositions(nn.Module):
         """Encodings (R, D) of one position per row, ``positions`` (R,) (an index error past
         the table; no check that would wait for a GPU every step)."""
         return self.table.index_select(0, positions)
+
+
+def _halves_table(d_model: int, max_len: int) -> torch.Tensor:
+    """The (max_len, D) table with all sines first, then all cosines (an odd D has one sine
+    more), from float64 angles."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    wavelengths = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = pos / wavelengths  # (L, ceil(D / 2)), divided as Hugging Face divides
+    table = torch.cat([angles.sin(), angles[:, : d_model // 2].cos()], dim=1)
+    return table.float()
 
 
 class Residual(nn.Module):
@@ -267,12 +308,13 @@ class EncoderLayer(nn.Module):
         pre_norm: bool,
         attn_drop_prob: float = 0.0,
         ffn_drop_prob: float = 0.0,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         # Registration order = parameter order (optimizer state in checkpoints is indexed by it)
         # and init order (random draws): attention, feed-forward, then the residual norms.
         self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob)
-        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob)
+        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob, activation=activation)
         self.self_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
         self.ffn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
 
@@ -298,12 +340,13 @@ class DecoderLayer(nn.Module):
         pre_norm: bool,
         attn_drop_prob: float = 0.0,
         ffn_drop_prob: float = 0.0,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         # Registration order = parameter order and init order, as in EncoderLayer.
         self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob)
         self.cross_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob, cross=True)
-        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob)
+        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob, activation=activation)
         self.self_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
         self.cross_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
         self.ffn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)

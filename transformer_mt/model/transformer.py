@@ -7,6 +7,7 @@ Keyword names follow hyunwoongko/transformer (``src_pad_idx``, ``trg_pad_idx``, 
 The model knows nothing of losses, optimizers, DDP, AMP or files: it maps token ids to logits.
 """
 
+import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -36,6 +37,15 @@ def model_args(
     vocabulary size (a joint vocabulary)."""
     if model_cfg.share_embeddings:
         src_vocab_size = trg_vocab_size = max(src_vocab_size, trg_vocab_size)
+    # The options of imported models appear only where they differ from the Transformer's
+    # defaults: the arguments of every model trained here stay as they always were (a resumed
+    # run compares them with its checkpoint's).
+    defaults = inspect.signature(Transformer).parameters
+    imported = {
+        key: getattr(model_cfg, key)
+        for key in IMPORT_OPTIONS
+        if getattr(model_cfg, key) != defaults[key].default
+    }
     return dict(
         src_pad_idx=pad_idx,
         trg_pad_idx=pad_idx,
@@ -54,7 +64,12 @@ def model_args(
         ffn_drop_prob=model_cfg.ffn_drop_prob,
         tie_embeddings=model_cfg.tie_embeddings,
         share_embeddings=model_cfg.share_embeddings,
+        **imported,
     )
+
+
+# The Transformer's options for what imported (Marian) models compute differently.
+IMPORT_OPTIONS = ("scale_embeddings", "position_layout", "activation", "logits_bias")
 
 
 # Module names of the checkpoints written before the residual blocks were named by what they wrap.
@@ -107,6 +122,16 @@ class Transformer(nn.Module):
         pre_norm: LayerNorm before each sublayer (plus a final norm) instead of after it.
         tie_embeddings: share the decoder's input embedding with the output projection.
         share_embeddings: share source and target embeddings (needs a joint vocabulary).
+        scale_embeddings: multiply embeddings by sqrt(d_model) (the paper's); off, they are
+            added to the positions as they are.
+        position_layout: the sinusoid table's columns: ``interleaved`` (the paper's) or
+            ``halves`` (Marian's; see :class:`SinusoidalPositions`).
+        activation: the feed-forward activation: ``relu``, ``gelu`` or ``swish``.
+        logits_bias: the output projection has a bias (Marian's ``final_logits_bias``), zero
+            at init.
+
+    The defaults of the last four are what every model trained here is; imported models
+    (Marian / OPUS-MT) set them to compute what their original computes.
     """
 
     def __init__(
@@ -129,6 +154,10 @@ class Transformer(nn.Module):
         ffn_drop_prob: float = 0.0,
         tie_embeddings: bool = True,
         share_embeddings: bool = False,
+        scale_embeddings: bool = True,
+        position_layout: str = "interleaved",
+        activation: str = "relu",
+        logits_bias: bool = False,
     ) -> None:
         super().__init__()
         if share_embeddings and enc_voc_size != dec_voc_size:
@@ -136,15 +165,19 @@ class Transformer(nn.Module):
         self.src_pad_idx = src_pad_idx
         self.trg_pad_idx = trg_pad_idx
         self.trg_sos_idx = trg_sos_idx
+        # Target ids that search must never emit besides PAD and BOS (a multilingual model's
+        # language tags): set by whoever knows them, read by decoding's ModelState.
+        self.never_emit: tuple[int, ...] = ()
         self.d_model = d_model
-        self.emb_scale = math.sqrt(d_model)
+        self.emb_scale = math.sqrt(d_model) if scale_embeddings else 1.0
+        self.activation = activation  # the feed-forward's (exporters read it)
 
         self.src_emb = nn.Embedding(enc_voc_size, d_model, padding_idx=src_pad_idx)
         if share_embeddings:
             self.trg_emb = self.src_emb
         else:
             self.trg_emb = nn.Embedding(dec_voc_size, d_model, padding_idx=trg_pad_idx)
-        self.positions = SinusoidalPositions(d_model, max_len)
+        self.positions = SinusoidalPositions(d_model, max_len, position_layout)
         self.dropout = Dropout(drop_prob)
         n_dec = n_layers if n_dec_layers is None else n_dec_layers
         layer_args = dict(
@@ -155,13 +188,14 @@ class Transformer(nn.Module):
             pre_norm=pre_norm,
             attn_drop_prob=attn_drop_prob,
             ffn_drop_prob=ffn_drop_prob,
+            activation=activation,
         )
         self.encoder = nn.ModuleList(EncoderLayer(**layer_args) for _ in range(n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(**layer_args) for _ in range(n_dec))
         # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes each stack.
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.out = nn.Linear(d_model, dec_voc_size, bias=False)
+        self.out = nn.Linear(d_model, dec_voc_size, bias=logits_bias)
         self._init_weights()
         if tie_embeddings:
             self.out.weight = self.trg_emb.weight

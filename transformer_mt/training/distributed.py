@@ -7,6 +7,9 @@ Every helper here is a collective: all ranks must call it, in the same order, or
 wait for the others. The trainer keeps that promise by making every decision that ends a loop
 (max steps, early stopping, a stop signal, too many non-finite losses) from all-reduced numbers.
 
+``python -m transformer_mt.training.distributed`` is torchrun (same arguments) made safe for
+restarts and with one-line errors: see :func:`launch`.
+
 Two process groups, two kinds of waiting. The ranks step in lockstep (the step's sums, DDP's
 gradients, validation): there a rank that does not answer within ``train.collective_timeout_s`` has
 hung or stopped, and the others stop with an :class:`MTError` naming it instead of waiting in
@@ -17,9 +20,11 @@ checkpoint) can legitimately take an hour, so it uses the default group and its 
 import datetime
 import os
 import re
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -94,7 +99,8 @@ def all_gather_objects(obj: Any, info: DistInfo, *, lockstep_op: bool = True) ->
         return [obj]
     out: list[Any] = [None] * info.world_size
     if not lockstep_op:
-        dist.all_gather_object(out, obj)
+        with _peer_failures_named("the gathering of the ranks' results", info, SETUP_TIMEOUT_S):
+            dist.all_gather_object(out, obj)
         return out
     with lockstep("the gathering of the ranks' results", info):
         dist.all_gather_object(out, obj, group=info.step_group)
@@ -118,36 +124,58 @@ def is_communication_error(error: BaseException) -> bool:
 @contextmanager
 def lockstep(what: str, info: DistInfo) -> Iterator[None]:
     """Run a lockstep collective; a communication failure (a rank that did not answer within
-    ``train.collective_timeout_s``) becomes a one-line :class:`MTError` naming the rank(s) that
-    did not answer, where the backend can tell (gloo), else the operation and the timeout."""
+    ``train.collective_timeout_s``, or one whose connection closed) becomes a one-line
+    :class:`MTError` naming the rank(s) that did not answer, where the backend can tell (gloo),
+    else the operation and the timeout."""
+    with _peer_failures_named(what, info, info.timeout_s):
+        yield
+
+
+@contextmanager
+def _peer_failures_named(what: str, info: DistInfo, timeout_s: float | None) -> Iterator[None]:
+    """Turn a communication failure inside the block into a one-line :class:`MTError`."""
     try:
         yield
     except RuntimeError as err:
         if not (info.enabled and is_communication_error(err)):
             raise
-        raise MTError(_timeout_message(what, info, err)) from err
+        raise MTError(_failure_message(what, info, err, timeout_s)) from err
 
 
-def _timeout_message(what: str, info: DistInfo, error: BaseException) -> str:
-    timeout = f"{info.timeout_s:g} s" if info.timeout_s is not None else "the timeout"
+_CLOSED = re.compile(r"connection (closed|reset)|pair closure|broken pipe", re.IGNORECASE)
+
+
+def _failure_message(
+    what: str, info: DistInfo, error: BaseException, timeout_s: float | None
+) -> str:
+    """What the user reads when a peer failed: who, in which operation, and what to do."""
     missing = _ranks_not_answering(info)
     detail = re.sub(r"^\[[^\]]*\]:? *", "", _one_line(error))  # gloo's "[file.cc:78] " prefix
     # "another rank" where the store could not tell which.
     who = f"rank{'s' if ',' in missing else ''} {missing}" if missing else "another rank"
+    seen = f"rank {info.rank} saw: {detail}"
+    if _CLOSED.search(detail):  # a peer process that ended closes its connections at once
+        return (
+            f"{who} left {what} ({seen}); it died or was killed: see its output (under "
+            "torchrun --max-restarts, the group restarts from last.pt)"
+        )
+    timeout = f"{timeout_s:g} s" if timeout_s is not None else "the timeout"
     return (
-        f"{who} did not answer {what} within {timeout} (train.collective_timeout_s; rank "
-        f"{info.rank} saw: {detail}); it hung, stopped or died: see its output, or raise "
-        "train.collective_timeout_s if it is only slow"
+        f"{who} did not answer {what} within {timeout} (train.collective_timeout_s; {seen}); "
+        "it hung, stopped or died: see its output, or raise train.collective_timeout_s if it is "
+        "only slow"
     )
 
 
 def _ranks_not_answering(info: DistInfo) -> str | None:
     """Which ranks did not answer, e.g. "1" or "1, 3"; None when unknown.
 
-    Every rank that timed out says so in the process group's key-value store (which outlives the
-    broken collective), then waits up to ``DIAGNOSE_TIMEOUT_S`` for the others to do the same:
-    the ranks that never say so are the silent ones. So a healthy rank that merely waited with
-    this one is never blamed, and any rank can name the culprit, rank 0 included.
+    Every rank that saw a collective fail says so in the process group's key-value store (which
+    outlives the broken collective), then waits up to ``DIAGNOSE_TIMEOUT_S`` for the others to do
+    the same: the ranks that never say so are the silent ones. So a healthy rank that merely
+    waited with this one is never blamed, and any rank can name the culprit, rank 0 included.
+    A SIGTERM or SIGINT during the wait (torchrun stopping the group to restart it) ends the
+    wait at once, the culprit unknown: a restart must not wait for a diagnosis.
     """
     store = _store()
     if store is None:
@@ -156,17 +184,48 @@ def _ranks_not_answering(info: DistInfo) -> str | None:
     try:
         store.set(f"{_TIMED_OUT}{info.rank}", "1")
         deadline = time.monotonic() + wait
-        while True:
-            silent = [r for r in range(info.world_size) if not store.check([f"{_TIMED_OUT}{r}"])]
-            if not silent or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
+        with _stop_signals_noted() as stopping:
+            while True:
+                silent = [
+                    r for r in range(info.world_size) if not store.check([f"{_TIMED_OUT}{r}"])
+                ]
+                if stopping:
+                    return None
+                if not silent or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
     except (RuntimeError, OSError):  # the store is gone too: nothing more to learn
         return None
     return ", ".join(map(str, silent)) or None
 
 
-_TIMED_OUT = "transformer_mt/timed_out/"  # store keys of the ranks that saw a collective time out
+_TIMED_OUT = "transformer_mt/timed_out/"  # store keys of the ranks that saw a collective fail
+
+
+@contextmanager
+def _stop_signals_noted() -> Iterator[list[int]]:
+    """The SIGTERM / SIGINT received inside the block, in a list; each is passed on to the
+    handler that was in place (the trainer's stop flag), or, where that was the default
+    action, delivered again after the block. Outside the main thread: nothing is noted."""
+    noted: list[int] = []
+    old: dict[int, Any] = {}
+
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
+        if callable(old.get(signum)):
+            old[signum](signum, frame)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with suppress(ValueError):  # not the main thread
+            old[sig] = signal.signal(sig, note)
+    try:
+        yield noted
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for signum in noted:
+            if old.get(signum) == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def _store() -> Any:
@@ -232,3 +291,77 @@ def shutdown() -> None:
     """Leave the process group, if this process joined one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# torchrun's agents share one key-value store across the group's restarts by default; a
+# restarted rank can then read a peer's address from before the restart and fail to connect
+# ("Gloo connectFullMesh failed ... Connection refused"). This makes each restart's rank 0 host
+# a fresh store.
+FRESH_STORE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def launch(argv: list[str]) -> int:
+    """Run torchrun's agent with ``argv`` (torchrun's own arguments); returns the exit status.
+
+    Two differences from plain ``torchrun``: every restart (``--max-restarts``) starts from a
+    fresh key-value store (:data:`FRESH_STORE_ENV`), and a rendezvous that does not fill, failed
+    workers or a stop signal end with one ``error:`` line instead of the agent's traceback.
+    """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    for key, value in FRESH_STORE_ENV.items():
+        os.environ.setdefault(key, value)
+    args = torchrun.parse_args(argv)
+    try:
+        torchrun.run(args)
+    except RendezvousError as err:
+        return _fail(_rendezvous_message(args, err))
+    except ChildFailedError as err:
+        ranks = ", ".join(
+            f"rank {r} ({_exit(f.exitcode)})" for r, f in sorted(err.failures.items())
+        )
+        return _fail(
+            f"the workers failed ({ranks}) after {args.max_restarts} restart(s) "
+            "(--max-restarts); each rank's own error line says why"
+        )
+    except SignalException as err:
+        _fail(f"the launcher was stopped by {signal.Signals(err.sigval).name}")
+        return 128 + int(err.sigval)
+    return 0
+
+
+def _exit(code: int) -> str:
+    """A worker's exit status in words: "exit code 1", "killed by SIGKILL"."""
+    if code < 0:
+        with suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _fail(message: str) -> int:
+    """Print ``error: message`` on stderr; returns the exit status 1."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _rendezvous_message(args: Any, error: BaseException) -> str:
+    """One line on a rendezvous that failed: where, what was expected, and what to do."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    where = f"the rendezvous at {args.rdzv_endpoint} (--rdzv-id {args.rdzv_id})"
+    if not isinstance(error, RendezvousTimeoutError):
+        return f"{where} failed: {_one_line(error)}"
+    conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
+    timeout = conf.get("join_timeout", "600")
+    return (
+        f"{where} did not gather --nnodes {args.nnodes} within join_timeout={timeout} s: start "
+        "the same command on every node (the same --rdzv-endpoint and --rdzv-id), or raise "
+        "--rdzv-conf join_timeout=SECONDS"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(launch(sys.argv[1:]))

@@ -50,6 +50,11 @@ SHAPE_KEYS = (
     "pre_norm",
     "tie_embeddings",
     "share_embeddings",
+    # what an imported (Marian) model computes differently: fixed by the checkpoint as well
+    "scale_embeddings",
+    "position_layout",
+    "activation",
+    "logits_bias",
 )
 # The Transformer's arguments that set no parameter's shape: a run may change them (a resumed
 # run, or a fine-tuning run that drops more or less than the model was trained with).

@@ -7,9 +7,11 @@
 The contract between the model and the fused loss (what the trainer's step relies on)::
 
     hidden = model(src, trg_in, features_only=True)        # (B, T, D), after the final norm
-    loss, nll = linear_label_smoothed_nll(hidden, model.out.weight, trg_out, pad, eps)
+    loss, nll = linear_label_smoothed_nll(hidden, model.out.weight, trg_out, pad, eps,
+                                          bias=model.out.bias)
     # == label_smoothed_nll(model(src, trg_in), trg_out, pad, eps), with the same gradients for
-    #    every parameter (``model.out`` is bias-free and may be tied to the target embedding)
+    #    every parameter (``model.out`` may be tied to the target embedding; its bias, which
+    #    only imported models have, is None otherwise)
 
 ``tests/test_training.py`` checks this equality in fp32 and bf16, chunked and whole.
 """
@@ -71,9 +73,13 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, pad_idx: int, epsilon: float, dtype):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, target, pad_idx: int, epsilon: float, dtype):  # type: ignore[override]
         n, vocab = hidden.size(0), weight.size(0)
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # The output projection's bias (an imported Marian model's), added to each block of
+        # logits in fp32; its gradient is the sum of the rows' softmax - q.
+        b = None if bias is None else bias.detach().float()
+        grad_b = torch.zeros(vocab, device=hidden.device) if need_grad and b is not None else None
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
             kept = (target != pad_idx).nonzero().squeeze(1)  # the rows that count
@@ -101,6 +107,8 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                     z.copy_(torch.mm(hc, w.T, out=z_low[: len(hc)]))
                 else:
                     torch.mm(hc, w.T, out=z)
+                if b is not None:
+                    z.add_(b)
                 z_y = z.gather(1, tc).squeeze(1)
                 torch.ops.aten._softmax.out(z, -1, False, out=p)
                 p_y = p.gather(1, tc).squeeze(1)
@@ -117,21 +125,26 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                     g = z_low[: len(hc)].copy_(p) if low else p
                     torch.addmm(uniform_h, g, w, out=grad_h[i : i + rows])
                     grad_w += (g.T @ hc).float()
+                    if grad_b is not None:
+                        grad_b += g.float().sum(0)
             if need_grad:
                 grad_w -= (epsilon / vocab) * h.float().sum(0)  # the uniform part of q, all rows
+                if grad_b is not None:
+                    grad_b -= (epsilon / vocab) * len(h)
                 if len(kept) < n:  # padding rows get no gradient
                     grad_h = grad_h.new_zeros((n, grad_h.size(1))).index_copy_(0, kept, grad_h)
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = hidden.dtype, weight.dtype
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = hidden.dtype, weight.dtype, None if bias is None else bias.dtype
         return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):  # type: ignore[override]
-        grad_h, grad_w = ctx.saved_tensors
-        h_dtype, w_dtype = ctx.dtypes
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        h_dtype, w_dtype, b_dtype = ctx.dtypes
         return (  # scaled in fp32: grad_loss may carry an fp16 loss scale
             grad_h.float().mul_(grad_loss).to(h_dtype),
             (grad_w * grad_loss).to(w_dtype),
+            None if grad_b is None else (grad_b * grad_loss).to(b_dtype),
             None,
             None,
             None,
@@ -146,6 +159,7 @@ def linear_label_smoothed_nll(
     pad_idx: int,
     epsilon: float,
     dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``label_smoothed_nll(hidden @ weight.T, ...)`` without the (B, T, V) logits in memory.
 
@@ -159,9 +173,17 @@ def linear_label_smoothed_nll(
             bias-free output projection; target: (B, T) ids.
         dtype: the matrix-product dtype (the autocast dtype under mixed precision); default: the
             dtype of ``hidden``.
+        bias: (V,) the output projection's bias, where it has one (an imported model's); its
+            gradient comes back as the unfused pair's would.
     """
     d = hidden.size(-1)
     loss, nll = _LinearLabelSmoothedNLL.apply(
-        hidden.reshape(-1, d), weight, target.reshape(-1), pad_idx, epsilon, dtype or hidden.dtype
+        hidden.reshape(-1, d),
+        weight,
+        bias,
+        target.reshape(-1),
+        pad_idx,
+        epsilon,
+        dtype or hidden.dtype,
     )
     return loss, nll.detach()

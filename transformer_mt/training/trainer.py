@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config
+from transformer_mt.data.languages import tag_ids
 from transformer_mt.data.mixing import MixedCorpus
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.sources import check_source
@@ -233,6 +234,8 @@ class Trainer:
         else:
             self.model_args = start.model_args
         self.model = Transformer(**self.model_args).to(self.device)
+        # Validation's search never emits a language tag, as inference's does not.
+        self.model.never_emit = tag_ids(self.data.trg_tok, self.lang_tags or {})
         if start is not None:
             load_weights(self.model, start)
         torch.manual_seed(rank_seed(seed, self.info.rank))
@@ -469,7 +472,7 @@ class Trainer:
                 # The output projection runs inside the loss, in blocks (no (B, T, V) logits).
                 loss, nll = linear_label_smoothed_nll(
                     hidden, self.model.out.weight, trg_out, PAD_ID, train_cfg.label_smoothing,
-                    self.autocast_dtype,
+                    self.autocast_dtype, bias=self.model.out.bias,
                 )  # fmt: skip
                 # DDP averages gradients over ranks; the world size turns that mean back into a
                 # sum, so the step's gradient is (sum of token losses) / (global token count).

@@ -1,0 +1,232 @@
+"""Access control for a server opened beyond localhost: API keys, request and character limits.
+
+A keys file (``mt serve --api-keys FILE``, managed with ``mt serve-keys add/list/remove``) is
+JSON: ``{"keys": [{"name", "sha256", "req_limit", "char_limit"}]}``. It holds each key's SHA-256,
+never the key itself: the key is printed once, when it is added. A key given in a request is
+hashed and compared with every entry in constant time (:func:`hmac.compare_digest`); keys are
+never logged. A running server reads the file again when it changes.
+
+What a translating request meets, in LibreTranslate's order and with its answers:
+
+1. a key that is given but unknown: 403 "Invalid API key";
+2. no key where one is required (``require_api_key``, unless the request's Origin matches
+   ``key_free_origin``): 400 "Please contact the server operator to get an API key";
+3. more requests in the last minute than the limit (per key: the key's own; otherwise per
+   client address: ``req_limit``): 429 "Slowdown: N per 1 minute" with ``Retry-After``;
+4. a text longer than the character limit (the key's, or ``char_limit``): 400 "Invalid
+   request: request (N) exceeds text limit (L)".
+
+Each check comes before any decoding.
+"""
+
+import hashlib
+import hmac
+import json
+import logging
+import math
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from transformer_mt.errors import MTError
+from transformer_mt.fileio import atomic_write
+from transformer_mt.inference.serve_settings import AccessSettings, ApiError
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 60.0  # the request limits count the requests of the last minute
+NEED_KEY = "Please contact the server operator to get an API key"
+INVALID_KEY = "Invalid API key"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One key's entry: a name to manage it by, its hash, and its own limits (None: the
+    server's)."""
+
+    name: str
+    sha256: str
+    req_limit: int | None = None  # requests per minute
+    char_limit: int | None = None  # characters per text
+
+
+def key_hash(key: str) -> str:
+    """The hex SHA-256 of a key, as the keys file stores it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def read_keys(path: Path) -> list[ApiKey]:
+    """The keys of a keys file (an absent file: none), or an MTError naming the file and entry."""
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise MTError(
+            f"{path}: not a keys file (JSON: {err}); manage it with `mt serve-keys`"
+        ) from None
+    entries = data.get("keys") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise MTError(f'{path}: a keys file is {{"keys": [...]}}; manage it with `mt serve-keys`')
+    return [_entry(path, i, entry) for i, entry in enumerate(entries)]
+
+
+def _entry(path: Path, i: int, entry: object) -> ApiKey:
+    """One entry of a keys file, checked."""
+    where = f"{path}: keys[{i}]"
+    if not isinstance(entry, dict) or set(entry) - {"name", "sha256", "req_limit", "char_limit"}:
+        raise MTError(f"{where}: an entry has name, sha256, req_limit and char_limit only")
+    name, digest = entry.get("name"), entry.get("sha256")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        raise MTError(f"{where}: name and sha256 must be strings")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise MTError(f"{where}: sha256 must be 64 lowercase hex digits")
+    for limit in ("req_limit", "char_limit"):
+        value = entry.get(limit)
+        if value is not None and (type(value) is not int or value < 1):
+            raise MTError(f"{where}: {limit} must be a positive integer or null")
+    return ApiKey(name, digest, entry.get("req_limit"), entry.get("char_limit"))
+
+
+def write_keys(path: Path, keys: list[ApiKey]) -> None:
+    """Write a keys file whole (atomically), readable by its owner only."""
+    text = json.dumps({"keys": [asdict(key) for key in keys]}, indent=2) + "\n"
+    with atomic_write(path) as out:
+        out.write(text)
+    path.chmod(0o600)
+
+
+def add_key(
+    path: Path, name: str, req_limit: int | None = None, char_limit: int | None = None
+) -> str:
+    """Add a new random key named ``name`` to the keys file (created if absent); returns the
+    key, which is stored nowhere else."""
+    keys = read_keys(path)
+    if any(key.name == name for key in keys):
+        raise MTError(f"{path}: a key named {name!r} exists; remove it first or choose a name")
+    key = secrets.token_urlsafe(24)
+    write_keys(path, [*keys, ApiKey(name, key_hash(key), req_limit, char_limit)])
+    return key
+
+
+def remove_key(path: Path, name: str) -> None:
+    """Remove the key named ``name`` from the keys file."""
+    keys = read_keys(path)
+    kept = [key for key in keys if key.name != name]
+    if len(kept) == len(keys):
+        have = ", ".join(key.name for key in keys) or "none"
+        raise MTError(f"{path}: no key named {name!r} (keys: {have})")
+    write_keys(path, kept)
+
+
+class RateLimiter:
+    """Requests per client in a moving window of a minute; thread-safe."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, client: str, limit: int) -> float | None:
+        """Count a request of ``client``; None when within ``limit``, otherwise the seconds
+        until it would be (the request is then not counted)."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._seen) > 10_000:  # many clients seen once: forget the quiet ones
+                self._forget(now)
+            times = self._seen.setdefault(client, deque())
+            while times and times[0] <= now - self.window_s:
+                times.popleft()
+            if len(times) >= limit:
+                return times[0] + self.window_s - now
+            times.append(now)
+            return None
+
+    def _forget(self, now: float) -> None:
+        for client in [c for c, t in self._seen.items() if not t or t[-1] <= now - self.window_s]:
+            del self._seen[client]
+
+
+class Access:
+    """The checks of a translating request, from :class:`AccessSettings` and its keys file."""
+
+    def __init__(self, settings: AccessSettings) -> None:
+        self.settings = settings
+        if settings.api_keys and not settings.api_keys.is_file():
+            raise MTError(
+                f"--api-keys {settings.api_keys}: no such file; create it with "
+                f"`mt serve-keys add {settings.api_keys} NAME`"
+            )
+        self.keys: list[ApiKey] = []
+        self._file_stamp: tuple[int, int] | None = None  # the keys file's (mtime_ns, size) read
+        self._reload(strict=True)
+        try:
+            self._free_origin = re.compile(settings.key_free_origin or r"(?!)")  # (?!): none
+        except re.error as err:
+            raise MTError(f"--key-free-origin {settings.key_free_origin!r}: {err}") from None
+        self.limiter = RateLimiter()
+
+    def _reload(self, strict: bool = False) -> None:
+        """Read the keys file again where it changed (`mt serve-keys` works on a running
+        server). A file that became unreadable keeps the keys read before, with one warning
+        per change; ``strict`` (at start): its MTError instead."""
+        path = self.settings.api_keys
+        if path is None:
+            return
+        try:
+            stat = path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = (-1, -1)  # gone: the keys read before stay
+        if stamp == self._file_stamp:
+            return
+        self._file_stamp = stamp
+        try:
+            self.keys = read_keys(path) if stamp != (-1, -1) else self.keys
+        except (OSError, MTError) as err:
+            if strict:
+                raise
+            logger.warning("the keys file changed and cannot be read; keeping its keys: %s", err)
+
+    def lookup(self, key: str) -> ApiKey | None:
+        """The entry of ``key``, comparing with every entry in constant time."""
+        self._reload()
+        digest, found = key_hash(key), None
+        for entry in self.keys:
+            if hmac.compare_digest(digest, entry.sha256):
+                found = entry
+        return found
+
+    def check(self, api_key: str | None, origin: str, client: str, texts: list[str]) -> None:
+        """Raise the :class:`ApiError` LibreTranslate answers when this request may not go on
+        (see the module's docstring); count it against its request limit otherwise."""
+        if not self.settings.enabled:
+            return
+        entry = self.lookup(api_key) if api_key else None
+        if api_key and entry is None:
+            raise ApiError(403, INVALID_KEY)
+        if entry is None and self.settings.require_api_key and not self._free_origin.match(origin):
+            raise ApiError(400, NEED_KEY)
+        self._count(entry, client)
+        char_limit = (entry and entry.char_limit) or self.settings.char_limit
+        for text in texts:
+            if char_limit and len(text) > char_limit:
+                raise ApiError(
+                    400,
+                    f"Invalid request: request ({len(text)}) exceeds text limit ({char_limit})",
+                )
+
+    def _count(self, entry: ApiKey | None, client: str) -> None:
+        """The request limit: a key's own, per key; else the server's, per client address."""
+        limit = (entry and entry.req_limit) or self.settings.req_limit
+        if not limit:
+            return
+        who = f"key:{entry.sha256}" if entry else f"client:{client}"
+        wait = self.limiter.admit(who, limit)
+        if wait is not None:
+            retry = str(max(1, math.ceil(wait)))
+            raise ApiError(429, f"Slowdown: {limit} per 1 minute", {"Retry-After": retry})

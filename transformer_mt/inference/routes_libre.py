@@ -1,0 +1,215 @@
+"""LibreTranslate's API, answered as LibreTranslate answers it: ``POST /translate``,
+``GET /languages``, ``POST /detect``, ``GET /frontend/settings``, ``POST /suggest``, ``GET
+/spec`` (files: :mod:`~transformer_mt.inference.routes_files`).
+
+``POST /translate``: ``{"q": "text" | ["t1", ...], "source": "de" | "auto", "target": "en",
+"format": "text" | "html", "alternatives": 0, "api_key": "..."}`` -> ``{"translatedText": ...,
+"alternatives": ..., "detectedLanguage": ...}``, its fields from JSON, a form body (urlencoded
+or multipart) or the query string. A text of several lines is translated line by line; a line
+with nothing to translate (emoji, punctuation, numbers, a URL) comes back unchanged, undecoded.
+``format: "html"``: the fragment's text is translated and its markup kept
+(:mod:`~transformer_mt.inference.documents`). Refusals carry LibreTranslate's error text first
+("Invalid request: missing q parameter", "zz is not supported", ...), ours after it.
+"""
+
+import dataclasses
+
+import langcodes
+from fastapi import APIRouter, Depends, Request
+
+from transformer_mt.decoding.text import has_text
+from transformer_mt.errors import MTError
+from transformer_mt.inference.documents import FILE_FORMATS, html_document
+from transformer_mt.inference.forms import Strict, body_schema, read_fields
+from transformer_mt.inference.serve_settings import ApiError
+from transformer_mt.inference.server_state import (
+    ServerState,
+    check_languages,
+    check_lines,
+    checked_decode,
+    decode_lines,
+    server_state,
+)
+
+router = APIRouter()
+
+
+class LibreRequest(Strict):
+    """``POST /translate``'s fields (each optional here: a missing one gets LibreTranslate's
+    "Invalid request: missing ... parameter")."""
+
+    q: str | list[str] | None = None  # one text, or several
+    source: str | None = None  # one of the model's source languages, or "auto"
+    target: str | None = None  # one of the model's target languages
+    format: str | None = None  # "text" (the default) or "html"
+    alternatives: int = 0  # this many more translations (the n-best's next), plain text only
+    api_key: str | None = None  # where the server has keys (`mt serve --api-keys`)
+
+
+class DetectRequest(Strict):
+    """``POST /detect``'s fields."""
+
+    q: str | None = None  # the answer is the model's source language whatever it says
+    api_key: str | None = None
+
+
+@router.post("/translate", openapi_extra=body_schema(LibreRequest))
+async def libre_translate(request: Request, state: ServerState = Depends(server_state)) -> dict:
+    """LibreTranslate's endpoint: ``{"q", "source", "target"}`` -> ``{"translatedText"}``."""
+    req = await read_fields(request, LibreRequest, state.limits)
+    texts = _checked(req, state)
+    state.check_access(request, req.api_key, texts)
+    target = req.target if state.engine.lang_tags else None
+    if req.format == "html":
+        translated, alternatives = await _translate_html(state, request, texts, target), None
+    else:
+        translated, alternatives = await _translate_texts(state, request, req, texts, target)
+    reply: dict = {"translatedText": translated}
+    if req.alternatives > 0:
+        reply["alternatives"] = alternatives or [[] for _ in texts]
+    if req.source == "auto":  # a source the model knows, as LibreTranslate reports one
+        source = next(src for src, trg in state.pairs() if trg == req.target)
+        translatable = any(has_text(line) for text in texts for line in text.split("\n"))
+        detected = {"language": source, "confidence": 100.0 if translatable else 0.0}
+        reply["detectedLanguage"] = [detected] * len(texts)
+    if isinstance(req.q, str):  # one text: one answer, not a list
+        reply = {key: value[0] for key, value in reply.items()}
+    return reply
+
+
+def _checked(req: LibreRequest, state: ServerState) -> list[str]:
+    """The request's texts, after LibreTranslate's checks in its order: the fields present,
+    alternatives within bounds, languages the model has, a format it knows."""
+    for name in ("q", "source", "target"):
+        if not getattr(req, name):  # absent, "" or [] (an empty batch)
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
+    most = state.limits.max_beam - 1
+    if req.alternatives > most:
+        raise ApiError(
+            400,
+            f"Invalid request: alternatives parameter must be <= {most} (max_beam - 1 here)",
+        )
+    check_languages(state, req.source, req.target)
+    if (req.format or "text") not in ("text", "html"):
+        raise ApiError(400, f"{req.format} format is not supported (text or html)")
+    return [req.q] if isinstance(req.q, str) else req.q
+
+
+async def _translate_texts(
+    state: ServerState, request: Request, req: LibreRequest, texts: list[str], target
+) -> tuple[list[str], list[list[str]]]:
+    """Plain texts, line by line: per text its translation and its alternatives. Lines with
+    nothing to translate are kept as they are and never decoded."""
+    split = [text.split("\n") for text in texts]
+    lines = [line.removesuffix("\r") for text in split for line in text]
+    check_lines(lines, state.limits, "q lines", state.engine)
+    nbest = 1 + max(0, req.alternatives)
+    # The model's decode settings, its beam capped by max_beam as /v1/translate caps it, and
+    # widened to give the alternatives asked for.
+    beam = max(min(state.engine.decode.beam_size, state.limits.max_beam), nbest)
+    decode = checked_decode(dataclasses.replace(state.engine.decode, beam_size=beam, nbest=nbest))
+    todo = [i for i, line in enumerate(lines) if has_text(line)]
+    results = []
+    if todo:  # nothing to decode: no trip to the decode worker
+        results = await decode_lines(
+            state, request, [lines[i] for i in todo], decode, False, target
+        )
+    per_line = [[line] * nbest for line in lines]  # unchanged, unless decoded
+    for i, result in zip(todo, results, strict=True):
+        per_line[i] = [text for text, _ in result.nbest] + [""] * (nbest - len(result.nbest))
+    rows = iter(per_line)
+    translated, alternatives = [], []
+    for text in split:
+        hyps = [next(rows) for _ in text]
+        joined = ["\n".join(h[k] for h in hyps) for k in range(nbest)]
+        translated.append(joined[0])
+        alternatives.append(joined[1:] if any(has_text(line) for line in text) else [])
+    return translated, alternatives
+
+
+async def _translate_html(
+    state: ServerState, request: Request, texts: list[str], target
+) -> list[str]:
+    """HTML fragments: their text translated (with attention, which places inline markup),
+    their markup kept."""
+    try:
+        documents = [html_document(text) for text in texts]
+    except MTError as err:
+        raise ApiError(400, str(err)) from None
+    segments = [segment for doc in documents for segment in doc.segments]
+    check_lines(segments, state.limits, "q segments", state.engine)
+    beam = min(state.engine.decode.beam_size, state.limits.max_beam)
+    decode = checked_decode(dataclasses.replace(state.engine.decode, beam_size=beam, nbest=1))
+    results = await decode_lines(state, request, segments, decode, True, target)
+    out, start = [], 0
+    for doc in documents:
+        end = start + len(doc.segments)
+        out.append(doc.render(results[start:end]).decode("utf-8"))
+        start = end
+    return out
+
+
+@router.get("/languages")
+async def languages(state: ServerState = Depends(server_state)) -> list:
+    """LibreTranslate's: every language of the model's pairs, its English name (langcodes)
+    and, per source language, its targets."""
+    targets: dict[str, list[str]] = {}
+    for src, trg in state.pairs():
+        targets.setdefault(src, []).append(trg)
+    for _, trg in state.pairs():  # a client checks both ends against this list
+        targets.setdefault(trg, [])
+    return [
+        {"code": code, "name": language_name(code), "targets": to} for code, to in targets.items()
+    ]
+
+
+def language_name(code: str) -> str:
+    """A language code's English name ("de" -> "German"); the code itself where langcodes
+    knows none."""
+    try:
+        language = langcodes.Language.get(code)
+    except (langcodes.LanguageTagError, ValueError):
+        return code
+    return language.display_name() if language.is_valid() else code
+
+
+@router.post("/detect", openapi_extra=body_schema(DetectRequest))
+async def detect(request: Request, state: ServerState = Depends(server_state)) -> list:
+    """LibreTranslate's language detection: the model knows one source language."""
+    req = await read_fields(request, DetectRequest, state.limits)
+    if not req.q:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    state.check_access(request, req.api_key, [req.q])
+    return [{"language": state.engine.src_lang, "confidence": 100.0}]
+
+
+@router.get("/frontend/settings")
+async def frontend_settings(state: ServerState = Depends(server_state)) -> dict:
+    """What LibreTranslate's page and clients read first: limits, keys, files, languages."""
+    access, files = state.settings.access, state.files
+    source, target = state.pairs()[0]
+    return {
+        "charLimit": access.char_limit or -1,
+        "frontendTimeout": state.settings.frontend_timeout_ms,
+        "apiKeys": access.api_keys is not None,
+        "keyRequired": access.require_api_key,
+        "suggestions": False,
+        "filesTranslation": files is not None,
+        "supportedFilesFormat": list(FILE_FORMATS) if files is not None else [],
+        "language": {
+            "source": {"code": source, "name": language_name(source)},
+            "target": {"code": target, "name": language_name(target)},
+        },
+    }
+
+
+@router.post("/suggest")
+async def suggest() -> dict:
+    """LibreTranslate's suggestions: off here, as its servers answer by default."""
+    raise ApiError(403, "Suggestions are disabled on this server.")
+
+
+@router.get("/spec", include_in_schema=False)
+async def spec(request: Request) -> dict:
+    """The OpenAPI description (LibreTranslate serves its own at /spec)."""
+    return request.app.openapi()

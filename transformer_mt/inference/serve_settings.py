@@ -1,0 +1,89 @@
+"""`mt serve`'s settings, grouped by concern, and the one error a route raises.
+
+Plain Python (no FastAPI): `mt serve-keys` and the CLI's option parsing use these without the
+``serve`` extra. :class:`ServeSettings` is what the ``serve`` command builds from its options;
+each part goes to the piece of the server that owns it (limits to the body reader and the
+routes, access to :mod:`~transformer_mt.inference.access`, files to
+:mod:`~transformer_mt.inference.file_store`).
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformer_mt.inference.batcher import BatchSettings
+
+# On SIGTERM uvicorn waits for every open connection; a client that never finishes sending its
+# body (or never reads its answer) would keep the process alive for good. After this long
+# (`mt serve --shutdown-timeout`) the requests left are cancelled and their connections closed;
+# the decode worker still answers what was submitted before exiting.
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class ApiError(Exception):
+    """A refused request: its HTTP status, one line for ``{"error": ...}``, extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; beyond it, a 4xx JSON error naming the limit."""
+
+    max_body_bytes: int = 1 << 20  # request body (1 MiB); /translate_file: FileSettings
+    max_lines: int = 64  # lines per request
+    max_chars: int = 2000  # characters per line
+    max_beam: int = 16  # beam sizes 1..max_beam; n-best 1..beam
+    max_waiting: int = 1024  # requests waiting for the decode worker; more -> 503
+    body_timeout_s: float = 30.0  # to receive a request's body; slower -> 408
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    """Who may call the translating routes, and how much (LibreTranslate's keys and limits)."""
+
+    api_keys: Path | None = None  # a keys file (`mt serve-keys`); None: no keys
+    require_api_key: bool = False  # a request without a key is refused (400)...
+    key_free_origin: str | None = None  # ...unless its Origin header matches this regex
+    req_limit: int = 0  # requests per minute per client (per key: the key's own); 0: none
+    char_limit: int = 0  # characters per text (per key: the key's own); 0: none
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any check applies (otherwise every request passes untouched)."""
+        return bool(self.api_keys or self.require_api_key or self.req_limit or self.char_limit)
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    """File translation (/translate_file): its size and the downloads it keeps."""
+
+    enabled: bool = True
+    directory: Path | None = None  # where downloads are kept; None: a temporary directory
+    ttl_s: float = 1800.0  # a translated file can be downloaded for this long
+    max_files: int = 100  # downloads kept at most (the oldest go first)
+    max_total_bytes: int = 256 << 20  # and their bytes together at most
+    max_file_bytes: int = 8 << 20  # one uploaded file at most (its request body)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Everything `mt serve` is told: where to listen, which model, and each part's settings."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: str = "torch"  # torch (a checkpoint) or ct2 (an export)
+    device: str = "cpu"
+    quantize: str | None = None  # "int8": dynamic int8 linear layers (torch engine, CPU)
+    access_log: bool = False
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
+    # On SIGTERM, keep serving this long with /health/ready answering 503 (draining), so that a
+    # load balancer's health checks take the server out of rotation before it stops accepting.
+    drain_s: float = 0.0
+    workers: int = 1  # processes, each with its own model and decode worker, on one port
+    frontend_timeout_ms: int = 500  # /frontend/settings' frontendTimeout (a page's typing delay)
+    limits: Limits = field(default_factory=Limits)
+    batching: BatchSettings = field(default_factory=BatchSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)
+    files: FileSettings = field(default_factory=FileSettings)

@@ -10,7 +10,7 @@ op pays a wake-up. Each case runs in a fresh process, because a team, once made,
 - ``worker, model loaded in main``: the model loaded and warmed up in the main thread, the work
   done in a second thread (the server before the fix);
 - ``worker, model loaded in a thread``: the model loaded in a thread that has ended, the work done
-  in a second thread (`mt serve` now, ``load_engine_off_main_thread``).
+  in a second thread (`mt serve` now, ``server._in_own_thread``).
 
 Printed: the median time of a small add (160 x 256) and a linear layer (160 x 256 -> 1024), and,
 with ``--checkpoint`` and ``--src``, sentences/s translating the file in batches of 32 lines in

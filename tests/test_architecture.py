@@ -76,3 +76,32 @@ print(loaded)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+MAX_BODY_LINES = 60
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body, its docstring left out (a Typer command's options are its
+    signature, not its body)."""
+    body = node.body[1:] if ast.get_docstring(node) and len(node.body) > 1 else node.body
+    return node.end_lineno - body[0].lineno + 1
+
+
+def test_no_function_does_several_jobs():
+    """No function body over 60 lines, unless its docstring says why on a line 'Length: ...'."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            n, doc = _body_lines(node), ast.get_docstring(node) or ""
+            if n > MAX_BODY_LINES and "\nLength: " not in "\n" + doc:
+                long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({n})")
+    assert not long, "split these, or give the reason in the docstring: " + ", ".join(long)
+
+
+def test_the_length_rule_counts_what_it_says():
+    source = "def f():\n    '''Doc.\n\n    More.\n    '''\n" + "    x = 1\n" * 61
+    node = ast.parse(source).body[0]
+    assert _body_lines(node) == 61

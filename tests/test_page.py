@@ -3,9 +3,9 @@
 Starts the server on 127.0.0.1 with the old fixture checkpoint, types the fixture's first
 source line, clicks Translate and checks that the page shows what `mt translate` prints for the
 same line and settings, the n-best list, and a drawn cross-attention heatmap of the right shape;
-then that an error of the API (a 4xx) reaches the user, through Ctrl+Enter. Saves a screenshot
-to docs/translation_page.png. Skips, saying why, where no Chromium, chromedriver or selenium is
-installed.
+then that an error of the API (a 4xx) reaches the user, through Ctrl+Enter. Skips, saying why,
+where no Chromium, chromedriver or selenium is installed. (The README's picture comes from a model
+that translates: scripts/screenshot_page.py.)
 """
 
 import json
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "old_checkpoint"
 CHECKPOINT = FIXTURE / "old_last.pt"
-SCREENSHOT = ROOT / "docs" / "translation_page.png"
 BEAM = 3
 NBEST = 3
 
@@ -179,12 +178,6 @@ def test_page_translates_and_draws_the_heatmap(browser, server_url, tmp_path):
 
     errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, f"the page logged errors: {errors}"
-
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(1000, height + 140)  # the whole page in one picture
-    browser.save_screenshot(str(tmp_path / "translation_page.png"))
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    shutil.copyfile(tmp_path / "translation_page.png", SCREENSHOT)
 
     # Ctrl+Enter translates; the API's 4xx message is shown, not swallowed, and goes away with
     # the next translation (greedy: the fixture's expected.beam1.txt, which `mt translate` gives).

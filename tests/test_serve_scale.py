@@ -26,6 +26,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installe
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from test_serve import running  # noqa: E402  (the one way to run an app in tests)
 from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
@@ -39,25 +40,6 @@ from transformer_mt.inference.server_state import LOADING, ProcessState, Readine
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
 SRC = FIXTURE / "src.txt"
-
-
-@contextmanager
-def running(app):
-    """``app`` on a real uvicorn in a thread, on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def metric_samples(text: str) -> dict[tuple, float]:

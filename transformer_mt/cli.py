@@ -730,6 +730,16 @@ def _write_lines(output: Path | None, lines: Iterable[str], inputs: Iterable = (
         raise
 
 
+def _refuse_with_hyp(options: dict[str, object]) -> None:
+    """--hyp scores translations made already: an option for translating is a mistake."""
+    for option, value in options.items():
+        if value not in (None, []):
+            raise MTError(
+                f"--hyp scores translations made already; {option} is for translating "
+                "--src: drop it, or give --src instead of --hyp"
+            )
+
+
 @app.command()
 @user_errors
 def evaluate(
@@ -774,13 +784,8 @@ def evaluate(
     if (hyp is None) == (src is None):
         raise MTError("give either --hyp FILE, or --src FILE with --checkpoint")
     if hyp is not None:
-        for option, value in (("--checkpoint", checkpoint), ("--beam", beam),
-                              ("--len-penalty", len_penalty), ("--quantize", quantize)):  # fmt: skip
-            if value not in (None, []):
-                raise MTError(
-                    f"--hyp scores translations made already; {option} is for translating "
-                    "--src: drop it, or give --src instead of --hyp"
-                )
+        translating = {"--checkpoint": checkpoint, "--beam": beam}
+        _refuse_with_hyp({**translating, "--len-penalty": len_penalty, "--quantize": quantize})
     refs = [read_lines(r) for r in ref]
     if hyp is not None:
         hyps, hyp_name = read_lines(hyp), str(hyp)
@@ -791,15 +796,9 @@ def evaluate(
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
         options = {"beam_size": beam, "nbest": 1, "len_penalty": len_penalty}
         results, _ = _translate(
-            engine,
-            checkpoint,
-            device,
-            sources,
-            options,
-            progress=True,
-            quantize=quantize,
+            engine, checkpoint, device, sources, options, progress=True, quantize=quantize,
             target_lang=target_lang,
-        )
+        )  # fmt: skip
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
     scores = score_all(hyps, refs, tokenize)

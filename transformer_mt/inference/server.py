@@ -42,14 +42,9 @@ import dataclasses
 import errno
 import functools
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
 import re
 import signal
 import socket
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -79,8 +74,9 @@ try:
     from transformer_mt.inference.access import Access
     from transformer_mt.inference.file_store import FileStore
     from transformer_mt.inference.forms import first_error, json_bytes
-    from transformer_mt.inference.metrics import MULTIPROC_ENV, ServerMetrics, process_ended
+    from transformer_mt.inference.metrics import ServerMetrics
     from transformer_mt.inference.server_state import ProcessState, Readiness, ServerState
+    from transformer_mt.inference.server_workers import supervise
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise MTError(
         f"`mt serve` needs FastAPI, uvicorn, python-multipart, langcodes and prometheus-client "
@@ -392,10 +388,10 @@ def serve(path: Path | str, settings: ServeSettings) -> None:
         for sock in sockets:  # connections wait in the backlog until a worker accepts them
             sock.listen(_BACKLOG)
         if settings.workers > 1:
-            _supervise(path, settings, sockets)
+            supervise(path, settings, sockets)
         else:
             process = ProcessState(0, Readiness(1), ServerMetrics())
-            _serve_process(path, settings, sockets, process)
+            serve_process(path, settings, sockets, process)
     finally:
         for sock in sockets:
             sock.close()
@@ -404,7 +400,7 @@ def serve(path: Path | str, settings: ServeSettings) -> None:
 _BACKLOG = 2048  # as uvicorn's
 
 
-def _serve_process(
+def serve_process(
     path: Path | str, settings: ServeSettings, sockets: list[socket.socket], process: ProcessState
 ) -> None:
     """Serve on the bound ``sockets`` at once, the model loading meanwhile; its load error is
@@ -417,149 +413,6 @@ def _serve_process(
     _run_uvicorn(app, sockets, settings)
     if app.state.load_error is not None:
         raise app.state.load_error
-
-
-def _supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.socket]) -> None:
-    """Run ``settings.workers`` worker processes on the bound ``sockets`` until SIGINT/SIGTERM;
-    their metrics go to one temporary directory, removed when they have stopped."""
-    if settings.files.enabled:  # a download is kept by the process that translated the file
-        logger.warning(
-            "file translation (/translate_file) is off with --workers %d (a download must come "
-            "back to the worker that made it): serve files from a one-worker server; --no-files "
-            "turns it off without this warning",
-            settings.workers,
-        )
-        settings = dataclasses.replace(
-            settings, files=dataclasses.replace(settings.files, enabled=False)
-        )
-    previous = os.environ.get(MULTIPROC_ENV)
-    with tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir:
-        os.environ[MULTIPROC_ENV] = metrics_dir  # prometheus-client reads it in each worker
-        try:
-            _Workers(path, settings, sockets).run()
-        finally:
-            os.environ.pop(MULTIPROC_ENV)
-            if previous is not None:
-                os.environ[MULTIPROC_ENV] = previous
-
-
-class _Workers:
-    """The worker processes of `mt serve --workers N`: started, restarted when one dies after
-    its model was loaded, stopped together (SIGTERM to each); a worker that fails before its
-    model is loaded stops them all with its error."""
-
-    def __init__(
-        self, path: Path | str, settings: ServeSettings, sockets: list[socket.socket]
-    ) -> None:
-        self.path, self.settings, self.sockets = path, settings, sockets
-        self.context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state
-        self.readiness = Readiness(settings.workers)
-        self.errors = self.context.SimpleQueue()  # a worker's load error, as one line
-        self.processes: dict[int, multiprocessing.process.BaseProcess] = {}
-        self.stopping = False
-        self.failure: str | None = None
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        # N workers share the CPUs: each decodes on its part (unless OMP_NUM_THREADS says)
-        self.threads = (
-            None if "OMP_NUM_THREADS" in os.environ else max(1, (cpus or 1) // settings.workers)
-        )
-
-    def run(self) -> None:
-        """Start the workers, watch them until they have all ended; MTError if one failed."""
-        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        threads = "as OMP_NUM_THREADS says" if self.threads is None else f"{self.threads} each"
-        logger.info("starting %d workers (threads: %s)", self.settings.workers, threads)
-        try:
-            for worker in range(self.settings.workers):
-                if not self.stopping:  # a signal may come while they start
-                    self.start(worker)
-            while self.processes:
-                sentinels = [process.sentinel for process in self.processes.values()]
-                multiprocessing.connection.wait(sentinels, timeout=1.0)
-                for worker, process in list(self.processes.items()):
-                    if process.exitcode is not None:
-                        self.ended(worker, process)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        if self.failure is not None:
-            raise MTError(self.failure)
-
-    def start(self, worker: int) -> None:
-        """Start worker number ``worker`` (0..N-1)."""
-        args = (self.path, self.settings, self.sockets, self.readiness, worker, self.errors)
-        process = self.context.Process(
-            target=_worker_main, args=(*args, self.threads), name=f"mt-serve-{worker}"
-        )
-        process.start()
-        self.processes[worker] = process
-
-    def ended(self, worker: int, process: multiprocessing.process.BaseProcess) -> None:
-        """A worker has exited: restart it if it had loaded its model and died, or stop the
-        others if it failed before."""
-        del self.processes[worker]
-        process_ended(process.pid)
-        was_ready = self.readiness.worker_loaded(worker)
-        self.readiness.set_loaded(worker, False)  # a killed worker could not say so
-        if self.stopping:
-            return
-        if was_ready:
-            logger.warning(
-                "worker %d (pid %d) died (exit code %s); starting another",
-                worker, process.pid, process.exitcode,
-            )  # fmt: skip
-            self.start(worker)
-            return
-        error = None if self.errors.empty() else self.errors.get()
-        self.failure = (
-            error
-            or f"worker {worker} exited with code {process.exitcode} before its model was loaded"
-        )
-        self.stop()
-
-    def stop(self, signum: int | None = None, _frame=None) -> None:
-        """Stop every worker (SIGTERM: each drains and lets its requests finish)."""
-        if signum is not None and not self.stopping:
-            logger.info(
-                "stopping (%s): the workers finish their requests", signal.Signals(signum).name
-            )
-        self.stopping = True
-        self.readiness.drain()
-        for process in self.processes.values():
-            if process.exitcode is None:
-                process.terminate()
-
-
-def _worker_main(
-    path: Path | str,
-    settings: ServeSettings,
-    sockets: list[socket.socket],
-    readiness: Readiness,
-    worker: int,
-    errors,
-    threads: int | None,
-) -> None:
-    """One worker process of `mt serve --workers N`: its own model, decode worker and event
-    loop on the shared sockets; an MTError (its model did not load) goes to ``errors``."""
-    # Ctrl-C reaches every process of the terminal's group; the supervisor's SIGTERM stops this
-    # one (uvicorn takes SIGINT again while it serves: a second Ctrl-C stops at once).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"worker {worker}: %(message)s"))
-    package = logging.getLogger("transformer_mt")
-    package.addHandler(handler)
-    package.setLevel(logging.INFO)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    try:
-        _serve_process(
-            path, settings, sockets, ProcessState(worker, readiness, ServerMetrics(worker))
-        )
-    except MTError as err:
-        errors.put(str(err))
-        sys.exit(1)
 
 
 def bind_sockets(host: str, port: int) -> list[socket.socket]:

@@ -74,6 +74,11 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, pad_idx: int, epsilon: float, dtype):  # type: ignore[override]
+        """Loss and NLL of the rows, with the gradients of ``hidden``, ``weight`` and ``bias``.
+
+        Length: one loop over the blocks, whose buffers are reused from block to block; split
+        into functions, each would take and return the same half-dozen buffers.
+        """
         n, vocab = hidden.size(0), weight.size(0)
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # The output projection's bias (an imported Marian model's), added to each block of

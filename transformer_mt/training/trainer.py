@@ -588,22 +588,7 @@ class Trainer:
         train_cfg, state = self.cfg.train, self.state
         if not self._begin():
             return state
-        stream = BatchStream(
-            self.data.train,
-            self.cfg,
-            self.info,
-            self.data.sampler,
-            epoch=state.epoch,
-            batch_in_epoch=state.batch_in_epoch,
-        )
-        bar = tqdm(
-            total=train_cfg.max_steps,
-            initial=state.step,
-            disable=not (self.progress and self.info.is_main),
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-        )
+        stream, bar = self._stream(), self._progress_bar()
         started, spent_before = time.perf_counter(), state.train_seconds
 
         def elapsed() -> float:
@@ -649,6 +634,28 @@ class Trainer:
         bar.close()
         self._finish(reason, saved)
         return state
+
+    def _stream(self) -> BatchStream:
+        """This rank's batches from where the state says the run is."""
+        return BatchStream(
+            self.data.train,
+            self.cfg,
+            self.info,
+            self.data.sampler,
+            epoch=self.state.epoch,
+            batch_in_epoch=self.state.batch_in_epoch,
+        )
+
+    def _progress_bar(self) -> tqdm:
+        """The steps' progress bar (the main rank's, when progress is on)."""
+        return tqdm(
+            total=self.cfg.train.max_steps,
+            initial=self.state.step,
+            disable=not (self.progress and self.info.is_main),
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
 
     def _begin(self) -> bool:
         """Write the run's setup files and say what is about to happen; False when the run has

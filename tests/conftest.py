@@ -98,6 +98,7 @@ train:
   valid_every: 10
   keep_last: 1
   threads: 1
+  precision: fp32  # runs that tests compare must not hang on a timing probe (train.precision=auto)
 decode:
   beam_size: 2
   max_len_a: 5

@@ -1,7 +1,6 @@
 """Config: YAML onto typed dataclasses, dotted overrides, errors that name the key."""
 
 import dataclasses
-import inspect
 import json
 import os
 import re
@@ -13,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from transformer_mt.config import (
-    RANGES,
-    UNBOUNDED,
     Config,
+    SourceConfig,
     config_from_dict,
     load_config,
     recipe_names,
     recipe_path,
     save_config,
+    settings_of,
 )
 from transformer_mt.errors import MTError
 
@@ -110,16 +109,6 @@ def test_shipped_configs_load_and_comment_every_key(path):
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if re.match(r"^\s+\w+:\s*\S", line):
             assert "#" in line, f"{path.name}:{lineno} has no comment: {line.strip()}"
-
-
-def test_every_dataclass_field_has_a_comment():
-    sections = [s.type for s in dataclasses.fields(Config) if dataclasses.is_dataclass(s.type)]
-    assert len(sections) == 5
-    for cls in [Config, *sections]:  # each class's own lines: two classes share field names
-        source = inspect.getsource(cls).splitlines()
-        for f in dataclasses.fields(cls):
-            line = next(ln for ln in source if re.match(rf"\s+{f.name}: ", ln))
-            assert "#" in line, f"config field {cls.__name__}.{f.name} has no comment"
 
 
 def test_a_tilde_in_a_data_path_is_the_home_directory(tmp_path, monkeypatch):
@@ -280,17 +269,45 @@ def test_edges_of_the_ranges_are_accepted(override):
     load_config(None, [override])
 
 
-def test_every_numeric_field_has_a_range():
-    """A new numeric field needs its bounds in config.RANGES (or a reason in UNBOUNDED)."""
-    sections = {
-        f.name: f.type for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.type)
-    }
-    for section, cls in sections.items():
-        for f in dataclasses.fields(cls):
-            numeric = any(t in str(f.type) for t in ("int", "float"))
-            key = f"{section}.{f.name}"
-            if numeric:
-                assert f.name in RANGES[section] or key in UNBOUNDED, f"{key} has no range"
+def _declared_classes() -> dict[str, type]:
+    sections = {s.name: s.type for s in settings_of(Config) if dataclasses.is_dataclass(s.type)}
+    return {"": Config, **sections, "data.train[]": SourceConfig}
+
+
+def test_every_field_is_declared_with_help_and_numbers_with_a_range():
+    """Each field of each config dataclass says what it does, and a numeric one what it
+    accepts: validation, the options' help, `mt config` and docs/CONFIG.md read it from there."""
+    for section, cls in _declared_classes().items():
+        for declared in settings_of(cls):
+            key = f"{section}.{declared.name}".lstrip(".")
+            assert declared.help.strip(), f"{key} has no help"
+            numeric = any(t in str(declared.type) for t in ("int", "float"))
+            if numeric and "list" not in str(declared.type):
+                assert declared.range is not None, f"{key} has no range"
+                assert declared.range.holds(declared.default), f"{key}: default out of its range"
+            if declared.choices is not None:
+                assert declared.default in declared.choices, f"{key}: default not a choice"
+
+
+def test_a_declared_range_is_what_validation_enforces():
+    """Every declared bound is enforced by load_config, with the range's words in the error:
+    one value beyond each finite bound is refused."""
+    for section in ("data", "tokenizer", "model", "train", "decode"):
+        for declared in settings_of(getattr(Config(), section).__class__):
+            allowed = declared.range
+            if allowed is None or declared.type not in (int, float, int | None, float | None):
+                continue
+            step = 1 if declared.type in (int, int | None) else 1e-6
+            bounds = [(allowed.lo, -step), (allowed.hi, step)]
+            for bound, delta in bounds:
+                if bound is None:
+                    continue
+                value = (
+                    bound if (allowed.lo_open if delta < 0 else allowed.hi_open) else bound + delta
+                )
+                override = f"{section}.{declared.name}={value}"
+                with pytest.raises(MTError, match=re.escape(allowed.describe())):
+                    load_config(None, [override])
 
 
 def test_a_range_error_stops_train_before_any_data_work(tmp_path, monkeypatch):
@@ -321,3 +338,80 @@ def test_translate_refuses_a_huge_beam_before_translating():
     assert (
         result.output.strip() == "error: decode.beam_size (--beam) is 100000; it must be 1 to 128"
     )
+
+
+# Each shared decode setting at values inside, at and beyond its declared range and the
+# server's max_beam (6 below): (field, value, the other settings that keep the rest valid).
+SHARED_DECODE_CASES = [
+    ("beam_size", 0, {}),
+    ("beam_size", 1, {}),
+    ("beam_size", 6, {}),
+    ("beam_size", 7, {}),
+    ("beam_size", 129, {}),
+    ("nbest", 0, {"beam_size": 6}),
+    ("nbest", 1, {"beam_size": 6}),
+    ("nbest", 6, {"beam_size": 6}),
+    ("nbest", 7, {"beam_size": 6}),
+    ("nbest", 7, {"beam_size": 7}),
+    ("len_penalty", -1.0, {}),
+    ("len_penalty", 0.0, {}),
+    ("len_penalty", 0.6, {}),
+    ("len_penalty", 50.0, {}),
+]
+CLI_OPTIONS = {"beam_size": "--beam", "nbest": "--nbest", "len_penalty": "--len-penalty"}
+V1_FIELDS = {"beam_size": "beam", "nbest": "nbest", "len_penalty": "len_penalty"}
+
+
+def _cli_answer(ckpt: Path, settings: dict, tmp_path: Path) -> tuple[bool, str]:
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+
+    source = tmp_path / "in.txt"
+    source.write_text("ein Hund\n", encoding="utf-8")
+    args = ["translate", "-c", str(ckpt), "-i", str(source), "-o", str(tmp_path / "out.txt")]
+    for key, value in settings.items():
+        args += [CLI_OPTIONS[key], str(value)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code == 0, result.output.strip()
+
+
+def test_the_cli_and_both_server_apis_accept_and_refuse_the_same_decode_values(tmp_path):
+    """One override path: `mt translate`, POST /v1/translate and LibreTranslate's /translate
+    accept the same values of each shared decode setting, and refuse with the same words; the
+    server refuses more only where its max_beam is tighter, and its error names max_beam."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+    from test_serve import running
+
+    from transformer_mt.inference.batcher import BatchSettings
+    from transformer_mt.inference.engines import TorchEngine
+    from transformer_mt.inference.server import Limits, create_app
+
+    ckpt = REPO / "tests" / "fixtures" / "old_checkpoint" / "old_last.pt"
+    app = create_app(TorchEngine(ckpt), Limits(max_beam=6), BatchSettings())
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for key, value, others in SHARED_DECODE_CASES:
+            settings = {**others, key: value}
+            cli_ok, cli_says = _cli_answer(ckpt, settings, tmp_path)
+            body = {"text": ["ein Hund"], **{V1_FIELDS[k]: v for k, v in settings.items()}}
+            v1 = client.post("/v1/translate", json=body)
+            answers = [("/v1/translate", v1.status_code == 200, v1.json().get("error", ""))]
+            if key == "nbest" and value >= 1:  # alternatives = n-best - 1; its beam follows
+                body = {
+                    "q": "ein Hund",
+                    "source": "src",
+                    "target": "trg",
+                    "alternatives": value - 1,
+                }
+                libre = client.post("/translate", json=body)
+                answers.append(("/translate", libre.status_code == 200, libre.json().get("error")))
+            for route, ok, says in answers:
+                case = f"{key}={value} ({others}): cli {cli_says!r}, {route} {says!r}"
+                if cli_ok and not ok:
+                    assert "max_beam" in says, case  # only the server's own, named limit
+                    continue
+                assert ok == cli_ok, case
+                if not ok and "max_beam" not in says:  # the same words after the key's name
+                    assert says.split(" is ", 1)[1] == cli_says.split(" is ", 1)[1], case

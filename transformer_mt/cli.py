@@ -25,6 +25,7 @@ import typer
 from tqdm import tqdm
 from typer.core import TyperGroup
 
+from transformer_mt.config import option_help
 from transformer_mt.errors import MTError
 
 
@@ -86,15 +87,13 @@ SetOpt = Annotated[
         "--set", help="Override a config key, e.g. --set train.max_steps=100 (repeatable)."
     ),
 ]
-BeamOpt = Annotated[
-    int | None, typer.Option(help="Beam size; 1 = greedy; default: the run's decode.beam_size.")
-]
+# The decode options: names, ranges and help from DecodeConfig's declaration (config.py).
+BeamOpt = Annotated[int | None, typer.Option("--beam", help=option_help("beam_size"))]
 LenPenaltyOpt = Annotated[
-    float | None,
-    typer.Option(
-        help="Length penalty alpha: scores are divided by GNMT's ((5 + len) / 6) ** alpha; with "
-        "--engine ct2, by CTranslate2's len ** alpha. Default: the run's."
-    ),
+    float | None, typer.Option("--len-penalty", help=option_help("len_penalty"))
+]
+BatchTokensOpt = Annotated[
+    int | None, typer.Option("--batch-tokens", help=option_help("batch_tokens"))
 ]
 EngineOpt = Annotated[
     str,
@@ -224,13 +223,10 @@ def _note(message: str) -> None:
 
 def _decode_settings(base, **options):
     """The model's decode settings ``base`` with the options given on the command line (None
-    keeps the model's value), validated as the config is."""
-    from transformer_mt.config import validate_decode
+    keeps the model's value), checked as the config and the server's requests are."""
+    from transformer_mt.config import apply_overrides
 
-    changes = {key: value for key, value in options.items() if value is not None}
-    decode = dataclasses.replace(base, **changes)
-    validate_decode(decode)
-    return decode
+    return apply_overrides(base, options)
 
 
 def _translate(
@@ -403,6 +399,23 @@ def prepare(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     _note(f"ready: {what} and {len(data.valid):,} validation pairs")
 
 
+@app.command("config")
+@user_errors
+def show_config(
+    config: Annotated[
+        Path | None,
+        typer.Argument(help="A YAML config, or a shipped recipe's name; default: toy."),
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Print the resolved config as YAML: every key with its value (defaults included) and its
+    help as a comment, exactly what `mt train` would run with; `mt train --config` reads it back.
+    Every key is listed in docs/CONFIG.md."""
+    from transformer_mt.config import config_yaml
+
+    typer.echo(config_yaml(_load_config(config, set_)), nl=False)
+
+
 def _read_input(path: Path | None) -> list[str]:
     from transformer_mt.fileio import decode_utf8, read_lines, split_lines
 
@@ -429,11 +442,9 @@ def translate(
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Default: stdin.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: stdout.")] = None,
     beam: BeamOpt = None,
-    nbest: Annotated[
-        int | None, typer.Option(help="Hypotheses per line, as 'text<TAB>score' lines.")
-    ] = None,
+    nbest: Annotated[int | None, typer.Option("--nbest", help=option_help("nbest"))] = None,
     len_penalty: LenPenaltyOpt = None,
-    batch_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch.")] = None,
+    batch_tokens: BatchTokensOpt = None,
     device: DeviceOpt = "cpu",
     attention_dir: Annotated[
         Path | None, typer.Option(help="Write a cross-attention heatmap PNG per sentence here.")
@@ -442,24 +453,14 @@ def translate(
         int | None, typer.Option(help="Decoder layer for the heatmaps; default: average of all.")
     ] = None,
     sample: Annotated[
-        bool, typer.Option("--sample", help="Draw tokens instead of searching (back-translation).")
+        bool, typer.Option("--sample", help=option_help("sampling", run_default=False))
     ] = False,
     temperature: Annotated[
-        float | None, typer.Option(help="With --sample: softmax temperature.")
+        float | None, typer.Option("--temperature", help=option_help("temperature"))
     ] = None,
-    top_k: Annotated[
-        int | None, typer.Option(help="With --sample: keep the k best tokens; 0 = all.")
-    ] = None,
-    top_p: Annotated[
-        float | None, typer.Option(help="With --sample: nucleus mass; 1 = all.")
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="With --sample: seed of the draws. A line's sample depends on the seed and its "
-            "line number only: not on --batch-tokens, the other lines, or --interactive."
-        ),
-    ] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help=option_help("top_k"))] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help=option_help("top_p"))] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help=option_help("sample_seed"))] = None,
     prefix_file: Annotated[
         Path | None,
         typer.Option(help="One target prefix per input line (empty: none); outputs start with it."),
@@ -821,12 +822,7 @@ def score(
         bool, typer.Option("--json", help='One {"logprob", "tokens", "avg"} object per line.')
     ] = False,
     device: DeviceOpt = "cpu",
-    batch_tokens: Annotated[
-        int | None,
-        typer.Option(
-            min=1, help="Padded tokens per batch; default: the run's decode.batch_tokens."
-        ),
-    ] = None,
+    batch_tokens: BatchTokensOpt = None,
     target_lang: TargetLangOpt = None,
 ) -> None:
     """Forced decoding: the model's log-probability of each target given its source.
@@ -857,9 +853,10 @@ def score(
         check_ensemble([str(p) for p in checkpoints], [x.model for x in loaded],
                        [x.src_tok for x in loaded], [x.trg_tok for x in loaded])  # fmt: skip
     first = loaded[0]
+    decode = _decode_settings(first.config.decode, batch_tokens=batch_tokens)
     scores = score_pairs(
         [x.model for x in loaded], first.src_tok, first.trg_tok, sources, targets,
-        batch_tokens=batch_tokens or first.config.decode.batch_tokens, progress=True,
+        batch_tokens=decode.batch_tokens, progress=True,
         src_prefix=first.source_prefix(target_lang),
     )  # fmt: skip
     _write_lines(output, format_scores(scores, as_json=as_json), inputs=[src, trg, *checkpoints])

@@ -6,12 +6,15 @@ overrides one field. Mistakes raise :class:`MTError` naming the key, before any 
 """
 
 import dataclasses
+import functools
 import importlib.resources
 import math
 import os
 import re
+import textwrap
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,118 @@ import yaml
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import decode_utf8, write_text_atomic
+
+# sacrebleu's BLEU tokenizers that need no download (its spm/flores ones fetch a model).
+BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
+MAX_BEAM = 128  # wider beams cost memory in proportion and no longer improve translations
+MIN_VOCAB_SIZE = 16  # the 4 special ids and a few pieces: no corpus's alphabet fits in fewer
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"  # what train.device accepts (check_device_name)
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric config field accepts: ``lo``/``hi`` (None = unbounded), each bound
+    included unless ``*_open``; ``none_ok`` also accepts null. Floats must also be finite."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    none_ok: bool = False
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return self.none_ok
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return above and below
+
+    def describe(self) -> str:
+        """The range in words: "at least 1", "1 to 128", "in [0, 1)", "greater than 0"."""
+        lo, hi = _number(self.lo), _number(self.hi)
+        if self.lo is None and self.hi is None:
+            text = "any number"
+        elif self.hi is None:
+            text = f"greater than {lo}" if self.lo_open else f"at least {lo}"
+        elif self.lo is None:
+            text = f"less than {hi}" if self.hi_open else f"at most {hi}"
+        elif not self.lo_open and not self.hi_open:
+            text = f"{lo} to {hi}"
+        else:
+            text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        return text + (" or null" if self.none_ok else "")
+
+
+def _number(value: float | None) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+AT_LEAST_1, AT_LEAST_0 = Range(lo=1), Range(lo=0)
+POSITIVE = Range(lo=0, lo_open=True)  # > 0
+PROBABILITY = Range(lo=0.0, hi=1.0, hi_open=True)  # [0, 1): dropout, label smoothing, betas
+SEED_63 = Range(0, 2**63 - 1)  # numpy needs >= 0; torch takes seed + step below 2**64
+
+ANY_NUMBER = Range()  # a numeric field that takes every value (e.g. random.Random's seed)
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    range: Range | None = None,
+    choices: tuple[str, ...] | None = None,
+    option: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A config field declared once: its default, its help text and the values it accepts.
+
+    ``range`` bounds a numeric field, ``choices`` lists a text field's values, and ``option``
+    names the `mt translate` option that sets a decode field. Validation (:func:`check_settings`),
+    the command-line help (:func:`option_help`), `mt config` and docs/CONFIG.md read only this.
+    """
+    if not help:
+        raise TypeError("a setting needs its help text")
+    metadata = {"help": help, "range": range, "choices": choices, "option": option}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One declared field, as validation and the documentation read it."""
+
+    name: str
+    type: Any
+    default: Any  # the value a fresh instance has (a factory's result)
+    help: str
+    range: Range | None
+    choices: tuple[str, ...] | None
+    option: str | None
+
+
+@functools.cache
+def settings_of(cls: type) -> tuple[Setting, ...]:
+    """The declared fields of the config dataclass ``cls``, in their order.
+
+    Read once per class: every request to the server checks its decode settings through them.
+    """
+    hints, fresh = typing.get_type_hints(cls), cls()
+    return tuple(
+        Setting(
+            name=f.name,
+            type=hints[f.name],
+            default=getattr(fresh, f.name),
+            help=f.metadata.get("help", ""),
+            range=f.metadata.get("range"),
+            choices=f.metadata.get("choices"),
+            option=f.metadata.get("option"),
+        )
+        for f in dataclasses.fields(cls)
+    )
 
 
 @dataclass
@@ -31,34 +146,89 @@ class SourceConfig:
     refine it. The languages are ``data.src_lang`` / ``data.trg_lang``.
     """
 
-    src: str | None = None  # source-side file: text (plain, .gz, .xz, .bz2), WMT .sgm, or IWSLT
-    # .xml / train.tags (by its name); read inside `archive` when that is set
-    trg: str | None = None  # target-side file, the same format as `src`
-    tsv: str | None = None  # a tab-separated file, one pair a line (see `columns`)
-    columns: list[int] = field(default_factory=lambda: [0, 1])  # tsv: the source and target
-    # columns, counted from 0
-    jsonl: str | None = None  # a JSON-lines file, one object a pair (see `fields`)
-    parquet: str | None = None  # a parquet file, one row a pair (see `fields`); needs [hf]
-    fields: list[str] | None = None  # jsonl / parquet / hf: the source and target fields, dotted
-    # into nested objects; null = translation.<src_lang> and translation.<trg_lang>
-    tmx: str | None = None  # a TMX translation memory (units without both languages are skipped)
-    archive: str | None = None  # read src/trg, tsv, jsonl or tmx as members of this archive
-    # (.tar, .tgz, .tar.xz, .tar.bz2, .zip) without unpacking it
-    corpus: str | None = None  # a registry corpus by name (`mt download --list`)
-    mtdata: str | None = None  # an mtdata dataset ID, e.g. Statmt-news_commentary-16-deu-eng
-    # (needs the [mtdata] extra)
-    hf: str | None = None  # a Hugging Face dataset: its Hub name or a local path (needs [hf])
-    hf_config: str | None = None  # hf: the dataset's configuration, e.g. de-en
-    split: str | None = None  # corpus / hf: the split to read; null = the split this source is
-    # listed under (for hf: train, validation, test)
-    sacrebleu: str | None = None  # a sacrebleu test set, e.g. wmt14/full (md5-checked, cached in
-    # $SACREBLEU)
-    src_lang: str | None = None  # the source's source language; null = data.src_lang
-    trg_lang: str | None = None  # the source's target language; null = data.trg_lang. Several
-    # target languages make a multilingual model: each source starts with a <2xx> tag
-    weight: float = 1.0  # data.train only: how much of the source an epoch draws: 2 = each pair
-    # twice, 0.5 = a random half (drawn anew each epoch)
-    name: str | None = None  # a plain name for reports and the cache; null = taken from the source
+    src: str | None = setting(
+        None,
+        "source-side file: text (plain, .gz, .xz, .bz2), WMT .sgm, or IWSLT .xml / train.tags "
+        "(by its name); read inside `archive` when that is set",
+    )
+    trg: str | None = setting(
+        None,
+        "target-side file, the same format as `src`",
+    )
+    tsv: str | None = setting(
+        None,
+        "a tab-separated file, one pair a line (see `columns`)",
+    )
+    columns: list[int] = setting(
+        help="tsv: the source and target columns, counted from 0",
+        factory=lambda: [0, 1],
+    )
+    jsonl: str | None = setting(
+        None,
+        "a JSON-lines file, one object a pair (see `fields`)",
+    )
+    parquet: str | None = setting(
+        None,
+        "a parquet file, one row a pair (see `fields`); needs [hf]",
+    )
+    fields: list[str] | None = setting(
+        None,
+        "jsonl / parquet / hf: the source and target fields, dotted into nested objects; null ="
+        " translation.<src_lang> and translation.<trg_lang>",
+    )
+    tmx: str | None = setting(
+        None,
+        "a TMX translation memory (units without both languages are skipped)",
+    )
+    archive: str | None = setting(
+        None,
+        "read src/trg, tsv, jsonl or tmx as members of this archive (.tar, .tgz, .tar.xz, "
+        ".tar.bz2, .zip) without unpacking it",
+    )
+    corpus: str | None = setting(
+        None,
+        "a registry corpus by name (`mt download --list`)",
+    )
+    mtdata: str | None = setting(
+        None,
+        "an mtdata dataset ID, e.g. Statmt-news_commentary-16-deu-eng (needs the [mtdata] extra)",
+    )
+    hf: str | None = setting(
+        None,
+        "a Hugging Face dataset: its Hub name or a local path (needs [hf])",
+    )
+    hf_config: str | None = setting(
+        None,
+        "hf: the dataset's configuration, e.g. de-en",
+    )
+    split: str | None = setting(
+        None,
+        "corpus / hf: the split to read; null = the split this source is listed under (for hf: "
+        "train, validation, test)",
+    )
+    sacrebleu: str | None = setting(
+        None,
+        "a sacrebleu test set, e.g. wmt14/full (md5-checked, cached in $SACREBLEU)",
+    )
+    src_lang: str | None = setting(
+        None,
+        "the source's source language; null = data.src_lang",
+    )
+    trg_lang: str | None = setting(
+        None,
+        "the source's target language; null = data.trg_lang. Several target languages make a "
+        "multilingual model: each source starts with a <2xx> tag",
+    )
+    weight: float = setting(
+        1.0,
+        "data.train only: how much of the source an epoch draws: 2 = each pair twice, 0.5 = a "
+        "random half (drawn anew each epoch)",
+        range=POSITIVE,
+    )
+    name: str | None = setting(
+        None,
+        "a plain name for reports and the cache; null = taken from the source",
+    )
 
 
 SOURCE_KINDS = ("src", "tsv", "jsonl", "parquet", "tmx", "corpus", "mtdata", "hf", "sacrebleu")
@@ -67,159 +237,513 @@ SOURCE_KINDS = ("src", "tsv", "jsonl", "parquet", "tmx", "corpus", "mtdata", "hf
 
 @dataclass
 class DataConfig:
-    corpus: str = "toy"  # "toy" (built-in generator), "local" (files below) or a registry
-    # corpus by name, e.g. "multi30k" (`mt download --list`); data.train, when set, replaces it
-    train: list[SourceConfig] | None = None  # training sources, each a mapping (SourceConfig:
-    # a file pair, tsv, jsonl, parquet, tmx, corpus, mtdata, hf or sacrebleu) with its weight
-    valid: list[SourceConfig] | None = None  # validation sources (needed with data.train);
-    # several are read as one set
-    test: list[SourceConfig] | None = None  # test sources (optional), read as one set
-    temperature: float = 1.0  # several language pairs: an epoch draws pair k in proportion to
-    # p_k^(1/T) (p_k = its share of weight x size); 1 = proportional, larger = flatter, toward
-    # the small pairs
-    src_lang: str = "src"  # source language code: names files and logs
-    trg_lang: str = "trg"  # target language code
-    train_src: str | None = None  # local corpus: training source file (plain or .gz)
-    train_trg: str | None = None  # local corpus: training target file
-    valid_src: str | None = None  # local corpus: validation source file
-    valid_trg: str | None = None  # local corpus: validation target file
-    test_src: str | None = None  # local corpus: test source file
-    test_trg: str | None = None  # local corpus: test target file
-    toy_train_size: int = 20000  # toy corpus: training pairs
-    toy_valid_size: int = 500  # toy corpus: validation pairs
-    toy_test_size: int = 500  # toy corpus: test pairs
-    toy_seed: int = 1234  # toy corpus: generator seed (same seed, same corpus)
-    max_words: int | None = 250  # cleaning: pairs with more whitespace words on a side are
-    # dropped; null = no limit
-    max_ratio: float | None = 3.0  # cleaning: longest allowed word-count ratio, checked only when
-    # the longer side has more than 5 words (CleanConfig.ratio_min_words); null = no check
-    skip_bad_lines: bool = False  # cleaning: skip invalid UTF-8 pairs instead of stopping
-    max_tokens_per_side: int = 128  # pairs longer than this (subword pieces + EOS) are dropped
-    download_dir: str = "data"  # known corpora are downloaded to <download_dir>/<corpus>
-    base_url: str | None = None  # mirror for a known corpus's files; null = the registry's URL
-    cache_dir: str = "data/cache"  # where prepared corpora (tokenizer, token ids) are kept
+    corpus: str = setting(
+        "toy",
+        '"toy" (built-in generator), "local" (files below) or a registry corpus by name, '
+        'e.g. "multi30k" (`mt download --list`); data.train, when set, replaces it',
+    )
+    train: list[SourceConfig] | None = setting(
+        None,
+        "training sources, each a mapping (SourceConfig: a file pair, tsv, jsonl, parquet, tmx,"
+        " corpus, mtdata, hf or sacrebleu) with its weight",
+    )
+    valid: list[SourceConfig] | None = setting(
+        None,
+        "validation sources (needed with data.train); several are read as one set",
+    )
+    test: list[SourceConfig] | None = setting(
+        None,
+        "test sources (optional), read as one set",
+    )
+    temperature: float = setting(
+        1.0,
+        "several language pairs: an epoch draws pair k in proportion to p_k^(1/T) (p_k = its "
+        "share of weight x size); 1 = proportional, larger = flatter, toward the small pairs",
+        range=POSITIVE,
+    )
+    src_lang: str = setting(
+        "src",
+        "source language code: names files and logs",
+    )
+    trg_lang: str = setting(
+        "trg",
+        "target language code",
+    )
+    train_src: str | None = setting(
+        None,
+        "local corpus: training source file (plain or .gz)",
+    )
+    train_trg: str | None = setting(
+        None,
+        "local corpus: training target file",
+    )
+    valid_src: str | None = setting(
+        None,
+        "local corpus: validation source file",
+    )
+    valid_trg: str | None = setting(
+        None,
+        "local corpus: validation target file",
+    )
+    test_src: str | None = setting(
+        None,
+        "local corpus: test source file",
+    )
+    test_trg: str | None = setting(
+        None,
+        "local corpus: test target file",
+    )
+    toy_train_size: int = setting(
+        20000,
+        "toy corpus: training pairs",
+        range=AT_LEAST_1,
+    )
+    toy_valid_size: int = setting(
+        500,
+        "toy corpus: validation pairs",
+        range=AT_LEAST_1,
+    )
+    toy_test_size: int = setting(
+        500,
+        "toy corpus: test pairs",
+        range=AT_LEAST_1,
+    )
+    toy_seed: int = setting(
+        1234,
+        "toy corpus: generator seed (same seed, same corpus)",
+        range=ANY_NUMBER,
+    )
+    max_words: int | None = setting(
+        250,
+        "cleaning: pairs with more whitespace words on a side are dropped; null = no limit",
+        range=Range(lo=1, none_ok=True),
+    )
+    max_ratio: float | None = setting(
+        3.0,
+        "cleaning: longest allowed word-count ratio, checked only when the longer side has more"
+        " than 5 words (CleanConfig.ratio_min_words); null = no check",
+        range=Range(lo=1.0, none_ok=True),
+    )
+    skip_bad_lines: bool = setting(
+        False,
+        "cleaning: skip invalid UTF-8 pairs instead of stopping",
+    )
+    max_tokens_per_side: int = setting(
+        128,
+        "pairs longer than this (subword pieces + EOS) are dropped",
+        range=Range(lo=2),  # one piece + EOS (or BOS) is the shortest pair
+    )
+    download_dir: str = setting(
+        "data",
+        "known corpora are downloaded to <download_dir>/<corpus>",
+    )
+    base_url: str | None = setting(
+        None,
+        "mirror for a known corpus's files; null = the registry's URL",
+    )
+    cache_dir: str = setting(
+        "data/cache",
+        "where prepared corpora (tokenizer, token ids) are kept",
+    )
 
 
 @dataclass
 class TokenizerConfig:
-    vocab_size: int = 1000  # sentencepiece vocabulary size (a target; tiny corpora may get fewer)
-    model_type: str = "unigram"  # sentencepiece algorithm: unigram | bpe
-    joint: bool = True  # one vocabulary for both languages (allows model.share_embeddings)
-    character_coverage: float = 1.0  # share of characters covered; 0.9995 for large alphabets
-    sample_alpha: float = 0.0  # subword regularization: train on sampled segmentations, one of
-    # sample_draws per pair each epoch; unigram smoothing (lower = more varied) or BPE-dropout rate;
-    # 0 = off (the best segmentation only)
-    sample_nbest: int = -1  # unigram: sample among the n best segmentations (>= 2); -1 = all of
-    # them; BPE-dropout ignores it
-    train_on: list[str] | None = None  # the training sources (their names in the log and
-    # cache, e.g. [europarl-v7]) sentencepiece learns from; null = all of them, by weight. Naming
-    # some keeps the tokenizer, and so every other source's cache, when a source is added
-    sample_draws: int = 16  # sampled segmentations per pair, drawn once into the data cache (which
-    # grows this many times the training split); each run of this many epochs reads each draw once
+    vocab_size: int = setting(
+        1000,
+        "sentencepiece vocabulary size (a target; tiny corpora may get fewer)",
+        range=Range(lo=MIN_VOCAB_SIZE),
+    )
+    model_type: str = setting(
+        "unigram",
+        "sentencepiece algorithm",
+        choices=("unigram", "bpe"),
+    )
+    joint: bool = setting(
+        True,
+        "one vocabulary for both languages (allows model.share_embeddings)",
+    )
+    character_coverage: float = setting(
+        1.0,
+        "share of characters covered; 0.9995 for large alphabets",
+        range=Range(lo=0.0, hi=1.0, lo_open=True),
+    )
+    sample_alpha: float = setting(
+        0.0,
+        "subword regularization: train on sampled segmentations, one of sample_draws per pair "
+        "each epoch; unigram smoothing (lower = more varied) or BPE-dropout rate; 0 = off (the "
+        "best segmentation only)",
+        range=AT_LEAST_0,
+    )
+    sample_nbest: int = setting(
+        -1,
+        "unigram: sample among the n best segmentations (>= 2); -1 = all of them; BPE-dropout "
+        "ignores it",
+        range=Range(lo=-1),
+    )
+    train_on: list[str] | None = setting(
+        None,
+        "the training sources (their names in the log and cache, e.g. [europarl-v7]) "
+        "sentencepiece learns from; null = all of them, by weight. Naming some keeps the "
+        "tokenizer, and so every other source's cache, when a source is added",
+    )
+    sample_draws: int = setting(
+        16,
+        "sampled segmentations per pair, drawn once into the data cache (which grows this many "
+        "times the training split); each run of this many epochs reads each draw once",
+        range=AT_LEAST_1,
+    )
 
 
 @dataclass
 class ModelConfig:
-    d_model: int = 256  # width of embeddings and hidden states
-    n_head: int = 4  # attention heads; must divide d_model
-    ffn_hidden: int = 1024  # inner width of the feed-forward sublayers
-    n_layers: int = 3  # encoder layers
-    n_dec_layers: int | None = None  # decoder layers; null = same as n_layers
-    drop_prob: float = 0.1  # dropout on embeddings and sublayer outputs (the paper's)
-    attn_drop_prob: float = 0.0  # dropout on attention weights (not in the paper; costs time)
-    ffn_drop_prob: float = 0.0  # dropout inside the feed-forward sublayer (not in the paper)
-    max_len: int = 256  # longest sequence (source or target) the position table covers
-    pre_norm: bool = False  # LayerNorm before sublayers (stable when deep) instead of after (paper)
-    tie_embeddings: bool = True  # decoder input embedding shared with the output projection
-    share_embeddings: bool = True  # source and target embeddings shared (needs tokenizer.joint)
+    d_model: int = setting(
+        256,
+        "width of embeddings and hidden states",
+        range=AT_LEAST_1,
+    )
+    n_head: int = setting(
+        4,
+        "attention heads; must divide d_model",
+        range=AT_LEAST_1,
+    )
+    ffn_hidden: int = setting(
+        1024,
+        "inner width of the feed-forward sublayers",
+        range=AT_LEAST_1,
+    )
+    n_layers: int = setting(
+        3,
+        "encoder layers",
+        range=AT_LEAST_1,
+    )
+    n_dec_layers: int | None = setting(
+        None,
+        "decoder layers; null = same as n_layers",
+        range=Range(lo=1, none_ok=True),
+    )
+    drop_prob: float = setting(
+        0.1,
+        "dropout on embeddings and sublayer outputs (the paper's)",
+        range=PROBABILITY,
+    )
+    attn_drop_prob: float = setting(
+        0.0,
+        "dropout on attention weights (not in the paper; costs time)",
+        range=PROBABILITY,
+    )
+    ffn_drop_prob: float = setting(
+        0.0,
+        "dropout inside the feed-forward sublayer (not in the paper)",
+        range=PROBABILITY,
+    )
+    max_len: int = setting(
+        256,
+        "longest sequence (source or target) the position table covers",
+        range=Range(lo=2),  # BOS or EOS and one token
+    )
+    pre_norm: bool = setting(
+        False,
+        "LayerNorm before sublayers (stable when deep) instead of after (paper)",
+    )
+    tie_embeddings: bool = setting(
+        True,
+        "decoder input embedding shared with the output projection",
+    )
+    share_embeddings: bool = setting(
+        True,
+        "source and target embeddings shared (needs tokenizer.joint)",
+    )
     # What imported models (`mt import`: Marian / OPUS-MT) compute differently; the defaults are
     # this project's own Transformer, which every trained checkpoint was built as:
-    scale_embeddings: bool = True  # embeddings multiplied by sqrt(d_model) (Marian: config's
-    # scale_embedding)
-    position_layout: str = "interleaved"  # sinusoid table: "interleaved" (sin, cos alternate,
-    # the paper's) or "halves" (all sines, then all cosines: Marian's)
-    activation: str = "relu"  # feed-forward activation: relu, gelu or swish (OPUS-MT's)
-    logits_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
-
-    # The values of the string choices above (the model implements exactly these).
-    CHOICES = types.MappingProxyType(
-        {"position_layout": ("interleaved", "halves"), "activation": ("relu", "gelu", "swish")}
+    scale_embeddings: bool = setting(
+        True,
+        "embeddings multiplied by sqrt(d_model) (Marian: config's scale_embedding)",
+    )
+    position_layout: str = setting(
+        "interleaved",
+        'sinusoid table: "interleaved" (sin, cos alternate, the paper\'s) or "halves" (all '
+        "sines, then all cosines: Marian's)",
+        choices=("interleaved", "halves"),
+    )
+    activation: str = setting(
+        "relu",
+        "feed-forward activation: relu, gelu or swish (OPUS-MT's)",
+        choices=("relu", "gelu", "swish"),
+    )
+    logits_bias: bool = setting(
+        False,
+        "a bias on the output projection (Marian's final_logits_bias)",
     )
 
     def __setattr__(self, key: str, value: Any) -> None:
         """Set a field; a choice the model does not have is refused, naming the key (whether
         set by the constructor, a config file or an override)."""
-        choices = self.CHOICES.get(key)
+        declared = self.__dataclass_fields__.get(key)  # type: ignore[attr-defined]
+        choices = declared.metadata.get("choices") if declared is not None else None
         if choices is not None and value not in choices:
-            raise MTError(f"model.{key}={value!r}: expected one of {', '.join(choices)}")
+            raise MTError(_choice_error(f"model.{key}", value, choices))
         super().__setattr__(key, value)
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 1  # seeds model init, dropout and batch order
-    max_steps: int = 2000  # optimizer steps to train for
-    batch_tokens: int = 4096  # tokens (source or target, padding included) per micro-batch
-    accum_steps: int = 1  # micro-batches per optimizer step
-    lr_factor: float = 1.0  # Noam factor: lr = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
-    warmup_steps: int = 4000  # Noam warm-up in optimizer steps
-    lr_schedule: str = "noam"  # "noam" (the paper's), or "linear": Noam's warm-up, then a straight
-    # line to 0 where the run ends (max_steps, or max_minutes when that comes first)
-    adam_beta1: float = 0.9  # Adam beta1
-    adam_beta2: float = 0.98  # Adam beta2 (the paper's value)
-    adam_eps: float = 1e-9  # Adam epsilon (the paper's value)
-    weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam
-    label_smoothing: float = 0.1  # label smoothing epsilon
-    clip_norm: float = 0.0  # clip the global gradient norm to this; 0 = off
-    log_every: int = 50  # optimizer steps between metrics.jsonl lines
-    valid_every: int = 500  # optimizer steps between validations (also at the end)
-    valid_bleu: bool = True  # decode the validation set greedily and compute BLEU
-    valid_bleu_tokenize: str = "13a"  # sacrebleu's BLEU tokenizer for it (as `mt evaluate
-    # --tokenize`): 13a, or zh / ja-mecab / ko-mecab / char / intl / none for other scripts
-    best_metric: str = "bleu"  # checkpoint selection: "bleu" (higher is better) or "loss"
-    patience: int = 0  # stop after this many validations without improvement; 0 = never
-    max_minutes: float = 0.0  # stop (validate, save) after this much training wall time; 0 = off
-    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + gradient scaler)
-    compile: bool = False  # torch.compile the model (helps on GPUs; measured no gain on 2 CPUs)
-    max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each is skipped)
-    tensorboard: bool = False  # also write metrics to RUN_DIR/tensorboard (needs `tensorboard`)
-    keep_last: int = 2  # step checkpoints kept besides last.pt and best.pt
-    average_last: int = 0  # at the end, average.pt = mean of the last N step checkpoints; 0 = off
-    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
-    threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
-    keep_freed_memory: bool = True  # CPU on Linux: malloc reuses freed blocks (~30 % faster)
-    init_from: str | None = None  # fine-tuning: a checkpoint whose weights, tokenizers, shape
-    # and language tags start this run (fresh optimizer and schedule); null = random weights
-    collective_timeout_s: float = 300.0  # torchrun: seconds a rank waits for the others in a
-    # step's collective before the run stops with an error naming the rank that did not answer
+    seed: int = setting(
+        1,
+        "seeds model init, dropout and batch order",
+        range=SEED_63,
+    )
+    max_steps: int = setting(
+        2000,
+        "optimizer steps to train for",
+        range=AT_LEAST_1,
+    )
+    batch_tokens: int = setting(
+        4096,
+        "tokens (source or target, padding included) per micro-batch",
+        range=AT_LEAST_1,
+    )
+    accum_steps: int = setting(
+        1,
+        "micro-batches per optimizer step",
+        range=AT_LEAST_1,
+    )
+    lr_factor: float = setting(
+        1.0,
+        "Noam factor: lr = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)",
+        range=POSITIVE,
+    )
+    warmup_steps: int = setting(
+        4000,
+        "Noam warm-up in optimizer steps",
+        range=AT_LEAST_1,
+    )
+    lr_schedule: str = setting(
+        "noam",
+        '"noam" (the paper\'s), or "linear": Noam\'s warm-up, then a straight line to 0 where'
+        " the run ends (max_steps, or max_minutes when that comes first)",
+        choices=("noam", "linear"),
+    )
+    adam_beta1: float = setting(
+        0.9,
+        "Adam beta1",
+        range=PROBABILITY,
+    )
+    adam_beta2: float = setting(
+        0.98,
+        "Adam beta2 (the paper's value)",
+        range=PROBABILITY,
+    )
+    adam_eps: float = setting(
+        1e-9,
+        "Adam epsilon (the paper's value)",
+        range=POSITIVE,
+    )
+    weight_decay: float = setting(
+        0.0,
+        "decoupled weight decay (AdamW); 0 = plain Adam",
+        range=AT_LEAST_0,
+    )
+    label_smoothing: float = setting(
+        0.1,
+        "label smoothing epsilon",
+        range=PROBABILITY,
+    )
+    clip_norm: float = setting(
+        0.0,
+        "clip the global gradient norm to this; 0 = off",
+        range=AT_LEAST_0,
+    )
+    log_every: int = setting(
+        50,
+        "optimizer steps between metrics.jsonl lines",
+        range=AT_LEAST_1,
+    )
+    valid_every: int = setting(
+        500,
+        "optimizer steps between validations (also at the end)",
+        range=AT_LEAST_1,
+    )
+    valid_bleu: bool = setting(
+        True,
+        "decode the validation set greedily and compute BLEU",
+    )
+    valid_bleu_tokenize: str = setting(
+        "13a",
+        "sacrebleu's BLEU tokenizer for it (as `mt evaluate --tokenize`): 13a, or zh / ja-mecab"
+        " / ko-mecab / char / intl / none for other scripts",
+        choices=BLEU_TOKENIZERS,
+    )
+    best_metric: str = setting(
+        "bleu",
+        'checkpoint selection: "bleu" (higher is better) or "loss"',
+        choices=("bleu", "loss"),
+    )
+    patience: int = setting(
+        0,
+        "stop after this many validations without improvement; 0 = never",
+        range=AT_LEAST_0,
+    )
+    max_minutes: float = setting(
+        0.0,
+        "stop (validate, save) after this much training wall time; 0 = off",
+        range=AT_LEAST_0,
+    )
+    precision: str = setting(
+        "auto",
+        '"auto" (bf16 where the device runs it natively and a start-up probe measures it faster,'
+        ' else fp32; a resumed run keeps its choice), "fp32", "bf16" (autocast) or "fp16"'
+        " (autocast + gradient scaler)",
+        choices=("auto", "fp32", "bf16", "fp16"),
+    )
+    compile: bool = setting(
+        False,
+        "torch.compile the model (helps on GPUs; measured no gain on 2 CPUs)",
+    )
+    max_nonfinite: int = setting(
+        5,
+        "stop after this many non-finite losses in a row (each is skipped)",
+        range=AT_LEAST_1,
+    )
+    tensorboard: bool = setting(
+        False,
+        "also write metrics to RUN_DIR/tensorboard (needs `tensorboard`)",
+    )
+    keep_last: int = setting(
+        2,
+        "step checkpoints kept besides last.pt and best.pt",
+        range=AT_LEAST_0,
+    )
+    average_last: int = setting(
+        0,
+        "at the end, average.pt = mean of the last N step checkpoints (at most keep_last); 0 = off",
+        range=AT_LEAST_0,
+    )
+    device: str = setting(
+        "auto",
+        '"auto" (cuda if available), "cpu", "cuda", "cuda:1", ...',
+    )
+    threads: int = setting(
+        0,
+        "torch intra-op threads on CPU; 0 = torch's default",
+        range=AT_LEAST_0,
+    )
+    keep_freed_memory: bool = setting(
+        True,
+        "CPU on Linux: malloc reuses freed blocks (~30 % faster)",
+    )
+    init_from: str | None = setting(
+        None,
+        "fine-tuning: a checkpoint whose weights, tokenizers, shape and language tags start "
+        "this run (fresh optimizer and schedule); null = random weights",
+    )
+    collective_timeout_s: float = setting(
+        300.0,
+        "torchrun: seconds a rank waits for the others in a step's collective before the run "
+        "stops with an error naming the rank that did not answer",
+        range=POSITIVE,
+    )
 
 
 @dataclass
 class DecodeConfig:
     """How a trained model translates: the one parameter object of translation and search."""
 
-    beam_size: int = 4  # beam width used by `mt translate` / `mt evaluate` by default; 1 = greedy
-    nbest: int = 1  # hypotheses returned per line, best first (at most beam_size)
-    len_penalty: float = 1.0  # GNMT length-penalty alpha
-    max_len_a: float = 10.0  # longest output = a + b * source length (in subword tokens)
-    max_len_b: float = 1.5  # see max_len_a
-    batch_tokens: int = 4096  # source tokens per decoding batch
-    sampling: bool = False  # draw each token instead of searching (back-translation); beam 1 only
-    temperature: float = 1.0  # sampling: softmax temperature (> 0; lower is closer to greedy)
-    top_k: int = 0  # sampling: keep the k most likely tokens; 0 = all
-    top_p: float = 1.0  # sampling: keep the smallest set holding this probability mass; 1 = all
-    sample_seed: int = 0  # sampling: seed of the draws; a line's sample depends on the seed and
-    # its line number only (not on batch_tokens or the lines decoded beside it)
+    beam_size: int = setting(
+        4,
+        "beam width (hypotheses kept per step); 1 = greedy search. Wider beams cost memory in "
+        "proportion and no longer improve translations",
+        range=Range(lo=1, hi=MAX_BEAM),
+        option="--beam",
+    )
+    nbest: int = setting(
+        1,
+        "hypotheses returned per line, best first (at most the beam size); `mt translate` "
+        "writes them as text<TAB>score lines",
+        range=AT_LEAST_1,
+        option="--nbest",
+    )
+    len_penalty: float = setting(
+        1.0,
+        "length penalty alpha: a hypothesis's log-probability is divided by GNMT's "
+        "((5 + length) / 6) ** alpha (a CTranslate2 export: length ** alpha); 0 = none",
+        range=AT_LEAST_0,
+        option="--len-penalty",
+    )
+    max_len_a: float = setting(
+        10.0,
+        "longest output = a + b * source length (in subword tokens); a and b not both 0",
+        range=AT_LEAST_0,
+    )
+    max_len_b: float = setting(
+        1.5,
+        "see max_len_a",
+        range=AT_LEAST_0,
+    )
+    batch_tokens: int = setting(
+        4096,
+        "source tokens per decoding batch",
+        range=AT_LEAST_1,
+        option="--batch-tokens",
+    )
+    sampling: bool = setting(
+        False,
+        "draw each token instead of searching (back-translation); beam 1 only",
+        option="--sample",
+    )
+    temperature: float = setting(
+        1.0,
+        "sampling: softmax temperature; lower is closer to greedy",
+        range=POSITIVE,
+        option="--temperature",
+    )
+    top_k: int = setting(
+        0,
+        "sampling: keep the k most likely tokens; 0 = all",
+        range=AT_LEAST_0,
+        option="--top-k",
+    )
+    top_p: float = setting(
+        1.0,
+        "sampling: keep the smallest set holding this probability mass; 1 = all",
+        range=Range(lo=0.0, hi=1.0, lo_open=True),
+        option="--top-p",
+    )
+    sample_seed: int = setting(
+        0,
+        "sampling: seed of the draws; a line's sample depends on the seed and its line number "
+        "only (not on batch_tokens or the lines decoded beside it)",
+        range=Range(-(2**63), 2**64 - 1),  # 64-bit words, signed or not
+        option="--seed",
+    )
 
 
 @dataclass
 class Config:
-    name: str = "toy"  # run name; the default run directory is runs/<name>
-    data: DataConfig = field(default_factory=DataConfig)  # corpus and preparation
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # sentencepiece
-    model: ModelConfig = field(default_factory=ModelConfig)  # Transformer shape
-    train: TrainConfig = field(default_factory=TrainConfig)  # optimization and logging
-    decode: DecodeConfig = field(default_factory=DecodeConfig)  # search defaults
+    name: str = setting(
+        "toy",
+        "run name; the default run directory is runs/<name>",
+    )
+    data: DataConfig = setting(
+        help="corpus and preparation",
+        factory=DataConfig,
+    )
+    tokenizer: TokenizerConfig = setting(
+        help="sentencepiece",
+        factory=TokenizerConfig,
+    )
+    model: ModelConfig = setting(
+        help="Transformer shape",
+        factory=ModelConfig,
+    )
+    train: TrainConfig = setting(
+        help="optimization and logging",
+        factory=TrainConfig,
+    )
+    decode: DecodeConfig = setting(
+        help="search defaults",
+        factory=DecodeConfig,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -490,153 +1014,55 @@ def apply_override(cfg: Config, item: str) -> None:
     _apply(cfg, section, key, value, "--set: ")
 
 
-# sacrebleu's BLEU tokenizers that need no download (its spm/flores ones fetch a model).
-BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
-MAX_BEAM = 128  # wider beams cost memory in proportion and no longer improve translations
-MIN_VOCAB_SIZE = 16  # the 4 special ids and a few pieces: no corpus's alphabet fits in fewer
-DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"  # what train.device accepts (check_device_name)
-_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
-
-
 @dataclass(frozen=True)
-class Range:
-    """The values a numeric config field accepts: ``lo``/``hi`` (None = unbounded), each bound
-    included unless ``*_open``; ``none_ok`` also accepts null. Floats must also be finite."""
+class Limit:
+    """A caller's tighter upper bound on one decode setting, and what sets it (for its error)."""
 
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    none_ok: bool = False
-
-    def holds(self, value: Any) -> bool:
-        if value is None:
-            return self.none_ok
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
-        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
-        return above and below
-
-    def describe(self) -> str:
-        """The range in words: "at least 1", "1 to 128", "in [0, 1)", "greater than 0"."""
-        lo, hi = _number(self.lo), _number(self.hi)
-        if self.hi is None:
-            text = f"greater than {lo}" if self.lo_open else f"at least {lo}"
-        elif self.lo is None:
-            text = f"less than {hi}" if self.hi_open else f"at most {hi}"
-        elif not self.lo_open and not self.hi_open:
-            text = f"{lo} to {hi}"
-        else:
-            text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
-        return text + (" or null" if self.none_ok else "")
+    most: int | float
+    setting: str  # named in the error, e.g. "the server's max_beam (mt serve --max-beam)"
 
 
-def _number(value: float | None) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def check_settings(
+    section: str,
+    obj: Any,
+    names: Mapping[str, str] | None = None,
+    limits: Mapping[str, Limit] | None = None,
+) -> None:
+    """Check every field of ``obj`` (a config dataclass) against its declared range or choices.
 
-
-AT_LEAST_1, AT_LEAST_0 = Range(lo=1), Range(lo=0)
-POSITIVE = Range(lo=0, lo_open=True)  # > 0
-PROBABILITY = Range(lo=0.0, hi=1.0, hi_open=True)  # [0, 1): dropout, label smoothing, betas
-SEED_63 = Range(0, 2**63 - 1)  # numpy needs >= 0; torch takes seed + step below 2**64
-
-# The allowed values of every numeric field, by section; load_config checks them all before any
-# work (tests/test_config.py fails when a numeric field is in neither this table nor UNBOUNDED).
-RANGES: dict[str, dict[str, Range]] = {
-    "data": {
-        "toy_train_size": AT_LEAST_1,
-        "toy_valid_size": AT_LEAST_1,
-        "toy_test_size": AT_LEAST_1,
-        "max_words": Range(lo=1, none_ok=True),
-        "max_ratio": Range(lo=1.0, none_ok=True),
-        "max_tokens_per_side": Range(lo=2),  # one piece + EOS (or BOS) is the shortest pair
-        "temperature": Range(lo=0.0, lo_open=True),
-    },
-    "tokenizer": {
-        "vocab_size": Range(lo=MIN_VOCAB_SIZE),
-        "character_coverage": Range(lo=0.0, hi=1.0, lo_open=True),
-        "sample_alpha": AT_LEAST_0,  # and below 1 for bpe (_validate_tokenizer)
-        "sample_nbest": Range(lo=-1),  # and -1 or >= 2 (_validate_tokenizer)
-        "sample_draws": AT_LEAST_1,
-    },
-    "model": {
-        "d_model": AT_LEAST_1,
-        "n_head": AT_LEAST_1,
-        "ffn_hidden": AT_LEAST_1,
-        "n_layers": AT_LEAST_1,
-        "n_dec_layers": Range(lo=1, none_ok=True),
-        "drop_prob": PROBABILITY,
-        "attn_drop_prob": PROBABILITY,
-        "ffn_drop_prob": PROBABILITY,
-        "max_len": Range(lo=2),  # BOS or EOS and one token
-    },
-    "train": {
-        "seed": SEED_63,
-        "max_steps": AT_LEAST_1,
-        "batch_tokens": AT_LEAST_1,
-        "accum_steps": AT_LEAST_1,
-        "lr_factor": POSITIVE,
-        "warmup_steps": AT_LEAST_1,
-        "adam_beta1": PROBABILITY,
-        "adam_beta2": PROBABILITY,
-        "adam_eps": POSITIVE,
-        "weight_decay": AT_LEAST_0,
-        "label_smoothing": PROBABILITY,
-        "clip_norm": AT_LEAST_0,
-        "log_every": AT_LEAST_1,
-        "valid_every": AT_LEAST_1,
-        "patience": AT_LEAST_0,
-        "max_minutes": AT_LEAST_0,
-        "max_nonfinite": AT_LEAST_1,
-        "keep_last": AT_LEAST_0,
-        "average_last": AT_LEAST_0,  # and at most keep_last (_validate_train)
-        "threads": AT_LEAST_0,
-        "collective_timeout_s": POSITIVE,
-    },
-    "decode": {
-        "beam_size": Range(1, MAX_BEAM),
-        "nbest": AT_LEAST_1,  # and at most beam_size (validate_decode)
-        "len_penalty": AT_LEAST_0,
-        "max_len_a": AT_LEAST_0,  # and not both 0 (validate_decode)
-        "max_len_b": AT_LEAST_0,
-        "batch_tokens": AT_LEAST_1,
-        "temperature": POSITIVE,
-        "top_k": AT_LEAST_0,
-        "top_p": Range(lo=0.0, hi=1.0, lo_open=True),
-        "sample_seed": Range(-(2**63), 2**64 - 1),  # 64-bit words, signed or not
-    },
-}
-# Numeric fields that take any value: random.Random accepts every integer as a seed.
-UNBOUNDED = {"data.toy_seed"}
-# The `mt translate` / `mt evaluate` options that set decode keys, named in their errors.
-DECODE_OPTIONS = {
-    "beam_size": "--beam",
-    "nbest": "--nbest",
-    "len_penalty": "--len-penalty",
-    "batch_tokens": "--batch-tokens",
-    "temperature": "--temperature",
-    "top_k": "--top-k",
-    "top_p": "--top-p",
-    "sample_seed": "--seed",
-}
-
-
-def check_ranges(section: str, obj: Any, options: dict[str, str] | None = None) -> None:
-    """Check every field of ``obj`` (the dataclass of ``section``) that :data:`RANGES` bounds.
+    ``names`` says how the caller calls a key in its error (default ``section.key``, with the
+    declared option: ``decode.beam_size (--beam)``); ``limits`` narrow a range for this caller.
 
     Raises:
-        MTError: one line naming the key (and its command-line option, if ``options`` names one),
-            the value and the allowed range, e.g. ``model.n_head is 0; it must be at least 1``.
+        MTError: one line naming the key, the value and the allowed values, e.g.
+            ``model.n_head is 0; it must be at least 1``.
     """
-    for key, allowed in RANGES[section].items():
-        value = getattr(obj, key)
+    for declared in settings_of(type(obj)):
+        value, key = getattr(obj, declared.name), declared.name
+        name = setting_name(section, declared, names)
+        if declared.choices is not None and value not in declared.choices:
+            raise MTError(_choice_error(name, value, declared.choices))
+        allowed, limit = declared.range, (limits or {}).get(key)
+        if allowed is None:
+            continue
+        if limit is not None and (allowed.hi is None or limit.most < allowed.hi):
+            allowed = dataclasses.replace(allowed, hi=limit.most, hi_open=False)
         if not allowed.holds(value):
-            option = (options or {}).get(key)
-            name = f"{section}.{key}" + (f" ({option})" if option else "")
             shown = _number(value) if isinstance(value, int | float) else repr(value)
             finite = "finite and " if isinstance(value, float) and not math.isfinite(value) else ""
-            raise MTError(f"{name} is {shown}; it must be {finite}{allowed.describe()}")
+            why = f" ({limit.setting})" if allowed is not declared.range else ""
+            raise MTError(f"{name} is {shown}; it must be {finite}{allowed.describe()}{why}")
+
+
+def setting_name(section: str, declared: Setting, names: Mapping[str, str] | None) -> str:
+    """How an error calls a key: the caller's name for it, or ``section.key (--option)``."""
+    if names and declared.name in names:
+        return names[declared.name]
+    return f"{section}.{declared.name}" + (f" ({declared.option})" if declared.option else "")
+
+
+def _choice_error(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    return f"{name}={value!r}: expected one of {', '.join(choices)}"
 
 
 def check_device_name(name: str, key: str = "train.device") -> None:
@@ -645,31 +1071,81 @@ def check_device_name(name: str, key: str = "train.device") -> None:
         raise MTError(f"{key} is {name!r}; it must be {DEVICE_NAMES}")
 
 
-def validate_decode(d: DecodeConfig) -> None:
-    """The checks of the decode settings, run by :func:`validate` and again after command-line
-    options replaced some of them; messages name the key and the `mt translate` option."""
-    check_ranges("decode", d, DECODE_OPTIONS)
+def validate_decode(
+    d: DecodeConfig,
+    names: Mapping[str, str] | None = None,
+    limits: Mapping[str, Limit] | None = None,
+) -> None:
+    """Check the decode settings: each declared range, then the rules across them.
+
+    A caller's ``limits`` narrow a range; errors call each key as ``names`` says (see
+    :func:`check_settings`).
+    """
+    check_settings("decode", d, names, limits)
+    declared = {s.name: s for s in settings_of(DecodeConfig)}
+    nbest, beam, sampling = (
+        setting_name("decode", declared[key], names) for key in ("nbest", "beam_size", "sampling")
+    )
     if not 1 <= d.nbest <= d.beam_size:
         raise MTError(
-            f"decode.nbest (--nbest) is {d.nbest}; it must be between 1 and the beam size "
-            f"({d.beam_size})"
+            f"{nbest} is {d.nbest}; it must be between 1 and the beam size ({d.beam_size})"
         )
     if d.max_len_a + d.max_len_b <= 0:
         raise MTError(
             f"decode.max_len_a={d.max_len_a:g} and decode.max_len_b={d.max_len_b:g} must be >= 0 "
             "and not both 0 (longest output = a + b * source length)"
         )
-    if not d.sampling:
-        return
-    if d.beam_size != 1 or d.nbest != 1:
+    if d.sampling and (d.beam_size != 1 or d.nbest != 1):
         raise MTError(
-            "decode.sampling (--sample) draws one translation per line: it needs beam size 1 and "
-            "n-best 1; drop --beam / --nbest"
+            f"{sampling} draws one translation per line: it needs beam size 1 and n-best 1; "
+            f"drop {beam} / {nbest}"
         )
 
 
+def apply_overrides(
+    base: DecodeConfig,
+    overrides: Mapping[str, Any],
+    limits: Mapping[str, Limit] | None = None,
+    names: Mapping[str, str] | None = None,
+) -> DecodeConfig:
+    """``base`` with ``overrides`` (None keeps base's value), checked as one config.
+
+    The one path by which `mt translate` / `evaluate` / `score` and both server APIs change a
+    model's decode settings. Each value is checked against its field's type and declared range, narrowed by the caller's
+    ``limits`` (a server's max_beam), then the rules across fields (:func:`validate_decode`).
+    ``names`` says how the caller calls each key in its errors (a request field, an option).
+    """
+    hints = typing.get_type_hints(DecodeConfig)
+    declared = {s.name: s for s in settings_of(DecodeConfig)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in declared:
+            raise MTError(f"unknown decode setting {key!r}; known: {', '.join(declared)}")
+        if value is not None:
+            name = setting_name("decode", declared[key], names)
+            changes[key] = _check_type(value, hints[key], name)
+    decode = dataclasses.replace(base, **changes)
+    validate_decode(decode, names, limits)
+    return decode
+
+
+def option_help(key: str, run_default: bool = True) -> str:
+    """The help of the `mt translate` option that sets decode field ``key``.
+
+    Its declared help, its range and (``run_default``) that the run's config gives its default.
+    """
+    declared = next(s for s in settings_of(DecodeConfig) if s.name == key)
+    allowed = f" ({declared.range.describe()})" if declared.range is not None else ""
+    default = f" Default: the run's decode.{key}." if run_default else ""
+    return f"{_sentence(declared.help)}{allowed}.{default}"
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def validate(cfg: Config) -> None:
-    """Every range (:data:`RANGES`), then the checks across fields, before any work starts: a
+    """Every declared range and choice (:func:`check_settings`), then the checks across fields, before any work starts: a
     wrong value fails in a second, not after the data preparation."""
     if not re.fullmatch(r"[^/\\\x00]+", cfg.name) or cfg.name in (".", ".."):
         raise MTError(
@@ -677,7 +1153,7 @@ def validate(cfg: Config) -> None:
             "give one plain name, e.g. name: my-run"
         )
     for section in ("data", "tokenizer", "model", "train"):
-        check_ranges(section, getattr(cfg, section))
+        check_settings(section, getattr(cfg, section))
     _validate_data(cfg.data)
     _validate_model(cfg.model, cfg.tokenizer)
     _validate_train(cfg.train, cfg.data)
@@ -770,8 +1246,11 @@ def _validate_source(source: SourceConfig, key: str, split: str) -> None:
         raise MTError(f"{key}.columns={source.columns}: give two different columns, e.g. [0, 1]")
     if source.fields is not None and len(source.fields) != 2:
         raise MTError(f"{key}.fields={source.fields}: give the source field and the target field")
-    if not (math.isfinite(source.weight) and source.weight > 0):
-        raise MTError(f"{key}.weight is {source.weight:g}; it must be finite and greater than 0")
+    weight = next(s for s in settings_of(SourceConfig) if s.name == "weight").range
+    if weight is not None and not (math.isfinite(source.weight) and weight.holds(source.weight)):
+        raise MTError(
+            f"{key}.weight is {source.weight:g}; it must be finite and {weight.describe()}"
+        )
     if split != "train" and source.weight != 1.0:
         raise MTError(f"{key}.weight: only training sources are weighted; remove it")
     if source.name is not None:
@@ -788,8 +1267,6 @@ def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:
         )
     if model_cfg.share_embeddings and not tok_cfg.joint:
         raise MTError("model.share_embeddings needs tokenizer.joint: true (one vocabulary)")
-    if tok_cfg.model_type not in ("unigram", "bpe"):
-        raise MTError(f"tokenizer.model_type={tok_cfg.model_type!r}: expected unigram or bpe")
     if tok_cfg.model_type == "bpe" and tok_cfg.sample_alpha >= 1:
         raise MTError(
             f"tokenizer.sample_alpha={tok_cfg.sample_alpha}: expected 0 (off) or more; below 1 "
@@ -803,19 +1280,8 @@ def _validate_model(model_cfg: ModelConfig, tok_cfg: TokenizerConfig) -> None:
 
 def _validate_train(train_cfg: TrainConfig, data_cfg: DataConfig) -> None:
     check_device_name(train_cfg.device)
-    if train_cfg.best_metric not in ("bleu", "loss"):
-        raise MTError(f"train.best_metric={train_cfg.best_metric!r}: expected bleu or loss")
-    if train_cfg.valid_bleu_tokenize not in BLEU_TOKENIZERS:
-        raise MTError(
-            f"train.valid_bleu_tokenize={train_cfg.valid_bleu_tokenize!r}: expected one of "
-            f"{', '.join(BLEU_TOKENIZERS)}"
-        )
     if train_cfg.best_metric == "bleu" and not train_cfg.valid_bleu:
         raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
-    if train_cfg.lr_schedule not in ("noam", "linear"):
-        raise MTError(f"train.lr_schedule={train_cfg.lr_schedule!r}: expected noam or linear")
-    if train_cfg.precision not in ("fp32", "bf16", "fp16"):
-        raise MTError(f"train.precision={train_cfg.precision!r}: expected fp32, bf16 or fp16")
     if train_cfg.batch_tokens < data_cfg.max_tokens_per_side:
         raise MTError(
             f"train.batch_tokens={train_cfg.batch_tokens} is below data.max_tokens_per_side="
@@ -847,3 +1313,60 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 def save_config(cfg: Config, path: Path) -> None:
     """Write ``cfg`` as YAML, atomically (never a half-written file, a full disk named)."""
     write_text_atomic(path, yaml.dump(cfg.to_dict(), Dumper=_Dumper, sort_keys=False))
+
+
+def config_yaml(cfg: Config) -> str:
+    """``cfg`` as YAML, every key with its help as a comment; it loads back as ``cfg``.
+
+    Each key's comment holds its help and allowed values; every value is shown, defaults
+    included, so that :func:`load_config` of the text gives ``cfg`` again.
+    """
+    lines = ["# Every key of the config, with its help; docs/CONFIG.md is the reference."]
+    for declared in settings_of(Config):
+        value = getattr(cfg, declared.name)
+        lines.append("")
+        if dataclasses.is_dataclass(value):
+            lines += [*_yaml_comment(declared, ""), f"{declared.name}:"]
+            for inner in settings_of(type(value)):
+                lines += _yaml_key(inner, getattr(value, inner.name), "  ")
+        else:
+            lines += _yaml_key(declared, value, "")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_key(declared: Setting, value: Any, indent: str) -> list[str]:
+    """One key: its comment, then ``key: value`` (a list of sources: one mapping per item)."""
+    lines = _yaml_comment(declared, indent)
+    if not (isinstance(value, list) and value and dataclasses.is_dataclass(value[0])):
+        return [*lines, f"{indent}{declared.name}: {_yaml_scalar(value)}"]
+    lines.append(f"{indent}{declared.name}:  # the keys each source sets (SourceConfig)")
+    for item in value:
+        lines.append(f"{indent}  -")
+        for inner in settings_of(type(item)):
+            if getattr(item, inner.name) != inner.default:
+                lines += _yaml_key(inner, getattr(item, inner.name), indent + "    ")
+    return lines
+
+
+def _yaml_comment(declared: Setting, indent: str) -> list[str]:
+    """The help of a key, with its range or choices, as ``#`` lines of at most ~100 columns."""
+    text = declared.help + allowed_values(declared, prefix="; allowed: ")
+    width = max(40, 98 - len(indent))
+    return [f"{indent}# {line}" for line in textwrap.wrap(text, width)]
+
+
+def allowed_values(declared: Setting, prefix: str = "") -> str:
+    """The values a key accepts in words ("at least 1", "one of relu, gelu"), or ""."""
+    if declared.choices is not None:
+        return f"{prefix}one of {', '.join(declared.choices)}"
+    if declared.range is not None:
+        return f"{prefix}{declared.range.describe()}"
+    return ""
+
+
+def _yaml_scalar(value: Any) -> str:
+    """One value in YAML flow style, as :class:`_Loader` reads it back."""
+    text = yaml.dump(
+        value, Dumper=_Dumper, default_flow_style=True, width=1 << 30, allow_unicode=True
+    )
+    return text.removesuffix("\n").removesuffix("\n...")

@@ -1,17 +1,10 @@
 """Rebuild a trained model and its tokenizers from one checkpoint file, ready to translate."""
 
-import copy
-import functools
-import logging
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.nn import functional
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
@@ -19,9 +12,17 @@ from transformer_mt.data.languages import model_pairs, source_prefix, tag_ids, t
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
-from transformer_mt.model import Transformer
 
-logger = logging.getLogger(__name__)
+# The linear layers live in linear_layers.py; their names stay importable from here.
+from transformer_mt.inference.linear_layers import (  # noqa: F401
+    QUANTIZATIONS,
+    Int8Linear,
+    PackedLinear,
+    _onednn_linear_works,
+    pack_linear_layers,
+    quantize,
+)
+from transformer_mt.model import Transformer
 
 
 @dataclass
@@ -155,181 +156,3 @@ def _plain(value: Any) -> Any:
 def check_device(name: str | torch.device) -> torch.device:
     """``name`` as a torch device this process can use (``--device``), or a one-line MTError."""
     return resolve_device(name, "--device")
-
-
-QUANTIZATIONS = ("int8",)
-
-
-def quantize(model: Transformer, scheme: str) -> Transformer:
-    """A copy of the model with its linear layers in int8 (``int8``: :class:`Int8Linear`, CPU
-    only); the given model stays as it is.
-
-    Embeddings stay in fp32; the output projection, tied to the target embedding in training,
-    becomes an int8 copy.
-    """
-    if scheme not in QUANTIZATIONS:
-        raise MTError(f"--quantize {scheme!r}: expected one of {', '.join(QUANTIZATIONS)}")
-    if next(model.parameters()).device.type != "cpu":
-        raise MTError("--quantize int8 runs on the CPU: drop --device or use --device cpu")
-    # A copy, its packed layers back to the nn.Linear they are, then each one in int8.
-    model = _replace_linears(copy.deepcopy(model), PackedLinear, _unpacked)
-    return _replace_linears(model, nn.Linear, Int8Linear)
-
-
-class Int8Linear(nn.Module):
-    """A linear layer in int8: weights per output row, activations per input row.
-
-    The weight is rounded once, symmetrically, with one scale per output feature. Each input row
-    is rounded with its own scale (its largest magnitude), as CTranslate2's int8 does, so a row's
-    result depends on that row alone (torch's ``quantize_dynamic`` takes one scale for the whole
-    input, so the other sentences of a batch, or another user's request in ``mt serve``, moved a
-    sentence's rounding). What is left of the batch is the padding: a longer sentence beside it
-    pads the attention, which changes fp32 rounding there (~1e-6) and, through the next layer's
-    int8 rounding of its rows, a score by up to ~3e-4 (measured; the texts stayed the same).
-
-    The product is fbgemm's dynamic int8 linear (``quantized::linear_dynamic``, what
-    ``quantize_dynamic`` calls), which takes its activation scale from the whole input: the rows
-    go in divided by their own largest magnitude, with two rows of +1 and -1 appended, so that
-    scale is the same fixed one in every call; the result is multiplied back row by row. torch
-    marks its quantized tensors deprecated in favour of torchao, which is not a dependency here;
-    those warnings are silenced.
-    """
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.qweight = torch.quantize_per_channel(
-                weight, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
-            )
-        bias = linear.bias
-        self.bias = None if bias is None else bias.detach().float().clone()
-        self._packed: Any = None  # fbgemm's packed weight, made on first use
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles leave the packed weight out; they pack their own on first use."""
-        return {**super().__getstate__(), "_packed": None}
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is None:
-            self._packed = torch.ops.quantized.linear_prepack(self.qweight, None)
-        rows = x.reshape(-1, self.in_features).float()
-        n = rows.size(0)
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # (n, 1)
-        scaled = rows.new_empty((n + 2, self.in_features))
-        torch.div(rows, scale, out=scaled[:n])
-        scaled[n].fill_(1.0)  # the two fixed rows: the input's range is [-1, 1] in every call
-        scaled[n + 1].fill_(-1.0)
-        out = torch.ops.quantized.linear_dynamic(scaled, self._packed, True)[:n]
-        out = out.mul_(scale) if self.bias is None else torch.addcmul(self.bias, out, scale)
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-def _unpacked(packed: "PackedLinear") -> nn.Linear:
-    """A plain ``nn.Linear`` with ``packed``'s parameters."""
-    plain = nn.Linear(packed.in_features, packed.out_features, device="meta")
-    plain.weight, plain.bias = packed.weight, packed.bias
-    return plain.train(packed.training)
-
-
-class PackedLinear(nn.Linear):
-    """``nn.Linear`` that multiplies on a copy of its weight packed once for oneDNN, where it
-    can: CPU fp32 inputs with autograd and autocast off (inference). Anything else, training
-    included, takes ``nn.Linear``'s own path.
-
-    Why: on this project's CPU (AMD EPYC, AVX-512), torch's fp32 ``F.linear`` goes to MKL's
-    sgemm, which runs far below the core's speed; oneDNN's product on a prepacked weight, the one
-    torch.compile's CPU freezing uses, computes the same fp32 product 2-3x faster at decoding's
-    shapes (2 threads, 128 x 256 by 1,024: 492 -> 161 us; by 8,000: 3,169 -> 1,168 us;
-    ``scripts/bench_decode.py`` shows it end to end). On this CPU a row's result does not depend
-    on the rows beside it, as it may with MKL at small row counts.
-
-    The parameters are the wrapped layer's own (a state dict and an export see no difference);
-    the packed copy costs as much memory again as the weight. It is rebuilt when the weight is
-    another tensor or was changed in place through autograd's view of it (``load_state_dict``,
-    ``.to()``); a write through ``weight.data`` is not seen.
-    """
-
-    def __init__(self, linear: nn.Linear) -> None:
-        nn.Module.__init__(self)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
-        self.train(linear.training)
-        # ((weight storage, weight version), packed weight), made on first use
-        self._packed: tuple[tuple[int, int], torch.Tensor] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles leave the packed weight out (an opaque oneDNN tensor neither
-        copies nor pickles); they pack their own on first use."""
-        return {**super().__getstate__(), "_packed": None}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if (
-            x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or weight.device.type != "cpu"
-            or weight.dtype != torch.float32
-            or torch.is_grad_enabled()
-            or torch.is_autocast_enabled("cpu")
-        ):
-            return super().forward(x)
-        key = weight.data_ptr(), weight._version
-        packed = self._packed
-        if packed is None or packed[0] != key:
-            packed = self._packed = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        return torch.ops.mkldnn._linear_pointwise(x, packed[1], self.bias, "none", [], "")
-
-
-def pack_linear_layers(model: nn.Module) -> nn.Module:
-    """Turn ``model``'s ``nn.Linear`` layers into :class:`PackedLinear` (in place; returns
-    ``model``) when it is an fp32 model on a CPU whose torch has oneDNN, enabled; else leave it
-    as it is."""
-    first = next(model.parameters(), None)
-    if first is None or first.device.type != "cpu" or first.dtype != torch.float32:
-        return model
-    if not torch.backends.mkldnn.enabled or not _onednn_linear_works():
-        return model
-    return _replace_linears(model, nn.Linear, PackedLinear)
-
-
-def _replace_linears(
-    model: nn.Module, kind: type[nn.Linear], make: Callable[[Any], nn.Module]
-) -> nn.Module:
-    """Replace every child module of exactly type ``kind`` by ``make(child)``, in place."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is kind:
-                setattr(module, name, make(child))
-    return model
-
-
-@functools.cache
-def _onednn_linear_works() -> bool:
-    """Whether this torch build runs oneDNN's packed linear product, and right (checked once per
-    process). Builds without it (torch built without oneDNN, some non-x86 CPUs) lack the ops or
-    raise in them; their linear layers stay ``nn.Linear``, and the log says why."""
-    if not torch.backends.mkldnn.is_available():
-        logger.info("fp32 linear layers run unpacked: this torch has no oneDNN")
-        return False
-    # fixed inputs: no draw from the global generator that seeds training and sampling
-    x = torch.arange(15, dtype=torch.float32).view(3, 5).sin()
-    w = torch.arange(20, dtype=torch.float32).view(4, 5).cos()
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w)
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    # The probe's answers when the build cannot: ops missing (AttributeError), no kernel for
-    # this backend (torch raises NotImplementedError), oneDNN refusing this CPU (RuntimeError).
-    except (AttributeError, NotImplementedError, RuntimeError) as err:
-        logger.info("fp32 linear layers run unpacked: oneDNN's packed product failed (%s)", err)
-        return False
-    if not torch.allclose(y, functional.linear(x, w), atol=1e-5):
-        logger.warning("fp32 linear layers run unpacked: oneDNN's packed product is wrong here")
-        return False
-    return True

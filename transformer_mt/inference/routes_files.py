@@ -8,7 +8,6 @@ translated file kept by the :class:`~transformer_mt.inference.file_store.FileSto
 name the server makes.
 """
 
-import dataclasses
 import re
 import urllib.parse
 from pathlib import PurePath
@@ -35,8 +34,8 @@ from transformer_mt.inference.serve_settings import ApiError
 from transformer_mt.inference.server_state import (
     ServerState,
     check_languages,
-    checked_decode,
     decode_lines,
+    request_decode,
     server_state,
 )
 
@@ -69,8 +68,7 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
         document = await run_in_threadpool(read_document, data, suffix, filename)
     except MTError as err:
         raise ApiError(400, str(err)) from None
-    beam = min(state.engine.decode.beam_size, state.limits.max_beam)
-    decode = checked_decode(dataclasses.replace(state.engine.decode, beam_size=beam, nbest=1))
+    decode = request_decode(state.engine.decode, {}, state.limits, {})
     target = fields.target if state.engine.lang_tags else None
     results = await decode_lines(state, request, document.segments, decode, True, target)
     translated = await run_in_threadpool(document.render, results)

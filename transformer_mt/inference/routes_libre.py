@@ -12,8 +12,6 @@ with nothing to translate (emoji, punctuation, numbers, a URL) comes back unchan
 ("Invalid request: missing q parameter", "zz is not supported", ...), ours after it.
 """
 
-import dataclasses
-
 import langcodes
 from fastapi import APIRouter, Depends, Request
 
@@ -26,12 +24,15 @@ from transformer_mt.inference.server_state import (
     ServerState,
     check_languages,
     check_lines,
-    checked_decode,
     decode_lines,
+    request_decode,
     server_state,
 )
 
 router = APIRouter()
+
+# How LibreTranslate's fields name the decode settings in its errors.
+LIBRE_NAMES = {"beam_size": "beam (alternatives + 1 at least)", "nbest": "alternatives + 1"}
 
 
 class LibreRequest(Strict):
@@ -107,7 +108,9 @@ async def _translate_texts(
     # The model's decode settings, its beam capped by max_beam as /v1/translate caps it, and
     # widened to give the alternatives asked for.
     beam = max(min(state.engine.decode.beam_size, state.limits.max_beam), nbest)
-    decode = checked_decode(dataclasses.replace(state.engine.decode, beam_size=beam, nbest=nbest))
+    decode = request_decode(
+        state.engine.decode, {"beam_size": beam, "nbest": nbest}, state.limits, LIBRE_NAMES
+    )
     todo = [i for i, line in enumerate(lines) if has_text(line)]
     results = []
     if todo:  # nothing to decode: no trip to the decode worker
@@ -138,8 +141,7 @@ async def _translate_html(
         raise ApiError(400, str(err)) from None
     segments = [segment for doc in documents for segment in doc.segments]
     check_lines(segments, state.limits, "q segments", state.engine)
-    beam = min(state.engine.decode.beam_size, state.limits.max_beam)
-    decode = checked_decode(dataclasses.replace(state.engine.decode, beam_size=beam, nbest=1))
+    decode = request_decode(state.engine.decode, {}, state.limits, LIBRE_NAMES)
     results = await decode_lines(state, request, segments, decode, True, target)
     out, start = [], 0
     for doc in documents:

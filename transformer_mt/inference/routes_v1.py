@@ -29,9 +29,9 @@ from transformer_mt.inference.server_state import (
     ProcessState,
     ServerState,
     check_lines,
-    checked_decode,
     decode_lines,
     process_state,
+    request_decode,
     server_state,
 )
 
@@ -143,21 +143,17 @@ async def page() -> FileResponse:
     return FileResponse(index)
 
 
+# How /v1/translate's fields name the decode settings in its errors.
+REQUEST_NAMES = {"beam_size": "beam", "nbest": "nbest", "len_penalty": "len_penalty"}
+
+
 def _decode_settings(engine: Engine, req: TranslateRequest, limits: Limits) -> DecodeConfig:
-    """The model's decode settings with the request's beam, n-best and length penalty, each
-    checked against the limits."""
-    beam = req.beam if req.beam is not None else min(engine.decode.beam_size, limits.max_beam)
-    if not 1 <= beam <= limits.max_beam:
-        raise ApiError(400, f"beam is {beam}; it must be between 1 and max_beam={limits.max_beam}")
-    if not 1 <= req.nbest <= beam:
-        raise ApiError(400, f"nbest is {req.nbest}; it must be between 1 and the beam ({beam})")
-    len_penalty = engine.decode.len_penalty if req.len_penalty is None else req.len_penalty
-    if not 0.0 <= len_penalty <= 10.0:
-        raise ApiError(400, f"len_penalty is {len_penalty:g}; it must be between 0 and 10")
-    decode = dataclasses.replace(
-        engine.decode, beam_size=beam, nbest=req.nbest, len_penalty=len_penalty
-    )
-    return checked_decode(decode)
+    """The model's decode settings with the request's beam, n-best and length penalty.
+
+    Checked as `mt translate` checks its options, and the beam against the server's max_beam.
+    """
+    overrides = {"beam_size": req.beam, "nbest": req.nbest, "len_penalty": req.len_penalty}
+    return request_decode(engine.decode, overrides, limits, REQUEST_NAMES)
 
 
 def _target(engine: Engine, target: str | None) -> str | None:

@@ -10,6 +10,7 @@ routes, access to :mod:`~transformer_mt.inference.access`, files to
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformer_mt.config import AT_LEAST_1, POSITIVE, Limit, Range, setting
 from transformer_mt.inference.batcher import BatchSettings
 
 # On SIGTERM uvicorn waits for every open connection; a client that never finishes sending its
@@ -31,12 +32,30 @@ class ApiError(Exception):
 class Limits:
     """What one request may ask for; beyond it, a 4xx JSON error naming the limit."""
 
-    max_body_bytes: int = 1 << 20  # request body (1 MiB); /translate_file: FileSettings
-    max_lines: int = 64  # lines per request
-    max_chars: int = 2000  # characters per line
-    max_beam: int = 16  # beam sizes 1..max_beam; n-best 1..beam
-    max_waiting: int = 1024  # requests waiting for the decode worker; more -> 503
-    body_timeout_s: float = 30.0  # to receive a request's body; slower -> 408
+    max_body_bytes: int = setting(
+        1 << 20, "request body in bytes (1 MiB); /translate_file: FileSettings", range=AT_LEAST_1
+    )
+    max_lines: int = setting(64, "lines per request", range=AT_LEAST_1)
+    max_chars: int = setting(2000, "characters per line", range=AT_LEAST_1)
+    max_beam: int = setting(
+        16,
+        "the widest beam a request may ask for (and n-best up to it): a config allows beams up "
+        "to 128, a server protects its memory and its other clients' latency",
+        range=Range(1, 64),
+    )
+    max_waiting: int = setting(
+        1024, "requests waiting for the decode worker; more get a 503", range=AT_LEAST_1
+    )
+    body_timeout_s: float = setting(
+        30.0, "seconds to receive a request's body; slower gets a 408", range=POSITIVE
+    )
+
+    def decode_limits(self) -> dict[str, Limit]:
+        """The decode settings this server bounds more tightly than a config does.
+
+        Each comes with the server setting that bounds it, named in a request's error.
+        """
+        return {"beam_size": Limit(self.max_beam, "this server's max_beam: mt serve --max-beam")}
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,16 @@
 answers before the model is loaded (``Depends(process_state)``: readiness, metrics), and the
 one way a route has lines decoded."""
 
+import dataclasses
 import logging
 import multiprocessing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 
-from transformer_mt.config import DecodeConfig, validate_decode
+from transformer_mt.config import DecodeConfig, apply_overrides
 from transformer_mt.errors import MTError
 from transformer_mt.inference.access import Access
 from transformer_mt.inference.batcher import Batcher, Busy, ClientGone, Closed
@@ -133,13 +136,22 @@ def check_lines(lines: list[str], limits: Limits, field: str, engine: Engine) ->
         )
 
 
-def checked_decode(decode: DecodeConfig) -> DecodeConfig:
-    """``decode`` validated (a 400 with the config's message otherwise)."""
+def request_decode(
+    model: DecodeConfig,
+    overrides: Mapping[str, Any],
+    limits: Limits,
+    names: Mapping[str, str],
+) -> DecodeConfig:
+    """The model's decode settings with a request's ``overrides``, or a 400.
+
+    The one override path the command line takes (:func:`config.apply_overrides`), under the
+    server's limits; errors call the keys by the request's ``names``. A request that names no
+    beam gets the model's, capped at ``max_beam`` (not refused)."""
+    served = dataclasses.replace(model, beam_size=min(model.beam_size, limits.max_beam), nbest=1)
     try:
-        validate_decode(decode)
+        return apply_overrides(served, overrides, limits.decode_limits(), names)
     except MTError as err:
         raise ApiError(400, str(err)) from None
-    return decode
 
 
 def check_languages(state: ServerState, source: str, target: str) -> None:

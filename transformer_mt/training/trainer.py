@@ -48,11 +48,16 @@ from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer, model_args
 from transformer_mt.training import distributed
 from transformer_mt.training.batches import BatchStream
-from transformer_mt.training.device import autocast, autocast_dtype, setup_process
+from transformer_mt.training.device import (
+    AUTOCAST_DTYPES,
+    autocast,
+    autocast_dtype,
+    choose_precision,
+    setup_process,
+)
 from transformer_mt.training.fingerprint import check_fingerprint, data_fingerprint
 from transformer_mt.training.host_memory import release_freed_memory, resident_mib
 from transformer_mt.training.init_from import (
-    DROPOUT_ARGS,
     Start,
     check_data,
     find_start,
@@ -60,6 +65,14 @@ from transformer_mt.training.init_from import (
 )
 from transformer_mt.training.loss import linear_label_smoothed_nll
 from transformer_mt.training.metrics import MetricsWindow
+from transformer_mt.training.resume import (
+    apply_optimizer_settings,
+    check_best_metric,
+    check_model_args,
+    check_training_state,
+    realign_epoch,
+    restore_generators,
+)
 from transformer_mt.training.run_dir import RunDirectory, RunLock, refuse_earlier_run
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
 from transformer_mt.training.state import (
@@ -68,7 +81,6 @@ from transformer_mt.training.state import (
     TrainState,
     rank_seed,
     rng_state,
-    set_rng_state,
 )
 from transformer_mt.training.validation import validate
 
@@ -151,8 +163,9 @@ class Trainer:
         data: PreparedData | None,
         allow_data_change: bool,
     ) -> None:
-        self.autocast_dtype = autocast_dtype(cfg.train.precision, self.device)
         last, start = self._read_start(run_dir / "last.pt", resume)  # before any work
+        self.precision, self.precision_why = self._choose_precision(cfg, last)
+        self.autocast_dtype = autocast_dtype(self.precision, self.device)
         if start is not None:
             self.cfg = cfg = start.cfg  # the checkpoint's shape and tokenizer settings
         # What every checkpoint of a fine-tuning run repeats from its start.
@@ -174,7 +187,7 @@ class Trainer:
             weight_decay=cfg.train.weight_decay,
             fused=self._fused_adam(),
         )
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.train.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.state = TrainState()
         error: BaseException | None = None
         try:
@@ -185,6 +198,23 @@ class Trainer:
         distributed.agree_on_error(error, self.info)
         self._check_ranks_agree()
         self.train_model = self._wrap_for_training(self.model)
+
+    def _choose_precision(self, cfg: Config, last: dict[str, Any] | None) -> tuple[str, str]:
+        """The run's precision and why: the config's, or for ``auto`` the one the run chose at
+        its start (a resume computes as the uninterrupted run did), else the device's choice
+        (:func:`~transformer_mt.training.device.choose_precision`), the same on every rank."""
+        precision = cfg.train.precision
+        if precision != "auto":
+            return precision, "train.precision"
+        chosen = (last or {}).get("train_state", {}).get("precision")
+        if chosen in AUTOCAST_DTYPES or chosen == "fp32":
+            return chosen, "auto: as the run chose at its start"
+        rows = min(cfg.train.batch_tokens, 8192)
+        choice = choose_precision(self.device, cfg.model.d_model, cfg.model.ffn_hidden, rows)
+        choices = distributed.all_gather_objects(choice, self.info, lockstep_op=False)
+        if any(c[0] != choices[0][0] for c in choices):
+            return "fp32", "auto: the ranks' probes disagreed"
+        return choices[0][0], f"auto: {choices[0][1]}"
 
     def _read_start(
         self, last_path: Path, resume: bool
@@ -290,6 +320,7 @@ class Trainer:
                 # Each rank draws its own dropout masks; an exact resume restores each stream.
                 "rng_per_rank": rng_per_rank,
                 "data_fingerprint": self.fingerprint,  # what it was trained on (fingerprint.py)
+                "precision": self.precision,  # what train.precision=auto chose, kept on resume
             },
         }
         if self.init_from is not None:  # a fine-tuning run: the file it started from
@@ -321,13 +352,9 @@ class Trainer:
     def _restore(self, path: Path, ckpt: dict[str, Any], allow_data_change: bool) -> None:
         """Continue the run from its own last.pt ``ckpt`` (read from ``path``): weights,
         optimizer, scaler, state and generators, after checking that it fits this config."""
-        if "train_state" not in ckpt:
-            raise MTError(
-                f"{path} holds weights only (written by `mt average`?), not a training state to "
-                "resume; move it out of the run directory, or train in a new --run-dir"
-            )
+        check_training_state(path, ckpt)
         data_changed = check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
-        self._check_model_args(path, ckpt["model_args"])
+        check_model_args(path, ckpt["model_args"], self.model_args)
         self.model.load_state_dict(ckpt["model"])
         saved = ckpt["train_state"]
         # A saved parameter group carries the implementation it ran with, and loading it would
@@ -337,105 +364,21 @@ class Trainer:
         for group in saved["optimizer"]["param_groups"]:
             group.update(fused=self._fused_adam(), foreach=None)
         self.optimizer.load_state_dict(saved["optimizer"])
-        self._apply_optimizer_settings(path)
+        apply_optimizer_settings(self.optimizer, self.cfg.train, path)
         if saved["scaler"]:
             self.scaler.load_state_dict(saved["scaler"])
         elif self.scaler.is_enabled():  # saved by a run without fp16: its scaler was disabled
             log.info(f"{path} was trained without fp16: the gradient scaler starts afresh")
         self.state = TrainState(**saved["state"])
-        self._check_best_metric(path, ckpt.get("config", {}).get("train", {}).get("best_metric"))
+        saved_cfg = ckpt.get("config", {})
+        metric = self.cfg.train.best_metric
+        check_best_metric(self.state, metric, path, saved_cfg.get("train", {}).get("best_metric"))
         per_rank = saved.get("rng_per_rank", [saved["rng"]])
-        self._realign_epoch(path, ckpt.get("config", {}), len(per_rank), data_changed)
-        if len(per_rank) == self.info.world_size:
-            set_rng_state(per_rank[self.info.rank], self.device)
-        else:  # another world size: batches differ anyway, so fresh per-rank streams are fine
-            log.info(f"resuming with {self.info.world_size} process(es) instead of {len(per_rank)}")
-            set_rng_state(per_rank[0], self.device)
-            if self.info.rank:
-                torch.manual_seed(rank_seed(self.cfg.train.seed + self.state.step, self.info.rank))
+        worlds = len(per_rank), self.info.world_size
+        realign_epoch(self.state, path, saved_cfg, self.cfg.to_dict(), worlds, data_changed)
+        reseed = self.cfg.train.seed + self.state.step  # another process count's other ranks
+        restore_generators(per_rank, self.info.rank, self.info.world_size, self.device, reseed)
         log.info(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
-
-    def _realign_epoch(
-        self, path: Path, saved_cfg: dict[str, Any], saved_world: int, data_changed: bool
-    ) -> None:
-        """The saved position counts this rank's batches of an epoch as the run cut them: for
-        its process count, ``train.batch_tokens``, ``train.seed``, the subword sampling settings
-        (they change the sampled lengths) and its data. Cut otherwise, the same count would
-        repeat or skip part of the epoch, so a run resumed mid-epoch with other settings starts
-        the next epoch (the rest of this one is skipped, nothing is repeated)."""
-        state, now = self.state, self.cfg.to_dict()
-        settings = [("train", "batch_tokens"), ("train", "seed"), ("tokenizer", "sample_alpha")]
-        if saved_cfg.get("tokenizer", {}).get("sample_alpha") or now["tokenizer"]["sample_alpha"]:
-            # With sampling off (alpha 0) on both sides the other two settings are unused.
-            settings += [("tokenizer", "sample_nbest"), ("tokenizer", "sample_draws")]
-        changed = [
-            f"{what} {before} -> {after}"
-            for what, before, after in (
-                ("processes", saved_world, self.info.world_size),
-                *(
-                    (f"{sec}.{key}", saved_cfg.get(sec, {}).get(key), now[sec][key])
-                    for sec, key in settings
-                ),
-            )
-            if before is not None and before != after
-        ]
-        if data_changed:
-            changed.append("the data (--allow-data-change)")
-        if changed and state.batch_in_epoch:
-            log.warning(
-                f"{path}: the batches of epoch {state.epoch} were cut for other settings "
-                f"({', '.join(changed)}); resuming at the start of epoch {state.epoch + 1}, the "
-                f"rest of epoch {state.epoch} skipped"
-            )
-            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-
-    def _check_model_args(self, path: Path, saved: dict[str, Any]) -> None:
-        """The checkpoint's model must be this config's, but for its dropout rates (they change
-        no parameter: a resumed run may drop more or less from here on)."""
-        keys = sorted(saved.keys() | self.model_args.keys())
-        differ = [k for k in keys if saved.get(k) != self.model_args.get(k)]
-        shape = [k for k in differ if k not in DROPOUT_ARGS]
-        if shape:
-            changes = ", ".join(f"{k} {saved.get(k)} -> {self.model_args.get(k)}" for k in shape)
-            raise MTError(
-                f"{path} was trained with another model ({changes}); use a new --run-dir, or "
-                "the run's own config"
-            )
-        if differ:
-            changes = ", ".join(f"{k} {saved.get(k)} -> {self.model_args[k]}" for k in differ)
-            log.info(f"resuming {path} with other dropout rates: {changes}")
-
-    def _apply_optimizer_settings(self, path: Path) -> None:
-        """Loading the optimizer's state brings back the betas, eps and weight decay it was
-        saved with; the config's hold instead (config.yaml and new checkpoints record them)."""
-        train_cfg = self.cfg.train
-        wanted = {
-            "betas": (train_cfg.adam_beta1, train_cfg.adam_beta2),
-            "eps": train_cfg.adam_eps,
-            "weight_decay": train_cfg.weight_decay,
-        }
-        group = self.optimizer.param_groups[0]  # all groups share them (one group is built)
-        before = {k: tuple(group[k]) if k == "betas" else group[k] for k in wanted}
-        changed = {k: f"{before[k]} -> {v}" for k, v in wanted.items() if before[k] != v}
-        for group in self.optimizer.param_groups:
-            group.update(wanted)
-        if changed:
-            log.info(f"resuming {path} with other AdamW settings: {changed}")
-
-    def _check_best_metric(self, path: Path, saved_config_metric: str | None) -> None:
-        """``state.best`` holds a value of the metric the run was validated by (the state records
-        it; older ones only in the checkpoint's config); after a change of ``train.best_metric``
-        comparing the new metric with it would be meaningless, so the best value and the patience
-        count start over (the next validation writes best.pt)."""
-        state, metric = self.state, self.cfg.train.best_metric
-        saved = state.best_metric or saved_config_metric
-        if saved is not None and saved != metric:
-            log.warning(
-                f"{path}: train.best_metric {saved} -> {metric}: the best value and "
-                "the early-stopping count start over at the next validation"
-            )
-            state.best, state.bad_validations = None, 0
-        state.best_metric = metric
 
     def _save(self, best: bool, step_file: bool = True) -> None:
         """Write last.pt, step_N.pt (and best.pt); a collective: every rank calls it, rank 0 writes.
@@ -683,7 +626,8 @@ class Trainer:
         log.info(
             f"training on {self.device} ({self.info.world_size} process(es)): "
             f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
-            f"{_pairs(self.data)}, steps {state.step} -> {train_cfg.max_steps}"
+            f"{_pairs(self.data)}, steps {state.step} -> {train_cfg.max_steps}, "
+            f"precision {self.precision} ({self.precision_why})"
         )
         self.model.train()
         return True
@@ -760,6 +704,7 @@ class Trainer:
                 "time_s": round(state.train_seconds, 1),
                 **result,
                 **self._memory_mib(),
+                "precision": self.precision,  # what the numbers were computed in
             }
         )
         log.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items()))

@@ -829,3 +829,21 @@ def test_plot_draws_a_validation_line_without_its_loss(workdir):
     result = runner.invoke(app, ["plot", "run"])
     assert result.exit_code == 0, result.output
     assert (workdir / "run" / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_commands_given_nothing_say_so_in_one_line(tmp_path):
+    """Nothing to work on (no checkpoint to average, empty files to score) is one line, exit 1,
+    and nothing is written."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    cases = [
+        (["average", "-o", str(tmp_path / "avg.pt")], "nothing to average: name the checkpoints"),
+        (["average", str(FIXTURE / "old_last.pt")], "give --output FILE"),
+        (["evaluate", "--hyp", str(empty), "--ref", str(empty)], "are empty: nothing to score"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]

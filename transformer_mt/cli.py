@@ -965,8 +965,12 @@ def import_(
 @app.command()
 @user_errors
 def average(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the average.")],
+    checkpoints: Annotated[
+        list[Path] | None, typer.Argument(help="Checkpoints of one run.", show_default=False)
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Where to write the average.")
+    ] = None,
     other_runs: Annotated[
         bool,
         typer.Option(
@@ -979,6 +983,10 @@ def average(
     """Average the weights of several checkpoints (e.g. the last few of a run)."""
     from transformer_mt.checkpoint import average_checkpoints
 
+    if not checkpoints:  # e.g. a shell pattern that matched nothing, or nothing given
+        raise MTError("nothing to average: name the checkpoints (e.g. runs/x/step_*.pt)")
+    if output is None:
+        raise MTError("give --output FILE: where to write the average")
     # refuses an output that is one of the inputs, a file given twice, another run's file
     average_checkpoints(checkpoints, output, other_runs=other_runs)
     _note(f"wrote {output} (average of {len(checkpoints)} checkpoints)")

@@ -545,7 +545,7 @@ def test_random_bytes_checkpoint_never_advises_unsafe_loading(workdir):
         ([T, *CK, "--beam", "abc"], "error: Invalid value for '--beam'"),
         ([T, *CK, "--nope"], "error: No such option: --nope"),
         ([T], "error: Missing option '--checkpoint'"),
-        (["average"], "error: Missing argument 'checkpoints'"),
+        (["average", "--nope"], "error: No such option: --nope"),
         (["nosuch"], "error: No such command 'nosuch'"),
     ],
 )

@@ -95,6 +95,21 @@ def _saved_size(ckpt: dict[str, Any]) -> int:
     return counter.size
 
 
+# What torch.load raises for bytes that are not a whole checkpoint (IndexError, KeyError: the
+# unpickler's stack or memo, read from bytes that are no pickle); a RuntimeError only with one of
+# these messages (others, such as running out of memory, are not the file's fault).
+_CORRUPT = (
+    EOFError,
+    RuntimeError,
+    ValueError,
+    zipfile.BadZipFile,
+    UnicodeDecodeError,
+    IndexError,
+    KeyError,
+)
+_CORRUPT_RUNTIME = ("PytorchStreamReader", "magic number")
+
+
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only=True``), with a one-line error for the user.
 
@@ -127,8 +142,8 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
         else:
             why = "it is not a PyTorch checkpoint file"
         raise _not_a_checkpoint(path, why) from None
-    except (EOFError, RuntimeError, ValueError, zipfile.BadZipFile, UnicodeDecodeError) as err:
-        if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+    except _CORRUPT as err:
+        if isinstance(err, RuntimeError) and not any(m in str(err) for m in _CORRUPT_RUNTIME):
             raise  # e.g. out of memory while loading: not the file's fault
         why = "it is empty" if isinstance(err, EOFError) else "it is truncated or corrupt"
         raise _not_a_checkpoint(path, why) from None

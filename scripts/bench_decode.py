@@ -17,7 +17,7 @@ Random weights (no --src), greedy and beam search with and without the key/value
 
 A random-weight model rarely emits EOS, so it decodes close to the length limit (a + b * source
 length); that is fine for throughput, and the table reports the tokens actually produced: those of
-each sentence's best hypothesis, its EOS counted. Goal (issue 5): the cache >= 5x faster at beam 4
+each sentence's best hypothesis, its EOS counted. Goal: the cache >= 5x faster at beam 4
 for sentences of 30 or more tokens.
 """
 

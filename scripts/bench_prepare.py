@@ -27,7 +27,7 @@ imports is printed too, to show how much of the peak preparation itself adds.
 Padding: the training batches of one epoch at a token budget (padding included, the trainer's
 rule), cut from the length-sorted order by ``make_batches`` against the same greedy cut over a
 random order (what batching without bucketing gives). A third row sorts by the longer side first,
-a variant of ``make_batches`` shown for comparison. Goal (issue 3): under 10% padding with
+a variant of ``make_batches`` shown for comparison. Goal: under 10% padding with
 bucketing.
 """
 

@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--dropout", type=float, default=0.3, help="the recipe's 0.3")
-    # The recipe's (since session 8); the first published profile ran with 0 for both.
+    # The recipe's dropout rates (an earlier published profile ran with 0 for both).
     parser.add_argument("--attn-dropout", type=float, default=0.1)
     parser.add_argument("--ffn-dropout", type=float, default=0.1)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")

@@ -139,5 +139,5 @@ def _pair_curves(ax, records: list[dict], key: str, colour: str, name: str) -> N
     for j, pair in enumerate(pairs):
         points = [(r["step"], r[f"{key}/{pair}"]) for r in records if f"{key}/{pair}" in r]
         steps, values = zip(*points, strict=True)
-        style = ("--", ":", "-.")[j % 3]
+        style = ("x--", "+:", "s-.")[j % 3]  # a marker: one validation is a point, not a line
         ax.plot(steps, values, style, color=colour, alpha=0.8, label=f"{name} {pair}")

@@ -289,7 +289,6 @@ def _ct2_translator(
     model_paths: list[Path], device: str, options: dict, quantization, target_lang: str | None
 ):
     """:func:`_translator` for a CTranslate2 export."""
-    from transformer_mt.decoding.text import keep_untranslatable
     from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
     for option, given in (("--quantize", quantization), ("several --checkpoint", model_paths[1:])):
@@ -304,12 +303,7 @@ def _ct2_translator(
                             ("--alignments", "alignments")):  # fmt: skip
             if kw.get(key) is not None:
                 raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
-        first = kw.get("first_line", 1)
-        return keep_untranslatable(
-            lines,
-            decode.nbest,
-            lambda todo: translate_lines_ct2(model, todo, decode, first, src_prefix),
-        )
+        return translate_lines_ct2(model, lines, decode, kw.get("first_line", 1), src_prefix)
 
     return translate, decode
 

@@ -16,7 +16,7 @@ from transformer_mt.config import DecodeConfig, config_from_dict
 from transformer_mt.data.batching import longest_first_batches
 from transformer_mt.data.languages import source_prefix, tag_ids
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.decoding.text import Translation, encode_sources
+from transformer_mt.decoding.text import Translation, encode_sources, keep_untranslatable
 from transformer_mt.errors import MTError
 from transformer_mt.inference.export import SETTINGS_FILE, import_ctranslate2, read_settings
 from transformer_mt.inference.loading import check_device
@@ -116,6 +116,21 @@ def translate_lines_ct2(
     """
     if decode.sampling:
         raise MTError("--engine ct2 does not sample here; use --engine torch for --sample")
+    # CTranslate2 knows only the empty-line rule: lines with nothing to translate go to it blank
+    # and come back as they are, as in our own line contract.
+    return keep_untranslatable(
+        lines, decode.nbest, lambda todo: _translate(model, todo, decode, first_line, src_prefix)
+    )
+
+
+def _translate(
+    model: CT2Model,
+    lines: list[str],
+    decode: DecodeConfig,
+    first_line: int,
+    src_prefix: Sequence[int],
+) -> list[Translation]:
+    """:func:`translate_lines_ct2` of lines that each have something to translate, or nothing."""
     sources = encode_sources(model.src_tok, lines, model.max_len, first_line, src_prefix)
     line_of = list(sources)
     ids = list(sources.values())

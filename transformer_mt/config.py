@@ -117,6 +117,12 @@ class Setting:
 
 
 @functools.cache
+def declared_settings(cls: type) -> dict[str, Setting]:
+    """:func:`settings_of` by field name (read once per class)."""
+    return {s.name: s for s in settings_of(cls)}
+
+
+@functools.cache
 def settings_of(cls: type) -> tuple[Setting, ...]:
     """The declared fields of the config dataclass ``cls``, in their order.
 
@@ -1082,7 +1088,7 @@ def validate_decode(
     :func:`check_settings`).
     """
     check_settings("decode", d, names, limits)
-    declared = {s.name: s for s in settings_of(DecodeConfig)}
+    declared = declared_settings(DecodeConfig)
     nbest, beam, sampling = (
         setting_name("decode", declared[key], names) for key in ("nbest", "beam_size", "sampling")
     )
@@ -1111,19 +1117,19 @@ def apply_overrides(
     """``base`` with ``overrides`` (None keeps base's value), checked as one config.
 
     The one path by which `mt translate` / `evaluate` / `score` and both server APIs change a
-    model's decode settings. Each value is checked against its field's type and declared range, narrowed by the caller's
-    ``limits`` (a server's max_beam), then the rules across fields (:func:`validate_decode`).
+    model's decode settings. Each value is checked against its field's type and declared range,
+    narrowed by the caller's ``limits`` (a server's max_beam), then the rules across fields
+    (:func:`validate_decode`).
     ``names`` says how the caller calls each key in its errors (a request field, an option).
     """
-    hints = typing.get_type_hints(DecodeConfig)
-    declared = {s.name: s for s in settings_of(DecodeConfig)}
+    declared = declared_settings(DecodeConfig)
     changes = {}
     for key, value in overrides.items():
         if key not in declared:
             raise MTError(f"unknown decode setting {key!r}; known: {', '.join(declared)}")
         if value is not None:
             name = setting_name("decode", declared[key], names)
-            changes[key] = _check_type(value, hints[key], name)
+            changes[key] = _check_type(value, declared[key].type, name)
     decode = dataclasses.replace(base, **changes)
     validate_decode(decode, names, limits)
     return decode

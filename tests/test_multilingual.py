@@ -360,3 +360,18 @@ def test_the_export_is_told_to_never_emit_a_tag(trained):
     out = trained / "ct2-tags"
     assert _mt("export", "-c", str(trained / "run" / "last.pt"), "-o", str(out)).exit_code == 0
     assert sorted(load_ct2(out).never_emit()) == [["<2yy>"], ["<2zz>"]]
+
+
+def test_attention_says_how_many_source_pieces_the_tag_takes(trained):
+    """Markup placement and alignments leave the tag's column out: the engine says where the
+    text starts (the tag's piece count), rather than anything guessing it from spelling."""
+    from transformer_mt.config import DecodeConfig
+    from transformer_mt.inference.engines import load_engine
+
+    engine = load_engine("torch", trained / "run" / "last.pt")
+    line = _pairs(360, 1)[300][0]
+    decode = DecodeConfig(beam_size=1, nbest=1)
+    (result,) = engine.translate([line], decode, attention=True, target="zz")
+    attn = result.attention
+    assert attn.prefix == 1 and attn.source[0] == "<2zz>"
+    assert "".join(attn.source[attn.prefix :]).replace("▁", " ").strip().startswith(line.split()[0])

@@ -69,6 +69,7 @@ class Attention:
     source: list[str]  # source pieces, EOS included
     target: list[str]  # target pieces, EOS included when the hypothesis ended with it
     weights: list[list[float]]  # (len(target), len(source))
+    prefix: int = 0  # source pieces before the text (a multilingual model's target-language tag)
 
 
 @dataclass
@@ -243,7 +244,7 @@ class TorchEngine(Engine):
         def on_batch(batch_lines: list[int], src: torch.Tensor, decoded) -> None:
             done.update(batch_lines)
             if attention:
-                self._keep_attention(matrices, batch_lines, src, decoded)
+                self._keep_attention(matrices, batch_lines, src, decoded, len(prefix))
             _check_stop(stop, lines, done)  # raised through the search: no further batch
 
         results = translate_texts(
@@ -264,7 +265,12 @@ class TorchEngine(Engine):
         return out
 
     def _keep_attention(
-        self, matrices: dict[int, Attention], batch_lines: list[int], src: torch.Tensor, decoded
+        self,
+        matrices: dict[int, Attention],
+        batch_lines: list[int],
+        src: torch.Tensor,
+        decoded,
+        prefix: int,
     ) -> None:
         """Put the cross-attention of each best hypothesis of a decoded batch in ``matrices``."""
         hyps = [res.nbest[0] for res in decoded]
@@ -274,6 +280,7 @@ class TorchEngine(Engine):
                 source=self.src_tok.id_to_piece(ids[: w.shape[1]]),
                 target=self.trg_tok.id_to_piece([*hyp.tokens, EOS_ID][: w.shape[0]]),
                 weights=w.tolist(),
+                prefix=prefix,
             )
 
 
@@ -398,6 +405,7 @@ class CT2Engine(Engine):
                     source=[*src_pieces, EOS_PIECE][:width],
                     target=[*output.hypotheses[0], EOS_PIECE][: len(weights)],
                     weights=weights,
+                    prefix=len(prefix),
                 )
                 out[i] = _result(nbest, attn)
             done.update(indices)

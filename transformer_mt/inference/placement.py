@@ -60,9 +60,7 @@ def word_links(result: LineResult, n_src: int) -> WordLinks:
     attn = result.attention
     if attn is None or not attn.weights or n_src == 0 or n_trg == 0:
         return WordLinks(n_src, n_trg, None)
-    skip = 0  # a multilingual model's target-language tag before the text, e.g. "<2en>"
-    while skip < len(attn.source) and _is_tag(attn.source[skip]):
-        skip += 1
+    skip = attn.prefix  # a multilingual model's target-language tag before the text
     src = [p for p in attn.source[skip:] if p != EOS_PIECE]
     trg = [p for p in attn.target if p != EOS_PIECE]
     if not src or not trg or _words(src) != n_src or _words(trg) != n_trg:
@@ -73,11 +71,6 @@ def word_links(result: LineResult, n_src: int) -> WordLinks:
     for s, t in pairs:
         links[s].append(t)
     return WordLinks(n_src, n_trg, links)
-
-
-def _is_tag(piece: str) -> bool:
-    """Whether ``piece`` is a special symbol such as a language tag ("<2en>")."""
-    return len(piece) > 2 and piece.startswith("<") and piece.endswith(">") and piece != EOS_PIECE
 
 
 def _words(pieces: list[str]) -> int:

@@ -1,7 +1,8 @@
 # Two commands for a fresh machine (Python 3.10+ and make):
 #   make train   set up .venv, train on the built-in toy corpus, show translations and test BLEU
-#   make test    set up .venv with the dev tools, run ruff and the tests
-# `make lint` runs ruff alone (lint and format check), the same set-up as `make test`.
+#   make test    set up .venv with the dev tools, run ruff, mypy and the tests
+# `make lint` runs ruff alone (lint and format check), `make typecheck` mypy alone ([tool.mypy] in
+# pyproject.toml), with the same set-up as `make test`.
 # Where no NVIDIA GPU is visible, torch is installed as $(TORCH_CPU) first, from pip's configured
 # index (a CPU wheel where that index has one, as on this project's machines). PyPI's own Linux
 # torch wheels are CUDA builds of several GB: there, set TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -20,7 +21,7 @@ M30K_DIR ?= runs/multi30k_de_en
 M30K_MINUTES ?= 60
 BASE_URL ?=
 
-.PHONY: train test test-slow test-cluster test-gpu test-browser multi30k lint format clean
+.PHONY: train test typecheck test-slow test-cluster test-gpu test-browser multi30k lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +52,10 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy transformer_mt
+
+test: lint typecheck
 	$(BIN)/pytest -q
 
 test-slow: $(VENV)/.installed-dev
@@ -96,4 +100,4 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) data/cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) data/cache .pytest_cache .ruff_cache .mypy_cache

@@ -11,7 +11,7 @@ runs start the server from that tree too, alternating with this one (the checkpo
 in both):
 
     python scripts/bench_disconnect.py --checkpoint runs/toy/best.pt \\
-        --src data/cache/toy-v2-seed1234-20000-500-500-src-trg/test.src --baseline /tmp/old
+        --src data/cache/toy-v3-seed1234-20000-500-500-src-trg/test.src --baseline /tmp/old
 
 Only loopback: the servers listen on 127.0.0.1 and the clients connect there.
 """

@@ -105,3 +105,54 @@ def test_the_length_rule_counts_what_it_says():
     source = "def f():\n    '''Doc.\n\n    More.\n    '''\n" + "    x = 1\n" * 61
     node = ast.parse(source).body[0]
     assert _body_lines(node) == 61
+
+
+def _summary_problem(doc: str) -> str | None:
+    """What is wrong with a docstring's opening, or None when it opens with a one-line summary."""
+    lines = doc.split("\n")
+    if not lines[0].strip().endswith("."):
+        return "its first line is not a sentence ending with a period"
+    if len(lines) > 1 and lines[1].strip():
+        return "no blank line after the one-line summary"
+    return None
+
+
+def _docstring_problems(source: str) -> list[str]:
+    """``line name: problem`` for each module, class or function docstring of ``source`` that
+    does not open with a one-line summary."""
+    found = []
+    tree = ast.parse(source)
+    for node in [tree, *ast.walk(tree)]:
+        if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        doc = ast.get_docstring(node)
+        problem = None if doc is None else _summary_problem(doc)
+        if problem is not None:
+            name = getattr(node, "name", "<module>")
+            found.append(f"{getattr(node, 'lineno', 1)} {name}: {problem}")
+    return sorted(set(found))
+
+
+def test_every_docstring_opens_with_a_one_line_summary():
+    """Module, class and function docstrings start with one line, a sentence, then a blank line."""
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{problem}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for problem in _docstring_problems(path.read_text(encoding="utf-8"))
+    ]
+    assert not bad, "open these docstrings with a one-line summary:\n" + "\n".join(bad)
+
+
+def test_the_docstring_rule_flags_what_it_says():
+    good = 'def f():\n    """Sum up.\n\n    More words\n    here.\n    """\n'
+    assert _docstring_problems(good) == []
+    run_on = 'class C:\n    """A summary.\n    More at once."""\n'
+    assert _docstring_problems(run_on) == ["1 C: no blank line after the one-line summary"]
+    wrapped = 'def g():\n    """A summary that\n    wraps."""\n'
+    assert _docstring_problems(wrapped) == [
+        "1 g: its first line is not a sentence ending with a period"
+    ]
+    no_period = '"""Module summary"""\n'
+    assert _docstring_problems(no_period) == [
+        "1 <module>: its first line is not a sentence ending with a period"
+    ]

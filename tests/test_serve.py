@@ -27,10 +27,13 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 
+import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.config import DecodeConfig  # noqa: E402
+from transformer_mt.errors import MTError  # noqa: E402
+from transformer_mt.inference import serve_settings  # noqa: E402
 from transformer_mt.inference.batcher import Batcher, BatchSettings  # noqa: E402
 from transformer_mt.inference.engines import (  # noqa: E402
     Attention,
@@ -1128,10 +1131,9 @@ def test_a_gathering_window_longer_than_the_max_wait_is_refused():
         "error: --batch-window-ms (800) exceeds --batch-max-wait-ms (50): gathering would never "
         "wait that long; lower the window or raise the max wait"
     ]
-    with pytest.raises(
-        ValueError, match=re.escape("window_s=0.8 must be between 0 and max_wait_s")
-    ):
+    with pytest.raises(MTError) as built:
         BatchSettings(window_s=0.8)
+    assert f"error: {built.value}" == wrong.output.strip()
 
 
 def test_serve_command_errors():
@@ -1141,12 +1143,11 @@ def test_serve_command_errors():
     wrong = runner.invoke(cli_app, ["serve", "-c", str(CKPT), "--engine", "ct2"])
     assert wrong.exit_code == 1 and "not a directory" in wrong.output
     other = runner.invoke(cli_app, ["serve", "-c", str(CKPT), "--engine", "onnx"])
-    assert other.exit_code == 1 and "torch or ct2" in other.output
+    assert other.exit_code == 1 and "expected one of torch, ct2" in other.output
     assert json.loads(json.dumps(dataclasses.asdict(Limits())))["max_lines"] == 64
 
 
 def test_the_torch_engine_can_serve_an_int8_model():
-    from transformer_mt.errors import MTError
     from transformer_mt.inference.engines import load_engine
     from transformer_mt.inference.loading import Int8Linear
 
@@ -1168,3 +1169,155 @@ def test_validation_bleu_is_the_entry_of_the_checkpoints_step():
     assert validation_bleu(state, 1500) == {"step": 1000, "bleu": 31.5}  # else the latest
     assert validation_bleu({"state": {"history": history[1:2]}}, 1000) is None
     assert validation_bleu(None, 0) is None  # averaged checkpoints keep no train_state
+
+
+def _serve_params() -> dict:
+    """The click parameters of `mt serve`, by name, as Typer builds them."""
+    command = typer.main.get_command(cli_app).commands["serve"]
+    return {param.name: param for param in command.params}
+
+
+def test_each_serve_option_is_read_from_the_setting_it_sets():
+    """Name, default (in the option's unit), help and range of every `mt serve` option are
+    its setting's declaration; no option of the command sets a setting without one."""
+    params, declared = _serve_params(), serve_settings.serve_options()
+    assert set(params) - {o.param for o in declared.values()} == {"checkpoint"}
+    fresh = serve_settings.ServeSettings()
+    for flag, option in declared.items():
+        param, f = params[option.param], option.declared
+        settings = getattr(fresh, option.group) if option.group else fresh
+        size = f.metadata["unit"].size if "unit" in f.metadata else 1
+        assert param.opts == [flag], flag
+        assert param.secondary_opts == ([f"--no-{flag[2:]}"] if option.type is bool else [])
+        if param.default is None or isinstance(param.default, bool | str | Path):
+            assert param.default == getattr(settings, f.name), flag
+        else:
+            assert param.default == pytest.approx(getattr(settings, f.name) / size), flag
+        help_text = " ".join(param.help.split())
+        assert help_text.lower().startswith(f.metadata["help"].lower()), flag
+        allowed = f.metadata["range"]
+        if allowed is not None and allowed.lo is not None:
+            assert f"{allowed.lo / size:g}" in help_text, flag
+        if allowed is not None and allowed.hi is not None:
+            assert f"{allowed.hi / size:g}" in help_text, flag
+    # The command's defaults, through the option path, build the declared defaults.
+    defaults = {o.param: params[o.param].default for o in declared.values()}
+    assert serve_settings.settings_from_options(defaults) == fresh
+
+
+def _outside(allowed, size: float) -> list[float]:
+    """Values just outside a declared range, in the option's unit."""
+    out = []
+    if allowed.lo is not None:
+        out.append(allowed.lo / size if allowed.lo_open else allowed.lo / size - 1)
+    if allowed.hi is not None:
+        out.append(allowed.hi / size if allowed.hi_open else allowed.hi / size + 1)
+    return out
+
+
+def test_a_serve_option_outside_its_range_is_one_error_line_from_the_cli_and_in_code():
+    """Each ranged option, one step outside either end: the command refuses it with one line
+    naming the option (before loading anything), and building the settings object refuses the
+    same value with the same words; its bounds themselves are accepted."""
+    runner, checked = CliRunner(), 0
+    for flag, option in serve_settings.serve_options().items():
+        allowed, unit = option.declared.metadata["range"], option.unit
+        if allowed is None:
+            continue
+        size = unit.size if unit is not None else 1
+        number = int if option.type is int else float
+        for value in _outside(allowed, size):
+            shown = f"{number(value):g}"
+            result = runner.invoke(cli_app, ["serve", "-c", str(CKPT), f"{flag}={shown}"])
+            assert result.exit_code == 1, (flag, result.output)
+            (said,) = result.output.strip().splitlines()
+            assert said.startswith(f"error: {flag} is {shown}; it must be "), said
+            values = {o.param: o.default for o in serve_settings.serve_options().values()}
+            with pytest.raises(MTError) as built:
+                serve_settings.settings_from_options({**values, option.param: number(value)})
+            assert f"error: {built.value}" == said
+            checked += 1
+        for bound in (allowed.lo, allowed.hi):
+            if bound is not None and not (allowed.lo_open and bound == allowed.lo):
+                values = {o.param: o.default for o in serve_settings.serve_options().values()}
+                values[option.param] = number(bound / size)
+                if flag == "--batch-window-ms":  # the window within the max wait
+                    values["batch_max_wait_ms"] = values[option.param]
+                if flag == "--batch-max-wait-ms":
+                    values["batch_window_ms"] = 0.0
+                serve_settings.settings_from_options(values)
+    assert checked >= 15
+    wrong = runner.invoke(cli_app, ["serve", "-c", str(CKPT), "--engine", "onnx"])
+    assert wrong.output.strip() == "error: --engine='onnx': expected one of torch, ct2"
+
+
+def test_server_settings_built_in_code_check_their_declared_ranges():
+    """A settings object is checked when it is built (also by ``dataclasses.replace``), its
+    error naming the option in the option's unit, or the field that has no option."""
+    cases = [
+        (lambda: Limits(max_beam=0), "--max-beam is 0; it must be 1 to 64"),
+        (
+            lambda: dataclasses.replace(LIMITS, max_lines=0),
+            "--max-lines is 0; it must be at least 1",
+        ),
+        (lambda: Limits(max_body_bytes=512), "--max-body-kib is 0.5; it must be at least 1"),
+        (lambda: BatchSettings(max_wait_s=20.0), "--batch-max-wait-ms is 20000; it must be 0 to"),
+        (
+            lambda: BatchSettings(max_tokens=0),
+            "BatchSettings.max_tokens is 0; it must be at least 1",
+        ),
+        (
+            lambda: serve_settings.FileSettings(max_files=0),
+            "FileSettings.max_files is 0; it must be",
+        ),
+        (lambda: serve_settings.ServeSettings(workers=65), "--workers is 65; it must be 1 to 64"),
+        (
+            lambda: serve_settings.ServeSettings(quantize="int4"),
+            "--quantize='int4': expected one of int8",
+        ),
+        (
+            lambda: serve_settings.AccessSettings(req_limit=-1),
+            "--req-limit is -1; it must be at least 0",
+        ),
+        (
+            lambda: serve_settings.AccessSettings(require_api_key=True),
+            "--require-api-key needs --api-keys FILE",
+        ),
+    ]
+    for build, says in cases:
+        with pytest.raises(MTError) as refused:
+            build()
+        assert str(refused.value).startswith(says)
+        assert "\n" not in str(refused.value)
+    assert BatchSettings(max_tokens=None).max_tokens is None  # null: the model's budget
+
+
+def test_serve_options_in_other_units_are_converted_once():
+    """--max-body-kib is KiB, --batch-*-ms milliseconds; their settings keep bytes and seconds."""
+    values = {o.param: o.default for o in serve_settings.serve_options().values()}
+    values |= {"max_body_kib": 3, "batch_window_ms": 5.0, "batch_max_wait_ms": 250.0}
+    settings = serve_settings.settings_from_options(values)
+    assert settings.limits.max_body_bytes == 3 * 1024
+    assert isinstance(settings.limits.max_body_bytes, int)
+    assert settings.batching.window_s == pytest.approx(0.005)
+    assert settings.batching.max_wait_s == pytest.approx(0.25)
+    assert settings.limits.body_timeout_s == values["body_timeout"]  # seconds on both sides
+
+
+def test_lines_with_nothing_to_translate_never_reach_the_decode_worker(fake_served):
+    """Every route's decode call keeps such lines as they are; a request of them alone never
+    reaches the engine, and LibreTranslate's gives a text of them no alternatives."""
+    client, engine = fake_served
+    answer = client.post("/v1/translate", json={"text": ["", "42 ", "a dog", "🙂"]})
+    assert [t["text"] for t in answer.json()["translations"]] == ["", "42", "A DOG", "🙂"]
+    assert engine.calls[-1] == ["a dog"]
+    calls = len(engine.calls)
+    alone = client.post("/v1/translate", json={"text": ["12", "", "https://x.org"], "nbest": 2})
+    assert [t["nbest"] for t in alone.json()["translations"]] == [
+        [{"text": t, "score": 0.0}] * 2 for t in ("12", "", "https://x.org")
+    ]
+    body = {"q": ["7 \n a cat", " 8 "], "source": "src", "target": "trg", "alternatives": 1}
+    libre = client.post("/translate", json=body).json()
+    assert libre["translatedText"] == ["7 \n A CAT", " 8 "]
+    assert libre["alternatives"] == [["7 \n A CAT"], []]
+    assert engine.calls[calls:] == [[" a cat"]]

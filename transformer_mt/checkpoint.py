@@ -3,7 +3,8 @@
 A checkpoint is a plain dict that ``torch.load(weights_only=True)`` accepts (tensors, numbers,
 strings, bytes, lists, dicts), so nothing in it can run code when loaded:
 
-- ``model``: the state dict; ``model_args``: the Transformer's keyword arguments;
+- ``model``: the state dict; ``model_args``: the Transformer's shape as the seeds' keyword
+  arguments (``TransformerConfig.to_args``);
 - ``config``: the resolved config as a dict; ``src_spm`` / ``trg_spm``: sentencepiece model bytes;
   ``special_ids``: the ids the vocabularies were built with;
 - written by `mt import`: ``imported_from`` ({format, source}) and ``step`` 0;
@@ -18,8 +19,7 @@ schema (:func:`validate_checkpoint`: the type of every field a command reads) an
 for NaN/Inf (:func:`check_finite`); :func:`save_checkpoint` refuses to write non-finite weights.
 """
 
-import functools
-import inspect
+import io
 import math
 import pickle
 import random
@@ -29,7 +29,7 @@ import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,7 +43,11 @@ from transformer_mt.fileio import (
     no_space_error,
     output_file,
 )
-from transformer_mt.model import Transformer, upgrade_state_dict
+from transformer_mt.model import upgrade_state_dict
+from transformer_mt.model.transformer_config import argument_types
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 REQUIRED_KEYS = ("model", "model_args", "config", "src_spm", "trg_spm")
 
@@ -51,8 +55,9 @@ REQUIRED_KEYS = ("model", "model_args", "config", "src_spm", "trg_spm")
 def save_checkpoint(
     ckpt: dict[str, Any], path: Path, *, inputs: Iterable[Path | str] | None = None
 ) -> None:
-    """Write ``ckpt`` beside ``path``, flush it to disk, then rename it over ``path``: a crash
-    mid-write leaves the previous file intact, never a truncated one.
+    """Write ``ckpt`` beside ``path``, flush it to disk, then rename it over ``path``.
+
+    A crash mid-write leaves the previous file intact, never a truncated one.
 
     ``inputs`` marks ``path`` as a user-named output (:func:`transformer_mt.fileio.output_file`:
     refused when it is one of ``inputs``, written through symlinks, in place on a device). A full
@@ -74,18 +79,18 @@ def save_checkpoint(
         raise
 
 
-class _ByteCounter:
-    """A file-like sink that only counts what torch.save writes to it."""
+class _ByteCounter(io.BytesIO):
+    """A binary file that only counts what torch.save writes to it, keeping none of it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.size = 0
 
-    def write(self, data: bytes) -> int:
-        self.size += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
+    def write(self, data: "ReadableBuffer", /) -> int:
+        """Count ``data``'s bytes; returns that count, as a file's write does."""
+        n = memoryview(data).nbytes
+        self.size += n
+        return n
 
 
 def _saved_size(ckpt: dict[str, Any]) -> int:
@@ -163,9 +168,10 @@ def _not_a_checkpoint(path: Path, why: str) -> MTError:
 
 
 def average_checkpoints(paths: list[Path], output: Path, *, other_runs: bool = False) -> None:
-    """Average the weights of several checkpoints of the same model into ``output`` (without
-    training state: the average is for translating, not for resuming). Its ``step`` is the
-    latest of theirs.
+    """Average the weights of several checkpoints of the same model into ``output``.
+
+    It has no training state: the average is for translating, not for resuming. Its
+    ``step`` is the latest of theirs.
 
     Checkpoints of one run only (weights of independent runs do not average into a model): a
     file whose training seed or data fingerprint differs from the first's is refused unless
@@ -198,16 +204,19 @@ def average_checkpoints(paths: list[Path], output: Path, *, other_runs: bool = F
             )
         for k, v in weights.items():
             if v.shape != total[k].shape:
-                raise MTError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} "
-                              f"{tuple(total[k].shape)}; the file is damaged or another model's")  # fmt: skip
+                raise MTError(
+                    f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} "
+                    f"{tuple(total[k].shape)}; the file is damaged or another model's"
+                )
             total[k] += v.double()
         steps.append(ckpt.get("step"))
     averaged = {k: (v / len(paths)).to(first_weights[k].dtype) for k, v in total.items()}
     out = {k: v for k, v in first.items() if k != "train_state"}
     out["model"] = averaged
     out["averaged_from"] = [str(p) for p in paths]
-    if all(isinstance(step, int) for step in steps):
-        out["step"] = max(steps)
+    known = [step for step in steps if isinstance(step, int)]
+    if len(known) == len(steps):
+        out["step"] = max(known)
     save_checkpoint(out, output, inputs=paths)
 
 
@@ -230,8 +239,9 @@ def _weights(ckpt: dict) -> dict:
 
 
 def _other_run(first: dict, ckpt: dict) -> str:
-    """Why ``ckpt`` comes from another training run than ``first`` ("" when nothing says so):
-    another seed, or another data fingerprint where both record one."""
+    """Why ``ckpt`` comes from another training run than ``first`` ("" when nothing says so).
+
+    Another seed, or another data fingerprint where both record one."""
     seeds = [c.get("config", {}).get("train", {}).get("seed") for c in (first, ckpt)]
     if seeds[0] != seeds[1]:
         return f"train.seed {seeds[1]} against {seeds[0]}"
@@ -335,10 +345,12 @@ _VOCAB_OF = {
 
 
 def validate_checkpoint(ckpt: dict[str, Any], path: Path | str) -> None:
-    """Check ``ckpt`` as a whole against the one schema of the format: the type (and the range,
-    where a wrong one would fail later) of every field that a command reads, so that no command
-    meets a field it cannot use. A field that does not fit is a one-line MTError naming it:
-    "damaged checkpoint FILE: field step is the string '12', expected an integer >= 0; ...".
+    """Check ``ckpt`` as a whole against the one schema of the format.
+
+    The schema covers the type (and the range, where a wrong one would fail later) of every field
+    that a command reads, so that no command meets a field it cannot use. A field that does not fit
+    is a one-line MTError naming it: "damaged checkpoint FILE: field step is the string '12',
+    expected an integer >= 0; ...".
 
     ``model`` holds tensors; ``model_args`` the Transformer's keyword arguments, each of its
     annotated type; ``config`` sections of settings, each of its config type; the other fields
@@ -362,8 +374,9 @@ def validate_checkpoint(ckpt: dict[str, Any], path: Path | str) -> None:
 
 
 def check_finite(weights: Mapping[str, Any], path: Path | str, *, saving: bool = False) -> None:
-    """Raise a one-line MTError naming the first tensor of ``weights`` that holds NaN or Inf:
-    a damaged checkpoint when loading, diverged weights not written when ``saving``. Tied
+    """Raise a one-line MTError naming the first tensor of ``weights`` that holds NaN or Inf.
+
+    That is a damaged checkpoint when loading, diverged weights not written when ``saving``. Tied
     weights (one tensor under several names) are read once."""
     seen: set[tuple[Any, ...]] = set()
     for name, tensor in weights.items():
@@ -429,18 +442,11 @@ def _describe(value: Any) -> str:
     return f"a value of type {type(value).__name__}"
 
 
-@functools.cache
-def _model_parameters() -> dict[str, tuple[Any, bool]]:
-    """The Transformer's keyword arguments: name -> (annotated type, required)."""
-    hints = typing.get_type_hints(Transformer.__init__)
-    params = inspect.signature(Transformer).parameters
-    return {name: (hints[name], p.default is p.empty) for name, p in params.items()}
-
-
 def _model_arg_rule(name: str, hint: Any, args: dict[str, Any]) -> Rule:
-    """What model argument ``name`` (annotated ``hint``) must be: of that type, and in the range
-    that the constructor assumes without checking it (sizes >= 1, probabilities in [0, 1], ids
-    inside their vocabulary)."""
+    """What model argument ``name`` (annotated ``hint``) must be.
+
+    Of that type, and in the range that the constructor assumes without checking it (sizes >= 1,
+    probabilities in [0, 1], ids inside their vocabulary)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
         (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
         return _or_none(_model_arg_rule(name, inner, args))
@@ -465,7 +471,7 @@ def _check_model_args(path: Path, args: Any) -> None:
     _expect(
         path, "model_args", args, (lambda v: isinstance(v, dict), "a dict of the model's arguments")
     )
-    params = _model_parameters()
+    params = argument_types()
     for name, value in args.items():
         if name not in params:
             raise _damaged(path, f"field model_args.{name} is not an argument of this model")
@@ -476,8 +482,9 @@ def _check_model_args(path: Path, args: Any) -> None:
 
 
 def _check_config(path: Path, config: Any) -> None:
-    """``config``: a name and sections of settings, each setting of its config type, and
-    decoding defaults that `mt translate` and `mt serve` can use."""
+    """Check ``config``: a name and sections of settings, each setting of its config type.
+
+    Also decoding defaults that `mt translate` and `mt serve` can use."""
     _expect(path, "config", config, (lambda v: isinstance(v, dict), "a dict of config sections"))
     for section, body in config.items():
         _expect(path, f"config.{section}", body, TEXT if section == "name" else SETTINGS)
@@ -522,8 +529,10 @@ def _check_run_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def _check_rng(path: Path, field: str, rng: dict[str, Any]) -> None:
-    """A generator state as a resume restores it: torch's state bytes, Python's state tuple,
-    and where present the GPU's (one state, or one per GPU in older checkpoints)."""
+    """Check a generator state as a resume restores it.
+
+    Torch's state bytes, Python's state tuple, and where present the GPU's (one state, or one per
+    GPU in older checkpoints)."""
     if "cuda" in rng:
         states = (lambda v: _is_dense(v) or _list_of(TENSOR, "")[0](v), "tensor(s)")
         _expect(path, f"{field}.cuda", rng["cuda"], states)

@@ -17,9 +17,9 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from tqdm import tqdm
@@ -27,23 +27,44 @@ from typer.core import TyperGroup
 
 from transformer_mt.config import option_help
 from transformer_mt.errors import MTError
+from transformer_mt.inference.serve_settings import (
+    ServeSettings,
+    serve_options,
+    settings_from_options,
+)
+
+if TYPE_CHECKING:
+    from transformer_mt.inference.attention import Alignment
 
 
 class _OneLineUsageErrors(TyperGroup):
-    """A mistyped command line (an unknown option, a value that is not a number, a missing
+    """A command group whose usage errors print as one ``error:`` line.
+
+    A mistyped command line (an unknown option, a value that is not a number, a missing
     argument) as one ``error:`` line naming the command's --help, with click's exit code 2 for
     usage errors, instead of a framed box."""
 
-    def main(self, *args, standalone_mode: bool = True, **kwargs):
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the command line; a usage error ends it with one line (see the class)."""
+        given = (args, prog_name, complete_var)
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*given, False, windows_expand_args, **extra)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(*given, False, windows_expand_args, **extra)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)
         except typer.TyperException as err:  # click's ClickException and its usage errors
-            if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):
+            no_message = not hasattr(err, "format_message")
+            if hasattr(err, "show") and (type(err).__name__ == "NoArgsIsHelpError" or no_message):
                 err.show()  # `mt translate` alone: the command's help
                 sys.exit(err.exit_code)
             ctx = getattr(err, "ctx", None)
@@ -160,7 +181,9 @@ def _debugging() -> bool:
 
 
 def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's final flush to a closed pipe does
+    """Point stdout at /dev/null before a closed pipe's final flush.
+
+    Point stdout at /dev/null, so that the interpreter's final flush to a closed pipe does
     not print an error of its own."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -192,8 +215,9 @@ class _StderrLines(logging.Handler):
 
 @app.callback()
 def _setup_logging() -> None:
-    """Show the library's messages (once per process, however many commands run in it). Under
-    torchrun only rank 0 reports progress; the other ranks still print warnings."""
+    """Show the library's messages (once per process, however many commands run in it).
+
+    Under torchrun only rank 0 reports progress; the other ranks still print warnings."""
     logger = logging.getLogger("transformer_mt")
     for handler in [h for h in logger.handlers if isinstance(h, _StderrLines)]:
         logger.removeHandler(handler)
@@ -209,7 +233,9 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # as warnings name it
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """The package's own warnings (a line cut to the model's length, a skipped step) as bare
+    """Show a warning: the package's as a ``warning:`` line, others as Python does.
+
+    The package's own warnings (a line cut to the model's length, a skipped step) as bare
     ``warning:`` lines through the logger, like its other messages; others as Python shows them."""
     if str(filename).startswith(_PACKAGE_DIR):
         logging.getLogger("transformer_mt").warning(f"warning: {message}")
@@ -222,7 +248,9 @@ def _note(message: str) -> None:
 
 
 def _decode_settings(base, **options):
-    """The model's decode settings ``base`` with the options given on the command line (None
+    """The model's decode settings with the command line's changes, checked.
+
+    The model's decode settings ``base`` with the options given on the command line (None
     keeps the model's value), checked as the config and the server's requests are."""
     from transformer_mt.config import apply_overrides
 
@@ -232,7 +260,9 @@ def _decode_settings(base, **options):
 def _translate(
     engine: str, model_paths: list[Path], device: str, lines: list[str], options: dict, **kw
 ):
-    """Translate ``lines`` with the chosen engine: ``(results, decode settings)``; see
+    """Translate ``lines`` with the chosen engine.
+
+    Translate ``lines`` with the chosen engine: ``(results, decode settings)``; see
     :func:`_translator`."""
     quantization, target = kw.pop("quantize", None), kw.pop("target_lang", None)
     translate, decode = _translator(engine, model_paths, device, options, quantization, target)
@@ -299,8 +329,11 @@ def _ct2_translator(
     src_prefix = model.source_prefix(target_lang)
 
     def translate(lines: list[str], **kw):
-        for option, key in (("--attention-dir", "attention_dir"), ("--prefix-file", "prefixes"),
-                            ("--alignments", "alignments")):  # fmt: skip
+        for option, key in (
+            ("--attention-dir", "attention_dir"),
+            ("--prefix-file", "prefixes"),
+            ("--alignments", "alignments"),
+        ):
             if kw.get(key) is not None:
                 raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
         return translate_lines_ct2(model, lines, decode, kw.get("first_line", 1), src_prefix)
@@ -402,7 +435,9 @@ def show_config(
     ] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Print the resolved config as YAML: every key with its value (defaults included) and its
+    """Print the resolved config as YAML, with each key's help.
+
+    Print the resolved config as YAML: every key with its value (defaults included) and its
     help as a comment, exactly what `mt train` would run with; `mt train --config` reads it back.
     Every key is listed in docs/CONFIG.md."""
     from transformer_mt.config import config_yaml
@@ -494,13 +529,24 @@ def translate(
     ] = None,
     target_lang: TargetLangOpt = None,
 ) -> None:
-    """Translate text in order: one output line per input line (K with --nbest K); empty in, empty
+    """Translate text or a document, line by line in order.
+
+    Translate text in order: one output line per input line (K with --nbest K); empty in, empty
     out. A document (-i page.html, .docx, .odt, .pptx, .epub) becomes one of its format (-o)."""
     model = _ModelOptions(checkpoints, engine, device, quantize, target_lang)
-    options = _decode_options(beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k,
-                              top_p, seed)  # fmt: skip
-    text = _TextOptions(nbest, prefix_file, attention_dir, attention_layer, alignments,
-                        alignment_layer, alignment_units, interactive)  # fmt: skip
+    options = _decode_options(
+        beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p, seed
+    )
+    text = _TextOptions(
+        nbest,
+        prefix_file,
+        attention_dir,
+        attention_layer,
+        alignments,
+        alignment_layer,
+        alignment_units,
+        interactive,
+    )
     if input is not None and _is_document(input):
         _translate_document(input, output, model, options, text.given())
     else:
@@ -509,7 +555,9 @@ def translate(
 
 @dataclasses.dataclass
 class _ModelOptions:
-    """What translates: --checkpoint (several: an ensemble), --engine, --device, --quantize,
+    """The options that choose what translates.
+
+    What translates: --checkpoint (several: an ensemble), --engine, --device, --quantize,
     --target-lang."""
 
     checkpoints: list[Path]
@@ -536,56 +584,102 @@ class _TextOptions:
         """The options given, as written on the command line."""
         values = dataclasses.asdict(self)
         values["nbest"] = None if self.nbest in (None, 1) else self.nbest
-        return ["--" + key.replace("_", "-") for key, value in values.items()
-                if value not in (None, False)]  # fmt: skip
+        return [
+            "--" + key.replace("_", "-")
+            for key, value in values.items()
+            if value not in (None, False)
+        ]
 
 
 def _translate_text(
-    input: Path | None, output: Path | None, model: _ModelOptions, options: dict,
+    input: Path | None,
+    output: Path | None,
+    model: _ModelOptions,
+    options: dict,
     text: _TextOptions,
-) -> None:  # fmt: skip
-    """`mt translate` on lines: a file or stdin (at a terminal or with --interactive, line by
+) -> None:
+    """Translate lines from a file or stdin to a file or stdout.
+
+    `mt translate` on lines: a file or stdin (at a terminal or with --interactive, line by
     line) to a file or stdout."""
     from transformer_mt.inference import format_best, format_nbest
 
-    inputs = _check_translate_paths(input, output, model.checkpoints, text.prefix_file,
-                                    text.attention_dir, text.attention_layer, text.alignments,
-                                    text.alignment_layer, text.alignment_units)  # fmt: skip
-    align_kw = {"alignment_layer": text.alignment_layer,
-                "alignment_units": text.alignment_units or "pieces"}  # fmt: skip
+    inputs = _check_translate_paths(
+        input,
+        output,
+        model.checkpoints,
+        text.prefix_file,
+        text.attention_dir,
+        text.attention_layer,
+        text.alignments,
+        text.alignment_layer,
+        text.alignment_units,
+    )
+    align_kw = {
+        "alignment_layer": text.alignment_layer,
+        "alignment_units": text.alignment_units or "pieces",
+    }
     at_terminal = input is None and text.prefix_file is None and sys.stdin is not None
     at_terminal = at_terminal and sys.stdin.isatty()
-    load = (model.engine, model.checkpoints, model.device, options, model.quantize,
-            model.target_lang)  # fmt: skip
+    load = (
+        model.engine,
+        model.checkpoints,
+        model.device,
+        options,
+        model.quantize,
+        model.target_lang,
+    )
     if text.interactive or at_terminal:
         _check_interactive(input, output, text.prefix_file, implied=not text.interactive)
         translate, decode = _translator(*load)
-        _translate_interactively(translate, decode.nbest, text.alignments,
-                                 attention_dir=text.attention_dir,
-                                 attention_layer=text.attention_layer, **align_kw)  # fmt: skip
+        _translate_interactively(
+            translate,
+            decode.nbest,
+            text.alignments,
+            attention_dir=text.attention_dir,
+            attention_layer=text.attention_layer,
+            **align_kw,
+        )
         return
     lines = _read_input(input)
     prefixes = _read_prefixes(text.prefix_file, lines, str(input or "stdin"))
-    aligned = [] if text.alignments else None
+    aligned: list[list[Alignment]] | None = [] if text.alignments else None
     translate, decode = _translator(*load)
-    results = translate(lines, progress=input is not None, attention_dir=text.attention_dir,
-                        attention_layer=text.attention_layer, prefixes=prefixes,
-                        alignments=aligned, **align_kw)  # fmt: skip
+    results = translate(
+        lines,
+        progress=input is not None,
+        attention_dir=text.attention_dir,
+        attention_layer=text.attention_layer,
+        prefixes=prefixes,
+        alignments=aligned,
+        **align_kw,
+    )
     out = format_nbest(results, aligned) if decode.nbest > 1 else format_best(results, aligned)
     _write_lines(output, out, inputs=inputs)
 
 
-def _decode_options(beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p,
-                    seed) -> dict:  # fmt: skip
-    """The decode options of `mt translate` as changes of a model's DecodeConfig (None keeps
+def _decode_options(
+    beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p, seed
+) -> dict:
+    """The decode options of `mt translate` as changes of a model's DecodeConfig.
+
+    The decode options of `mt translate` as changes of a model's DecodeConfig (None keeps
     the model's value); the sampling options only with --sample."""
     if not sample:
-        for option, value in (("--temperature", temperature), ("--top-k", top_k),
-                              ("--top-p", top_p), ("--seed", seed)):  # fmt: skip
+        for option, value in (
+            ("--temperature", temperature),
+            ("--top-k", top_k),
+            ("--top-p", top_p),
+            ("--seed", seed),
+        ):
             if value is not None:
                 raise MTError(f"{option} applies to sampling: add --sample, or drop {option}")
-    options = {"beam_size": beam, "nbest": nbest, "len_penalty": len_penalty,
-               "batch_tokens": batch_tokens}  # fmt: skip
+    options = {
+        "beam_size": beam,
+        "nbest": nbest,
+        "len_penalty": len_penalty,
+        "batch_tokens": batch_tokens,
+    }
     if sample:  # one draw per line: a beam of one unless --beam says otherwise (an error)
         options.update(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p)
         options.update(sample_seed=seed, beam_size=beam or 1)
@@ -601,7 +695,9 @@ def _is_document(path: Path) -> bool:
 def _translate_document(
     input: Path, output: Path | None, model: _ModelOptions, options: dict, unused: list[str]
 ) -> None:
-    """`mt translate -i DOC -o DOC`: a document into one of its format, its markup kept (the
+    """Translate a document into a document of its format.
+
+    `mt translate -i DOC -o DOC`: a document into one of its format, its markup kept (the
     model's cross-attention places it); ``unused``: options for lines, refused."""
     from transformer_mt.fileio import check_output
     from transformer_mt.inference.documents import read_document_file
@@ -627,8 +723,9 @@ def _translate_document(
 def _check_interactive(
     input: Path | None, output: Path | None, prefix_file: Path | None, implied: bool = False
 ) -> None:
-    """--interactive reads stdin and answers on stdout, line by line: no file options. (It is
-    also what a terminal on stdin means; ``implied``: it was not asked for.)"""
+    """--interactive reads stdin and answers on stdout, line by line: no file options.
+
+    (It is also what a terminal on stdin means; ``implied``: it was not asked for.)"""
     if sys.stdin is None:
         raise MTError("stdin is closed: --interactive reads it; pipe the text in")
     if implied and output is not None:
@@ -649,7 +746,9 @@ def _check_interactive(
 
 
 def _translate_interactively(translate, nbest: int, alignments: bool, **kw) -> None:
-    """Read a line, translate it, write and flush its answer, then read the next (a terminal,
+    """Translate line by line, each answer written as soon as it is ready.
+
+    Read a line, translate it, write and flush its answer, then read the next (a terminal,
     or `--interactive` on a pipe); the model is loaded once. Ends at the end of the input.
     ``kw`` goes to ``translate`` (attention pictures, alignment settings)."""
     from transformer_mt.inference import format_best, format_nbest
@@ -662,7 +761,7 @@ def _translate_interactively(translate, nbest: int, alignments: bool, **kw) -> N
             line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
         except UnicodeDecodeError:
             raise MTError(f"stdin:{number}: invalid UTF-8; type or pipe UTF-8 text") from None
-        aligned = [] if alignments else None
+        aligned: list[list[Alignment]] | None = [] if alignments else None
         results = translate([line], alignments=aligned, first_line=number, **kw)
         formats = format_nbest if nbest > 1 else format_best
         _write_lines(None, formats(results, aligned))
@@ -679,19 +778,23 @@ def _check_translate_paths(
     alignment_layer: int | None = None,
     alignment_units: str | None = None,
 ) -> list:
-    """The option checks of `mt translate` that need no model, before any work; returns the
+    """Check the paths and options of `mt translate` before any work.
+
+    The option checks of `mt translate` that need no model, before any work; returns the
     inputs an output must not overwrite."""
     if attention_layer is not None and attention_dir is None:
         raise MTError(
             "--attention-layer chooses the layer of the heatmaps: add --attention-dir DIR"
         )
-    for option, given in (("--alignment-layer", alignment_layer),
-                          ("--alignment-units", alignment_units)):  # fmt: skip
+    for option, given in (
+        ("--alignment-layer", alignment_layer),
+        ("--alignment-units", alignment_units),
+    ):
         if given is not None and not alignments:
             raise MTError(f"{option} is a setting of --alignments: add --alignments")
     if alignment_units not in (None, "pieces", "words"):
         raise MTError(f"--alignment-units {alignment_units!r}: expected pieces or words")
-    inputs = [input] if input is not None else _stdin_stat()
+    inputs: list[Path | os.stat_result] = [input] if input is not None else [*_stdin_stat()]
     inputs += [*checkpoints, *([prefix_file] if prefix_file is not None else [])]
     if output is not None:
         from transformer_mt.fileio import check_output
@@ -701,7 +804,9 @@ def _check_translate_paths(
 
 
 def _write_lines(output: Path | None, lines: Iterable[str], inputs: Iterable = ()) -> None:
-    """Lines to stdout, or to the file ``output`` written whole (:func:`fileio.write_output`:
+    """Write lines to stdout or, whole and atomically, to a file.
+
+    Lines to stdout, or to the file ``output`` written whole (:func:`fileio.write_output`:
     atomically, never over one of ``inputs``), as UTF-8."""
     from transformer_mt.fileio import NO_SPACE, no_space_error, write_output
 
@@ -787,13 +892,20 @@ def evaluate(
     else:
         if not checkpoint:
             raise MTError("--src needs --checkpoint")
+        assert src is not None  # exactly one of --hyp and --src, checked above
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
         options = {"beam_size": beam, "nbest": 1, "len_penalty": len_penalty}
         results, _ = _translate(
-            engine, checkpoint, device, sources, options, progress=True, quantize=quantize,
+            engine,
+            checkpoint,
+            device,
+            sources,
+            options,
+            progress=True,
+            quantize=quantize,
             target_lang=target_lang,
-        )  # fmt: skip
+        )
         hyps, hyp_name = [r[0][0] for r in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
     scores = score_all(hyps, refs, tokenize)
@@ -844,15 +956,24 @@ def score(
     if len(loaded) > 1:  # one vocabulary for all, or a one-line error naming the two that differ
         from transformer_mt.decoding import check_ensemble
 
-        check_ensemble([str(p) for p in checkpoints], [x.model for x in loaded],
-                       [x.src_tok for x in loaded], [x.trg_tok for x in loaded])  # fmt: skip
+        check_ensemble(
+            [str(p) for p in checkpoints],
+            [x.model for x in loaded],
+            [x.src_tok for x in loaded],
+            [x.trg_tok for x in loaded],
+        )
     first = loaded[0]
     decode = _decode_settings(first.config.decode, batch_tokens=batch_tokens)
     scores = score_pairs(
-        [x.model for x in loaded], first.src_tok, first.trg_tok, sources, targets,
-        batch_tokens=decode.batch_tokens, progress=True,
+        [x.model for x in loaded],
+        first.src_tok,
+        first.trg_tok,
+        sources,
+        targets,
+        batch_tokens=decode.batch_tokens,
+        progress=True,
         src_prefix=first.source_prefix(target_lang),
-    )  # fmt: skip
+    )
     _write_lines(output, format_scores(scores, as_json=as_json), inputs=[src, trg, *checkpoints])
 
 
@@ -879,8 +1000,11 @@ def download(
     from transformer_mt.data.tasks import all_tasks, find_task
 
     if list_:
-        for item in [*list_corpora(), *all_tasks()]:
-            typer.echo(item.summary())
+        for summary in [
+            *(c.summary() for c in list_corpora()),
+            *(t.summary() for t in all_tasks()),
+        ]:
+            typer.echo(summary)
         typer.echo(
             "opus:CORPUS/VERSION: an OPUS corpus through mtdata, e.g. opus:Tatoeba/v2023-04-12"
         )
@@ -986,6 +1110,17 @@ def average(
     _note(f"wrote {output} (average of {len(checkpoints)} checkpoints)")
 
 
+def _serve_option(flag: str) -> Any:
+    """The `mt serve` option ``flag``, read from the declaration of the setting it sets.
+
+    Its default and help (with its unit and range) come from inference/serve_settings.py; a
+    yes/no setting also gets its ``--no-`` form.
+    """
+    option = serve_options()[flag]
+    names = f"{flag}/--no-{flag[2:]}" if option.type is bool else flag
+    return typer.Option(option.default, names, help=option.help)
+
+
 @app.command()
 @user_errors
 def serve(
@@ -998,111 +1133,39 @@ def serve(
             "`mt export --format ctranslate2`.",
         ),
     ],
-    host: Annotated[
-        str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
-    engine: Annotated[
-        str, typer.Option(help="torch (our model) or ct2 (an exported one).")
-    ] = "torch",
-    device: DeviceOpt = "cpu",
-    batching: Annotated[
-        bool, typer.Option(help="Decode requests that arrive together as one batch.")
-    ] = True,
-    continuous: Annotated[
-        bool,
-        typer.Option(
-            help="With --engine torch: requests join the running search between steps "
-            "(continuous batching, no gathering window; slower than batch by batch on 2 "
-            "CPU cores, see docs/BENCHMARKS.md)."
-        ),
-    ] = False,
-    batch_window_ms: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1000.0,
-            help="Gathering a batch ends after this long quiet (at most --batch-max-wait-ms).",
-        ),
-    ] = 20.0,
-    batch_max_wait_ms: Annotated[
-        float, typer.Option(min=0.0, max=10000.0, help="...and at the latest after this long.")
-    ] = 50.0,
-    max_lines: Annotated[int, typer.Option(min=1, help="Lines per request.")] = 64,
-    max_chars: Annotated[int, typer.Option(min=1, help="Characters per line.")] = 2000,
-    max_body_kib: Annotated[int, typer.Option(min=1, help="Request body size, KiB.")] = 1024,
-    body_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds to receive a request's body (slower: 408).")
-    ] = 30.0,
-    shutdown_timeout: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="On SIGTERM/Ctrl-C, seconds the requests in flight get to finish; then the "
-            "ones left are cut off.",
-        ),
-    ] = 30.0,
-    drain_seconds: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="On SIGTERM, first keep serving this long with /health/ready answering 503, "
-            "so that a load balancer stops sending requests before the server stops.",
-        ),
-    ] = 0.0,
-    workers: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=64,
-            help="Processes, each with its own model and decode worker, behind the one port "
-            "(the CPUs are split among them; /translate_file needs 1).",
-        ),
-    ] = 1,
-    max_beam: Annotated[
-        int, typer.Option(min=1, max=64, help="Largest beam a request may ask.")
-    ] = 16,
-    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
-    quantize: QuantizeOpt = None,
-    api_keys: Annotated[
-        Path | None,
-        typer.Option(
-            help="A keys file (`mt serve-keys add FILE NAME`): keys with their own request and "
-            "character limits."
-        ),
-    ] = None,
-    require_api_key: Annotated[
-        bool, typer.Option(help="Refuse requests without a key (needs --api-keys).")
-    ] = False,
-    key_free_origin: Annotated[
-        str | None,
-        typer.Option(
-            help="With --require-api-key: requests whose Origin matches this regex need no "
-            "key (e.g. your own page)."
-        ),
-    ] = None,
-    req_limit: Annotated[
-        int, typer.Option(min=0, help="Requests per minute per client address; 0: no limit.")
-    ] = 0,
-    char_limit: Annotated[
-        int, typer.Option(min=0, help="Characters per text (LibreTranslate's); 0: no limit.")
-    ] = 0,
-    files: Annotated[
-        bool, typer.Option(help="File translation (/translate_file, /download_file).")
-    ] = True,
-    files_dir: Annotated[
-        Path | None,
-        typer.Option(help="Where translated files wait for download (default: a temp dir)."),
-    ] = None,
-    files_ttl: Annotated[
-        float, typer.Option(min=1.0, help="Seconds a translated file can be downloaded.")
-    ] = 1800.0,
+    host: str = _serve_option("--host"),
+    port: int = _serve_option("--port"),
+    engine: str = _serve_option("--engine"),
+    device: str = _serve_option("--device"),
+    batching: bool = _serve_option("--batching"),
+    continuous: bool = _serve_option("--continuous"),
+    batch_window_ms: float = _serve_option("--batch-window-ms"),
+    batch_max_wait_ms: float = _serve_option("--batch-max-wait-ms"),
+    max_lines: int = _serve_option("--max-lines"),
+    max_chars: int = _serve_option("--max-chars"),
+    max_body_kib: int = _serve_option("--max-body-kib"),
+    body_timeout: float = _serve_option("--body-timeout"),
+    shutdown_timeout: float = _serve_option("--shutdown-timeout"),
+    drain_seconds: float = _serve_option("--drain-seconds"),
+    workers: int = _serve_option("--workers"),
+    max_beam: int = _serve_option("--max-beam"),
+    access_log: bool = _serve_option("--access-log"),
+    quantize: str | None = _serve_option("--quantize"),
+    api_keys: Path | None = _serve_option("--api-keys"),
+    require_api_key: bool = _serve_option("--require-api-key"),
+    key_free_origin: str | None = _serve_option("--key-free-origin"),
+    req_limit: int = _serve_option("--req-limit"),
+    char_limit: int = _serve_option("--char-limit"),
+    files: bool = _serve_option("--files"),
+    files_dir: Path | None = _serve_option("--files-dir"),
+    files_ttl: float = _serve_option("--files-ttl"),
 ) -> None:
-    """Serve the model over HTTP: LibreTranslate's API (/translate, /languages, /detect,
-    /translate_file, /frontend/settings), POST /v1/translate (n-best, attention), GET /v1/model,
-    /health, API docs at /docs and a translation page at /; for load balancers and monitoring,
-    /health/live, /health/ready (503 while the model loads and while draining) and /metrics
-    (Prometheus).
+    """Serve the model over HTTP.
+
+    LibreTranslate's API (/translate, /languages, /detect, /translate_file, /frontend/settings),
+    POST /v1/translate (n-best, attention), GET /v1/model, /health, API docs at /docs and a
+    translation page at /; for load balancers and monitoring, /health/live, /health/ready (503
+    while the model loads and while draining) and /metrics (Prometheus).
 
     Requests that arrive together are gathered into batches and decoded together; with
     --engine torch, --continuous lets them join the running search between steps instead.
@@ -1114,55 +1177,13 @@ def serve(
     serve_model(checkpoint, _serve_settings(dict(locals())))
 
 
-def _serve_settings(options: dict):
-    """The serve command's options grouped into the server's settings objects."""
-    from transformer_mt.inference import serve_settings as ss
+def _serve_settings(options: dict[str, Any]) -> ServeSettings:
+    """The serve command's options as the server's settings objects.
 
-    o = options
-    if o["batch_window_ms"] > o["batch_max_wait_ms"]:
-        raise MTError(
-            f"--batch-window-ms ({o['batch_window_ms']:g}) exceeds --batch-max-wait-ms "
-            f"({o['batch_max_wait_ms']:g}): gathering would never wait that long; lower the "
-            "window or raise the max wait"
-        )
-    if o["require_api_key"] and o["api_keys"] is None:
-        raise MTError("--require-api-key needs --api-keys FILE (create it: mt serve-keys add)")
-    limits = ss.Limits(
-        max_body_bytes=o["max_body_kib"] * 1024,
-        max_lines=o["max_lines"],
-        max_chars=o["max_chars"],
-        max_beam=o["max_beam"],
-        body_timeout_s=o["body_timeout"],
-    )
-    batching = ss.BatchSettings(
-        enabled=o["batching"],
-        continuous=o["continuous"],
-        window_s=o["batch_window_ms"] / 1000,
-        max_wait_s=o["batch_max_wait_ms"] / 1000,
-    )
-    access = ss.AccessSettings(
-        api_keys=o["api_keys"],
-        require_api_key=o["require_api_key"],
-        key_free_origin=o["key_free_origin"],
-        req_limit=o["req_limit"],
-        char_limit=o["char_limit"],
-    )
-    files = ss.FileSettings(enabled=o["files"], directory=o["files_dir"], ttl_s=o["files_ttl"])
-    return ss.ServeSettings(
-        host=o["host"],
-        port=o["port"],
-        engine=o["engine"],
-        device=o["device"],
-        quantize=o["quantize"],
-        access_log=o["access_log"],
-        shutdown_timeout_s=o["shutdown_timeout"],
-        drain_s=o["drain_seconds"],
-        workers=o["workers"],
-        limits=limits,
-        batching=batching,
-        access=access,
-        files=files,
-    )
+    Each option's value in its setting's unit (KiB -> bytes, ms -> seconds), each range and
+    rule checked as they are built (an MTError naming the option).
+    """
+    return settings_from_options(options)
 
 
 serve_keys = typer.Typer(

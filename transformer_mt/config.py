@@ -34,8 +34,11 @@ _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 @dataclass(frozen=True)
 class Range:
-    """The values a numeric config field accepts: ``lo``/``hi`` (None = unbounded), each bound
-    included unless ``*_open``; ``none_ok`` also accepts null. Floats must also be finite."""
+    """The values a numeric config field accepts.
+
+    ``lo``/``hi`` bound it (None: unbounded), each bound included unless ``*_open``; ``none_ok``
+    also accepts null. Floats must also be finite.
+    """
 
     lo: float | None = None
     hi: float | None = None
@@ -51,6 +54,12 @@ class Range:
         above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
         below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
         return above and below
+
+    def converted(self, unit: Callable[[float], float]) -> "Range":
+        """The same range in another unit: each bound through ``unit`` (a value -> the same in it)."""
+        lo = None if self.lo is None else unit(self.lo)
+        hi = None if self.hi is None else unit(self.hi)
+        return dataclasses.replace(self, lo=lo, hi=hi)
 
     def describe(self) -> str:
         """The range in words: "at least 1", "1 to 128", "in [0, 1)", "greater than 0"."""
@@ -122,18 +131,23 @@ def declared_settings(cls: type) -> dict[str, Setting]:
     return {s.name: s for s in settings_of(cls)}
 
 
-@functools.cache
 def settings_of(cls: type) -> tuple[Setting, ...]:
     """The declared fields of the config dataclass ``cls``, in their order.
 
     Read once per class: every request to the server checks its decode settings through them.
     """
-    hints, fresh = typing.get_type_hints(cls), cls()
+    return _settings_of(cls)
+
+
+@functools.cache
+def _settings_of(cls: type) -> tuple[Setting, ...]:
+    """:func:`settings_of`, computed (without building a ``cls``: its checks may read these)."""
+    hints = typing.get_type_hints(cls)
     return tuple(
         Setting(
             name=f.name,
             type=hints[f.name],
-            default=getattr(fresh, f.name),
+            default=_fresh_value(f),
             help=f.metadata.get("help", ""),
             range=f.metadata.get("range"),
             choices=f.metadata.get("choices"),
@@ -141,6 +155,13 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
         )
         for f in dataclasses.fields(cls)
     )
+
+
+def _fresh_value(f: dataclasses.Field) -> Any:
+    """The value the field ``f`` has in a fresh instance: its default, or its factory's result."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 @dataclass
@@ -483,9 +504,11 @@ class ModelConfig:
     )
 
     def __setattr__(self, key: str, value: Any) -> None:
-        """Set a field; a choice the model does not have is refused, naming the key (whether
-        set by the constructor, a config file or an override)."""
-        declared = self.__dataclass_fields__.get(key)  # type: ignore[attr-defined]
+        """Set a field; a choice the model does not have is refused, naming the key.
+
+        Whether set by the constructor, a config file or an override.
+        """
+        declared = self.__dataclass_fields__.get(key)
         choices = declared.metadata.get("choices") if declared is not None else None
         if choices is not None and value not in choices:
             raise MTError(_choice_error(f"model.{key}", value, choices))
@@ -852,8 +875,11 @@ def recipe_path(name: str = DEFAULT_RECIPE) -> Path:
 
 
 def find_config(path: Path | str) -> Path:
-    """``path`` when it is a file; else, for a bare name such as ``multi30k_de_en``, the shipped
-    recipe of that name (so ``--config multi30k_de_en`` works from any directory)."""
+    """The config file that a ``--config`` value names.
+
+    ``path`` when it is a file; else, for a bare name such as ``multi30k_de_en``, the shipped
+    recipe of that name (so ``--config multi30k_de_en`` works from any directory).
+    """
     path = Path(path)
     if path.is_file():
         return path
@@ -866,13 +892,15 @@ def find_config(path: Path | str) -> Path:
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's plain scalars: ``1e-4`` is a float, only true/false
-    are booleans, integers are decimal (``010`` is 10; ``0o``/``0x`` prefixes, ``_`` between
-    digits), no base-60. (PyYAML follows YAML 1.1, where ``1e-4`` is text, ``no``, ``on`` and
-    ``y`` are booleans and ``1:30`` is 90: ``--set train.weight_decay=1e-4`` or
-    ``data.trg_lang: no`` would fail.) A key repeated in one mapping is an error, as YAML 1.2
-    says (PyYAML keeps the last one: a second ``train:`` section would silently replace the
-    first)."""
+    """PyYAML's safe loader, reading plain scalars and repeated keys as YAML 1.2 says.
+
+    ``1e-4`` is a float, only true/false are booleans, integers are decimal (``010`` is 10;
+    ``0o``/``0x`` prefixes, ``_`` between digits), no base-60. (PyYAML follows YAML 1.1, where
+    ``1e-4`` is text, ``no``, ``on`` and ``y`` are booleans and ``1:30`` is 90: ``--set
+    train.weight_decay=1e-4`` or ``data.trg_lang: no`` would fail.) A key repeated in one mapping
+    is an error, as YAML 1.2 says (PyYAML keeps the last one: a second ``train:`` section would
+    silently replace the first).
+    """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first_line: dict[Any, int] = {}
@@ -967,8 +995,10 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
 
 
 def _expand_home(data_cfg: DataConfig) -> None:
-    """``~`` in the data paths means the home directory, as in a shell (the shell does not expand
-    it inside ``--set data.cache_dir=~/x``, and YAML never does)."""
+    """Expand ``~`` in the data paths to the home directory, as a shell does.
+
+    The shell does not expand it inside ``--set data.cache_dir=~/x``, and YAML never does.
+    """
     for f in dataclasses.fields(data_cfg):
         value = getattr(data_cfg, f.name)
         if f.name in _DATA_PATHS and isinstance(value, str):
@@ -1033,11 +1063,15 @@ def check_settings(
     obj: Any,
     names: Mapping[str, str] | None = None,
     limits: Mapping[str, Limit] | None = None,
+    units: Mapping[str, Callable[[float], float]] | None = None,
 ) -> None:
     """Check every field of ``obj`` (a config dataclass) against its declared range or choices.
 
     ``names`` says how the caller calls a key in its error (default ``section.key``, with the
-    declared option: ``decode.beam_size (--beam)``); ``limits`` narrow a range for this caller.
+    declared option: ``decode.beam_size (--beam)``); ``limits`` narrow a range for this caller;
+    ``units`` show a key's value and range in the unit its option takes, where its field keeps
+    another (a function from the field's value to the option's: bytes -> KiB). A None left at a
+    None default passes (an optional setting not given).
 
     Raises:
         MTError: one line naming the key, the value and the allowed values, e.g.
@@ -1045,19 +1079,36 @@ def check_settings(
     """
     for declared in settings_of(type(obj)):
         value, key = getattr(obj, declared.name), declared.name
+        if value is None and declared.default is None:
+            continue
         name = setting_name(section, declared, names)
         if declared.choices is not None and value not in declared.choices:
             raise MTError(_choice_error(name, value, declared.choices))
-        allowed, limit = declared.range, (limits or {}).get(key)
-        if allowed is None:
-            continue
-        if limit is not None and (allowed.hi is None or limit.most < allowed.hi):
-            allowed = dataclasses.replace(allowed, hi=limit.most, hi_open=False)
-        if not allowed.holds(value):
-            shown = _number(value) if isinstance(value, int | float) else repr(value)
-            finite = "finite and " if isinstance(value, float) and not math.isfinite(value) else ""
-            why = f" ({limit.setting})" if allowed is not declared.range else ""
-            raise MTError(f"{name} is {shown}; it must be {finite}{allowed.describe()}{why}")
+        limit = (limits or {}).get(key)
+        allowed = _narrowed(declared.range, limit)
+        if allowed is not None and not allowed.holds(value):
+            why = (
+                f" ({limit.setting})" if limit is not None and allowed is not declared.range else ""
+            )
+            raise MTError(_range_error(name, value, allowed, (units or {}).get(key)) + why)
+
+
+def _narrowed(allowed: Range | None, limit: Limit | None) -> Range | None:
+    """``allowed`` with a caller's upper bound ``limit`` where that is tighter than its own."""
+    if allowed is None or limit is None or (allowed.hi is not None and limit.most >= allowed.hi):
+        return allowed
+    return dataclasses.replace(allowed, hi=limit.most, hi_open=False)
+
+
+def _range_error(
+    name: str, value: Any, allowed: Range, unit: Callable[[float], float] | None
+) -> str:
+    """The line refusing ``value`` of the key ``name`` outside ``allowed``, both in ``unit``."""
+    if unit is not None and isinstance(value, int | float):
+        value, allowed = unit(value), allowed.converted(unit)
+    shown = _number(value) if isinstance(value, int | float) else repr(value)
+    finite = "finite and " if isinstance(value, float) and not math.isfinite(value) else ""
+    return f"{name} is {shown}; it must be {finite}{allowed.describe()}"
 
 
 def setting_name(section: str, declared: Setting, names: Mapping[str, str] | None) -> str:
@@ -1151,8 +1202,11 @@ def _sentence(text: str) -> str:
 
 
 def validate(cfg: Config) -> None:
-    """Every declared range and choice (:func:`check_settings`), then the checks across fields, before any work starts: a
-    wrong value fails in a second, not after the data preparation."""
+    """Check a whole config before any work starts.
+
+    Every declared range and choice (:func:`check_settings`), then the checks across fields: a
+    wrong value fails in a second, not after the data preparation.
+    """
     if not re.fullmatch(r"[^/\\\x00]+", cfg.name) or cfg.name in (".", ".."):
         raise MTError(
             f"name={cfg.name!r}: the run name names directories (runs/<name>, the data cache); "
@@ -1176,8 +1230,10 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # one path component, no 
 
 
 def check_plain_name(value: str, key: str, example: str = "europarl") -> None:
-    """Refuse a value that becomes part of a file name unless it is one plain name: no ``/``,
-    ``\\``, ``..`` or leading dot, so that it can never point outside its folder."""
+    """Refuse a value that becomes part of a file name unless it is one plain name.
+
+    No ``/``, ``\\``, ``..`` or leading dot, so that it can never point outside its folder.
+    """
     if not _NAME_RE.fullmatch(value) or ".." in value:
         raise MTError(
             f"{key}={value!r}: it names files, so it must be one plain name (letters, digits, "

@@ -11,7 +11,9 @@ from transformer_mt.errors import MTError
 
 
 def resolve_device(name: str | torch.device, key: str = "--device") -> torch.device:
-    """``name`` ("auto", "cpu", "cuda", "cuda:N", "mps") as a torch device this process can use;
+    """Resolve a device name to a torch device this process can use.
+
+    ``name`` ("auto", "cpu", "cuda", "cuda:N", "mps") as a torch device this process can use;
     "auto" is the GPU when one is visible, else the CPU. ``key`` names where it came from."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -66,7 +66,9 @@ def bleu_metric(tokenize: str = "13a") -> BLEU:
 
 
 def score_all(hyps: list[str], refs: list[list[str]], tokenize: str = "13a") -> Scores:
-    """BLEU (with sacrebleu's ``tokenize``), chrF and TER of ``hyps`` against one or more
+    """BLEU, chrF and TER of ``hyps`` against one or more reference sets.
+
+    BLEU (with sacrebleu's ``tokenize``), chrF and TER of ``hyps`` against one or more
     reference sets (each a list of lines)."""
     if not hyps:
         raise MTError("no lines to score")  # sacrebleu fails on empty input
@@ -85,7 +87,9 @@ def score_all(hyps: list[str], refs: list[list[str]], tokenize: str = "13a") -> 
 
 
 def check_same_length(hyps: list[str], hyp_name: str, refs: list[list[str]], ref_names: list[str]):
-    """Raise naming both files and their line counts when a reference does not match, or
+    """Check that hypotheses and references have the same number of lines.
+
+    Raise naming both files and their line counts when a reference does not match, or
     when there is nothing to score."""
     for ref, name in zip(refs, ref_names, strict=True):
         if len(ref) != len(hyps):

@@ -49,7 +49,9 @@ _OS_HINTS = {
 
 
 def os_error_message(err: BaseException) -> str | None:
-    """One line for an OS failure of a user's path (the path, what happened, what to do), or
+    """One line for an OS failure of a user's path, or None when ``err`` is not one.
+
+    One line for an OS failure of a user's path (the path, what happened, what to do), or
     None when ``err`` is not one (a bug keeps its traceback). Disk full is recognised also when
     a library (torch) wrapped it in another exception."""
     for cause in _chain(err):
@@ -96,7 +98,9 @@ def decode_utf8(data: bytes, name: str | Path) -> str:
 
 
 def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file without their line endings (one segment per line), and
+    """The lines of a UTF-8 text file, without line endings or a byte-order mark.
+
+    Lines of a UTF-8 text file without their line endings (one segment per line), and
     without the byte-order mark some editors put first (it would be part of the first word:
     a hypothesis that starts with one scores lower BLEU). A FIFO or ``/dev/stdin``
     (``-i <(zcat x.gz)``) is read like a file."""
@@ -110,7 +114,9 @@ def read_lines(path: Path) -> list[str]:
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines as `wc -l` counts them: split on "\n" only; the CRs that end a line go (CRLF
+    """Split text into lines as `wc -l` counts them.
+
+    Lines as `wc -l` counts them: split on "\n" only; the CRs that end a line go (CRLF
     files), a lone CR inside a line stays in it.
 
     ``str.splitlines`` (and Python's universal newlines) would also break at a lone CR, form
@@ -161,7 +167,9 @@ def atomic_write(path: Path, mode: str = "w", *, durable: bool = False) -> Itera
 
 
 def _mode_for(path: Path) -> int:
-    """The permissions a written file gets: the old file's, or what ``open()`` would give
+    """The permissions a written file gets.
+
+    The permissions a written file gets: the old file's, or what ``open()`` would give
     (0666 less the umask) for a new one."""
     try:
         return stat.S_IMODE(path.stat().st_mode)
@@ -187,7 +195,9 @@ _STREAMS = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")  # a process's o
 
 
 def _in_place(path: Path) -> bool:
-    """Whether ``path`` must be written in place: it exists and is not a regular file (a FIFO, a
+    """Whether ``path`` must be written in place rather than replaced.
+
+    Whether ``path`` must be written in place: it exists and is not a regular file (a FIFO, a
     device, a socket), or names a process's own stream (``/dev/stdout``, ``/dev/fd/1``), whose
     link target may be a pipe or a file opened for appending."""
     if str(path.absolute()).startswith(_STREAMS):
@@ -199,7 +209,9 @@ def _in_place(path: Path) -> bool:
 
 
 def check_output(path: Path | str, inputs: Iterable[Path | str | os.stat_result] = ()) -> Path:
-    """Raise a one-line MTError unless ``path`` can be a command's output without harm: not a
+    """Check that ``path`` can be a command's output without harm.
+
+    Raise a one-line MTError unless ``path`` can be a command's output without harm: not a
     directory, in a directory that exists, and not the same file as any of ``inputs`` (paths, or
     ``os.stat`` results, e.g. of stdin). Returns the path to write: a symlink's target."""
     path = Path(path)
@@ -246,7 +258,9 @@ def output_file(
     inputs: Iterable[Path | str | os.stat_result] = (),
     durable: bool = False,
 ) -> Iterator[IO[Any]]:
-    """Open a user-named output for writing, after :func:`check_output`: a regular file (or a
+    """Open a user-named output for writing, after :func:`check_output`.
+
+    Open a user-named output for writing, after :func:`check_output`: a regular file (or a
     new one) through :func:`atomic_write`, keeping its mode (new files: 0666 less the umask); a
     FIFO, a device or ``/dev/stdout`` in place. Used as ``with output_file(p, "wb") as f``."""
     target = check_output(path, inputs)
@@ -267,7 +281,9 @@ def write_output(
     inputs: Iterable[Path | str | os.stat_result] = (),
     durable: bool = False,
 ) -> None:
-    """Write ``data`` (text as UTF-8) to the user-named output ``path`` through
+    """Write ``data`` to the user-named output ``path``.
+
+    Write ``data`` (text as UTF-8) to the user-named output ``path`` through
     :func:`output_file`; a full disk is one MTError naming the path and the bytes needed."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:

@@ -16,7 +16,9 @@ import torch
 def cut_batches(
     order: np.ndarray, src_lens: np.ndarray, trg_lens: np.ndarray | None, max_tokens: int
 ) -> list[np.ndarray]:
-    """Cut the examples in ``order`` greedily into batches whose padded size (on each side) fits
+    """Cut the examples in ``order`` greedily into batches within a token budget.
+
+    Cut the examples in ``order`` greedily into batches whose padded size (on each side) fits
     ``max_tokens``; an example longer than the budget gets a batch of its own."""
     batches: list[np.ndarray] = []
     start, widest = 0, 0
@@ -63,7 +65,9 @@ def make_batches(
 
 
 def longest_first_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Batches of positions into ``lengths`` for decoding: longest first (ties in input order),
+    """Batches for decoding: longest first, within a token budget.
+
+    Batches of positions into ``lengths`` for decoding: longest first (ties in input order),
     each within ``max_tokens`` padded tokens; a sentence over the budget gets a batch alone."""
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.lexsort((np.arange(len(lengths)), -lengths))
@@ -71,9 +75,11 @@ def longest_first_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) 
 
 
 def shard_batches(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
-    """This rank's batches. Every rank gets the same number (so no rank waits for a peer that has
-    stopped) and together the ranks cover every example exactly once: where the count does not
-    divide evenly, the largest batches are split in two until it does."""
+    """This rank's batches.
+
+    Every rank gets the same number (so no rank waits for a peer that has stopped) and together the
+    ranks cover every example exactly once: where the count does not divide evenly, the largest
+    batches are split in two until it does."""
     if world_size == 1:
         return batches
     batches = list(batches)
@@ -101,7 +107,9 @@ def pad_batch(
     bos: int | None = None,
     eos: int | None = None,
 ) -> torch.Tensor:
-    """A LongTensor (B, L) of ``seqs``, each optionally after ``bos`` and before ``eos``, padded
+    """Pad token id sequences into one LongTensor (B, L).
+
+    A LongTensor (B, L) of ``seqs``, each optionally after ``bos`` and before ``eos``, padded
     with ``pad_id`` on the right to the longest; L = longest + the tokens added."""
     if not seqs:
         raise ValueError("pad_batch needs at least one sequence")

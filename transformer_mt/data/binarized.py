@@ -207,14 +207,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _build_tag() -> str:
-    """``<host>-<pid>``: whose build a ``.tmp-`` / ``.old-`` directory is. The host matters on a
-    cache directory that several machines share: a process id means something on its own host
-    only."""
+    """``<host>-<pid>``: whose build a ``.tmp-`` / ``.old-`` directory is.
+
+    The host matters on a cache directory that several machines share: a process id means something
+    on its own host only."""
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def remove_stale_builds(parent: Path) -> list[Path]:
-    """Delete the ``<name>.tmp-<host>-<pid>`` / ``<name>.old-<host>-<pid>`` directories in
+    """Delete the temporary build directories that a killed build of this host left.
+
+    Delete the ``<name>.tmp-<host>-<pid>`` / ``<name>.old-<host>-<pid>`` directories in
     ``parent`` that a killed build of this host left (its process no longer runs, or it had this
     process's id); return them. Names without a host (``<name>.tmp-<pid>``, older versions) count
     as this host's.
@@ -242,7 +245,9 @@ def remove_stale_builds(parent: Path) -> list[Path]:
 
 
 def _space_needed(writers: list[_SideWriter]) -> int:
-    """The most disk space the build of the sentences added so far takes at once: every side's
+    """The most disk space the build so far takes at once.
+
+    The most disk space the build of the sentences added so far takes at once: every side's
     ids, and while a side's offsets are written, its lengths too (the offsets' size plus one
     int64 and the .npy header), with the lengths of the sides not yet finished."""
     if not writers:
@@ -257,7 +262,9 @@ def _space_needed(writers: list[_SideWriter]) -> int:
 
 
 def _disk_full_error(out_dir: Path, needed: int, complete: bool, exc: OSError) -> MTError:
-    """The one line for a full disk during a build: ``needed`` bytes for what it had read
+    """The one-line error for a disk that filled during a build.
+
+    The one line for a full disk during a build: ``needed`` bytes for what it had read
     (``complete``: the whole corpus), against what is free once its files are removed."""
     try:
         free = shutil.disk_usage(out_dir.parent).free
@@ -410,9 +417,10 @@ def load_binarized(out_dir: Path, key: str) -> BinarizedPair | None:
         sides = [_open_side(out_dir, s, dtype, count, int(meta[f"{s}_tokens"])) for s in SIDES]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if sides[0] is None or sides[1] is None:
+    src, trg = sides
+    if src is None or trg is None:
         return None
-    (src_tokens, src_offsets), (trg_tokens, trg_offsets) = sides
+    (src_tokens, src_offsets), (trg_tokens, trg_offsets) = src, trg
     return BinarizedPair(out_dir, meta, src_tokens, src_offsets, trg_tokens, trg_offsets)
 
 
@@ -458,7 +466,9 @@ class BinarizedPair:
 
     @property
     def sides(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-        """((source ids, source offsets), (target ids, target offsets)): the memory-mapped
+        """The memory-mapped id and offset arrays of both sides.
+
+        ((source ids, source offsets), (target ids, target offsets)): the memory-mapped
         arrays themselves, e.g. to hash what a model was trained on without a copy."""
         return (self._src_tokens, self._src_offsets), (self._trg_tokens, self._trg_offsets)
 

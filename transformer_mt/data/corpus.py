@@ -28,10 +28,10 @@ import bz2
 import gzip
 import lzma
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import UTF8_BOM
@@ -46,11 +46,15 @@ MAGIC_BYTES = 10
 """How many leading bytes :func:`compression_of` needs to recognise a compressed stream."""
 DECOMPRESSION_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 """What a damaged or truncated gzip, xz or bzip2 stream raises part-way through (bz2: OSError)."""
-_OPENERS = {"gzip": gzip.open, "xz": lzma.open, "bzip2": bz2.open}
+# Each returns a binary stream (a GzipFile, LZMAFile or BZ2File: typeshed types them as
+# io.BufferedIOBase, which has typing.BinaryIO's methods but is not declared one).
+_OPENERS: dict[str, Callable[..., Any]] = {"gzip": gzip.open, "xz": lzma.open, "bzip2": bz2.open}
 
 
 def compression_of(name: str, head: bytes) -> str | None:
-    """The compression of a file called ``name`` that starts with ``head``: "gzip", "xz",
+    """The compression of a file, by its name or its first bytes.
+
+    The compression of a file called ``name`` that starts with ``head``: "gzip", "xz",
     "bzip2" or None, by the name's suffix (``.gz``, ``.xz``, ``.bz2``) or else by magic bytes."""
     suffix = PurePath(name).suffix.lower()
     if suffix in COMPRESSION_SUFFIXES:
@@ -65,16 +69,20 @@ def compression_of(name: str, head: bytes) -> str | None:
 
 
 def open_compressed(source: Path | BinaryIO, kind: str | None) -> BinaryIO:
-    """``source`` (a path, or a binary stream) decompressed as ``kind`` (from
+    """Open ``source`` decompressed as ``kind``.
+
+    ``source`` (a path, or a binary stream) decompressed as ``kind`` (from
     :func:`compression_of`); a path with ``kind`` None opens as it is. A stream passed in is not
     closed with the result."""
     if kind is None:
         return source if not isinstance(source, Path) else source.open("rb")
-    return _OPENERS[kind](source, "rb")  # type: ignore[return-value]
+    return _OPENERS[kind](source, "rb")
 
 
 def _compression(path: Path) -> str | None:
-    """The compression of the file ``path`` (see :func:`compression_of`); its first bytes are
+    """The compression of the file ``path``.
+
+    The compression of the file ``path`` (see :func:`compression_of`); its first bytes are
     read only when its name has no compression suffix."""
     kind = compression_of(path.name, b"")
     if kind is None:
@@ -84,7 +92,9 @@ def _compression(path: Path) -> str | None:
 
 
 def open_text(path: Path) -> BinaryIO:
-    """Open a plain, gzip, xz or bzip2 text file for reading as bytes; iterate it for
+    """Open a plain or compressed text file for reading as bytes.
+
+    Open a plain, gzip, xz or bzip2 text file for reading as bytes; iterate it for
     ``\\n``-ended lines. The compression is told by the suffix or else by the magic bytes.
 
     Bytes, not text, so that the caller decodes each line itself and can name the line that is not
@@ -131,7 +141,9 @@ def _read_lines(path: Path) -> Generator[bytes, None, None]:
 
 
 def compression_damage(path: Path) -> tuple[str, str] | None:
-    """(compression, why) when the compressed file ``path`` cannot be decompressed to its end;
+    """Why the compressed file ``path`` cannot be decompressed to its end, if it cannot.
+
+    (compression, why) when the compressed file ``path`` cannot be decompressed to its end;
     None if it can, or if it is not compressed. Reads the whole file: only for an error that is
     about to be reported."""
     kind = None
@@ -178,8 +190,10 @@ class CleanConfig:
 
 @dataclass
 class CleanReport:
-    """What cleaning kept, dropped and changed. Every pair read counts in exactly one of
-    ``kept``, ``dropped_empty``, ``dropped_too_long``, ``dropped_ratio``, ``skipped_bad_utf8``."""
+    """What cleaning kept, dropped and changed.
+
+    Every pair read counts in exactly one of ``kept``, ``dropped_empty``, ``dropped_too_long``,
+    ``dropped_ratio``, ``skipped_bad_utf8``."""
 
     config: CleanConfig = field(default_factory=CleanConfig)
     kept: int = 0
@@ -246,7 +260,9 @@ def _decode(raw: bytes, lineno: int) -> tuple[str, bool]:
 
 
 def _utf8_error(path: Path, lineno: int, exc: UnicodeDecodeError) -> MTError:
-    """The one-line error for an invalid UTF-8 line: in a damaged compressed file, the damage (a
+    """The one-line error for a line that is not valid UTF-8.
+
+    The one-line error for an invalid UTF-8 line: in a damaged compressed file, the damage (a
     corrupt deflate stream yields garbage bytes before its checksum is reached), else the line."""
     damage = compression_damage(path)
     if damage is not None:

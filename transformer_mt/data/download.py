@@ -36,6 +36,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from tqdm import tqdm
 
@@ -60,7 +61,9 @@ _RETRY_STATUS = frozenset({408, 425, 429})
 
 @dataclass(frozen=True)
 class SettingNames:
-    """How the messages name what a user can change: `mt download`'s options, or the config keys
+    """How the download messages name what a user can change.
+
+    How the messages name what a user can change: `mt download`'s options, or the config keys
     when `mt prepare` / `mt train` download a corpus (they have no --base-url or --dest)."""
 
     base_url: str  # the mirror setting
@@ -110,7 +113,9 @@ def _discard(part: Path) -> None:
 
 
 def _strong_validator(response: http.client.HTTPResponse) -> str | None:
-    """What ``If-Range`` can name to ask for the same file again: a strong ETag, else the
+    """What ``If-Range`` can name to ask for the same file again.
+
+    What ``If-Range`` can name to ask for the same file again: a strong ETag, else the
     Last-Modified date (a weak ETag does not qualify); None when the server gave neither."""
     etag = response.headers.get("ETag")
     if etag and not etag.startswith("W/"):
@@ -126,7 +131,9 @@ def _open(
     names: SettingNames,
     validator: str | None = None,
 ):
-    """The HTTP response for ``url`` from byte ``offset`` on (only if the file still matches
+    """The HTTP response for ``url`` from byte ``offset`` on.
+
+    The HTTP response for ``url`` from byte ``offset`` on (only if the file still matches
     ``validator``, when given: else the whole file); failures worth another try raise
     :class:`_RetryableError`, the others :class:`MTError`."""
     headers = {"User-Agent": _USER_AGENT}
@@ -353,7 +360,7 @@ def _extract_tar(path: Path, dest: Path) -> list[Path]:
                 elif not (m.isfile() or m.isdir()):
                     raise _unsafe(path, m.name, "is a device or fifo")
             # The "data" filter (Python 3.11.4+) repeats these checks inside tarfile itself.
-            extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            extra: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(dest, members=members, **extra)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise MTError(f"cannot extract {path}: {exc}; delete it and download again") from None
@@ -510,7 +517,9 @@ def download_corpus(
     progress: bool = True,
     names: SettingNames = CLI_NAMES,
 ) -> list[Path]:
-    """Download a corpus (a registry name or a :class:`Corpus`) into ``dest``; return its usable
+    """Download a corpus into ``dest``; return its usable (unpacked) files.
+
+    Download a corpus (a registry name or a :class:`Corpus`) into ``dest``; return its usable
     (unpacked) files.
 
     ``base_url`` replaces the registry's base (a mirror, or a loopback server in tests); ``only``

@@ -72,7 +72,9 @@ def _stem(name: str) -> str:
 
 
 def text_format(name: str) -> str:
-    """How a src/trg file is read, from its name: "sgm" (WMT), "iwslt" (.xml, train.tags), or
+    """How a src/trg file is read, from its name.
+
+    How a src/trg file is read, from its name: "sgm" (WMT), "iwslt" (.xml, train.tags), or
     "text" (one sentence a line)."""
     for suffix in _COMPRESSED:
         name = name.removesuffix(suffix)
@@ -133,7 +135,8 @@ def _reader(
     from transformer_mt.data import readers
 
     kind, value = source_kind(source)
-    fields = tuple(source.fields or (f"translation.{langs[0]}", f"translation.{langs[1]}"))
+    named = source.fields or (f"translation.{langs[0]}", f"translation.{langs[1]}")
+    fields = (named[0], named[1])  # two, as the config checks
     if kind in ("mtdata", "hf", "sacrebleu"):
         return _external(source, kind, value, split, langs, fields)
     archive = Path(source.archive) if source.archive else None
@@ -175,7 +178,7 @@ def _external(
     value: str,
     split: str,
     langs: tuple[str, str],
-    fields: tuple[str, ...],
+    fields: tuple[str, str],
 ) -> tuple[Callable[[], Pairs], list[Path | str]]:
     """Readers and identities of the sources that the field's libraries fetch."""
     from transformer_mt.data import external
@@ -187,7 +190,7 @@ def _external(
         identity = external.mtdata_identity(value, *langs)
         return (lambda: external.mtdata_pairs(value, *langs)), [identity]
     hf_split = source.split or _HF_SPLITS[split]
-    hf_fields = (fields[0], fields[1]) if source.fields else None
+    hf_fields = fields if source.fields else None
     identity = external.hf_identity(value, source.hf_config, hf_split, *langs, fields=hf_fields)
     return (
         lambda: external.hf_pairs(value, source.hf_config, hf_split, *langs, fields=hf_fields)

@@ -54,10 +54,17 @@ def target_tags(data: DataConfig) -> dict[str, str]:
 
 
 def source_prefix(
-    src_tok: Tokenizer, tags: dict[str, str], pairs: list[Pair], target: str | None
+    src_tok: Tokenizer,
+    tags: dict[str, str],
+    pairs: list[Pair],
+    target: str | None,
+    name: str = "--target-lang",
 ) -> list[int]:
-    """The ids that start every source asking a model for ``target`` (``--target-lang``): the
-    tag of a model that has tags, nothing for one that has none.
+    """The ids that start every source asking a model for ``target``.
+
+    The ids that start every source asking a model for ``target`` (``--target-lang``): the
+    tag of a model that has tags, nothing for one that has none. Errors call the target
+    ``name`` (the caller's option or field).
 
     Raises:
         MTError: ``target`` is not among the model's targets, or is missing where the model has
@@ -66,14 +73,10 @@ def source_prefix(
     targets = list(tags) or sorted({trg for _, trg in pairs})
     if target is None:
         if len(targets) > 1:
-            raise MTError(
-                f"the model translates into {', '.join(targets)}: choose one with --target-lang"
-            )
+            raise MTError(f"the model translates into {', '.join(targets)}: choose one with {name}")
         target = targets[0]
     if target not in targets:
-        raise MTError(
-            f"--target-lang {target}: the model translates into {', '.join(targets)} only"
-        )
+        raise MTError(f"{name} {target}: the model translates into {', '.join(targets)} only")
     if not tags:
         return []
     tag_id = src_tok.piece_id(tags[target])
@@ -83,7 +86,9 @@ def source_prefix(
 
 
 def model_pairs(data: DataConfig, tags: dict[str, str]) -> list[Pair]:
-    """The pairs a trained model translates: its config's, and, for a model with tags (one
+    """The language pairs a trained model translates.
+
+    The pairs a trained model translates: its config's, and, for a model with tags (one
     fine-tuned on fewer pairs keeps them all), each of its sources into every tagged target."""
     pairs = training_pairs(data)
     for src in dict.fromkeys(s for s, _ in training_pairs(data)):
@@ -92,7 +97,9 @@ def model_pairs(data: DataConfig, tags: dict[str, str]) -> list[Pair]:
 
 
 def tag_ids(trg_tok: Tokenizer, tags: dict[str, str]) -> tuple[int, ...]:
-    """The target-vocabulary ids of the language tags (none in a separate target vocabulary,
+    """The target-vocabulary ids of the language tags.
+
+    The target-vocabulary ids of the language tags (none in a separate target vocabulary,
     which has no tags): what search must never emit, so that no translation holds a tag."""
     ids = (trg_tok.piece_id(tag) for tag in tags.values())
     return tuple(sorted(i for i in ids if i is not None))

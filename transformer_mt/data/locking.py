@@ -32,7 +32,9 @@ def lock_path(output: Path) -> Path:
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the file ``path`` (created if missing, removed on release),
+    """Hold an exclusive lock on the file ``path``.
+
+    Hold an exclusive lock on the file ``path`` (created if missing, removed on release),
     waiting for another process that holds it. Where locks cannot be taken (a file system
     without them, a directory that cannot be written), log a warning and go on unlocked."""
     path = Path(path)
@@ -54,7 +56,8 @@ def _acquire(path: Path) -> IO[bytes] | None:
             path.parent.mkdir(parents=True, exist_ok=True)
             file = open(path, "ab")  # noqa: SIM115 (held until the lock is released)
         except OSError as err:
-            return _unlocked(path, err)
+            _unlocked(path, err)
+            return None
         try:
             try:
                 fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -65,7 +68,8 @@ def _acquire(path: Path) -> IO[bytes] | None:
                 fcntl.flock(file, fcntl.LOCK_EX)
         except OSError as err:
             file.close()
-            return _unlocked(path, err)
+            _unlocked(path, err)
+            return None
         # The holder we waited for deleted the file before unlocking it: our lock is on a file
         # that nobody else will open again, so lock the one at ``path`` now.
         with contextlib.suppress(FileNotFoundError):
@@ -75,6 +79,7 @@ def _acquire(path: Path) -> IO[bytes] | None:
 
 
 def _unlocked(path: Path, err: OSError) -> None:
+    """Warn that ``path`` cannot be locked (``err``), and that building goes on unlocked."""
     log.warning(
         f"cannot lock {path} ({err.strerror or err}): another process building the same files "
         "at the same time may fail"

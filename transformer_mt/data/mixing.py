@@ -61,7 +61,9 @@ class MixedCorpus:
         return sum(self.counts())
 
     def chosen(self, epoch: int) -> np.ndarray:
-        """Epoch ``epoch``'s pairs as global ids (source ``i``'s pair ``j`` is ``starts[i] + j``),
+        """The pairs that epoch ``epoch`` draws, as global ids grouped by source.
+
+        Epoch ``epoch``'s pairs as global ids (source ``i``'s pair ``j`` is ``starts[i] + j``),
         grouped by source; the batcher shuffles them."""
         picks = []
         for i, (part, weight) in enumerate(zip(self.parts, self.weights, strict=True)):

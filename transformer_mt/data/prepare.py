@@ -107,7 +107,9 @@ def temperature_weights(
 
 
 def one_pair(cfg: Config, split: str, sources: list[SplitSource]) -> tuple[Path, Path]:
-    """The text pair of a split: its one source's, or (valid, test) its sources' pairs read
+    """The text pair of a split.
+
+    The text pair of a split: its one source's, or (valid, test) its sources' pairs read
     one after the other into one pair in the cache; a train split of several gives its first."""
     if len(sources) == 1 or split == "train":
         return sources[0].files
@@ -147,8 +149,10 @@ def _clean_cfg(cfg: Config) -> CleanConfig:
 
 
 def _clean_key(clean: CleanConfig) -> dict[str, Any]:
-    """The cleaning settings as the cache keys hash them. ``max_words`` keeps its former name
-    ``max_len`` here, so that caches built before the rename are still found."""
+    """The cleaning settings as the cache keys hash them.
+
+    ``max_words`` keeps its former name ``max_len`` here, so that caches built before the rename are
+    still found."""
     settings = asdict(clean)
     settings["max_len"] = settings.pop("max_words")
     return settings
@@ -233,7 +237,9 @@ def _train_and_save(
     sides: list[tuple[str, tuple[int, ...]]],
     paths: list[Path],
 ) -> list[Tokenizer]:
-    """Train one model per entry of ``sides`` (its name, the corpus sides it reads) on the
+    """Train and save one sentencepiece model per entry of ``sides``.
+
+    Train one model per entry of ``sides`` (its name, the corpus sides it reads) on the
     cleaned training pairs, and save each to its path."""
     on = ", ".join(f"{s.files[0].name} / {s.files[1].name}" for s in train)
     log.info(
@@ -265,7 +271,9 @@ class _EncodeCount:
 
 
 def _fits(ids: list[int], max_tokens: int) -> bool:
-    """Whether one side's ids, with the EOS (source) or BOS/EOS (target) that the model adds,
+    """Whether one side's ids make a usable side for the model.
+
+    Whether one side's ids, with the EOS (source) or BOS/EOS (target) that the model adds,
     make a usable side: at least one piece, at most ``max_tokens`` ids."""
     return 1 <= len(ids) <= max_tokens - 1
 
@@ -279,10 +287,11 @@ def _encoded_pairs(
     sampling: SamplingSettings | None = None,
     src_prefix: tuple[int, ...] = (),
 ) -> Iterator[tuple[list[int], list[int]]]:
-    """Source ids end with EOS; target ids are stored bare (the trainer adds BOS and EOS). Pairs
-    with a side that encodes to no piece at all (text that sentencepiece's normalization removes:
-    a zero-width space, control characters) or whose source + EOS or target + BOS/EOS exceed
-    ``max_tokens`` are dropped and counted.
+    """Source ids end with EOS; target ids are stored bare (the trainer adds BOS and EOS).
+
+    Pairs with a side that encodes to no piece at all (text that sentencepiece's normalization
+    removes: a zero-width space, control characters) or whose source + EOS or target + BOS/EOS
+    exceed ``max_tokens`` are dropped and counted.
 
     With ``sampling``, each kept pair is yielded ``sampling.draws`` times, in sampled
     segmentations; a sampled side that is empty or over the limit is replaced by that side's best
@@ -424,7 +433,9 @@ def _tokenizable(
     max_tokens: int,
     src_prefix: tuple[int, ...] = (),
 ) -> tuple[list[str], list[str]]:
-    """The pairs that the binarized split keeps (:func:`_fits`: no empty side, none longer than
+    """The pairs that a binarized split keeps.
+
+    The pairs that the binarized split keeps (:func:`_fits`: no empty side, none longer than
     ``max_tokens``): validation BLEU is scored on the pairs the validation loss is, sources and
     references alike."""
     keep = [
@@ -442,7 +453,9 @@ def _tokenizable(
 def _tokenizer_sources(
     cfg: Config, sources: list[SplitSource], keys: list[str]
 ) -> tuple[list[SplitSource], list[str]]:
-    """The training sources sentencepiece learns from (``tokenizer.train_on``; all by default),
+    """The training sources that sentencepiece learns from, with their cache keys.
+
+    The training sources sentencepiece learns from (``tokenizer.train_on``; all by default),
     with their cache keys."""
     names = cfg.tokenizer.train_on
     if names is None:
@@ -465,7 +478,9 @@ def _mixed_train(
     tokenizers: tuple[Tokenizer, Tokenizer],
     prefixes: dict[str, tuple[int, ...]],
 ) -> MixedCorpus:
-    """Each training source binarized into its own cache entry (its sources starting with their
+    """The training sources binarized one by one and mixed by their weights.
+
+    Each training source binarized into its own cache entry (its sources starting with their
     target's tag, when there are several targets), mixed by the sources' weights and, across
     language pairs, ``data.temperature``."""
     parts = []
@@ -490,7 +505,9 @@ def _sampled_epochs(
     toks: tuple[Tokenizer, Tokenizer],
     prefix: tuple[int, ...] = (),
 ) -> SampledEpochs | None:
-    """With subword sampling (tokenizer.sample_alpha > 0), the cached draws of each pair (each
+    """The cached subword-sampling draws of each pair, when sampling is on.
+
+    With subword sampling (tokenizer.sample_alpha > 0), the cached draws of each pair (each
     source starting with ``prefix``, a fine-tuned multilingual model's tag)."""
     tok_cfg = cfg.tokenizer
     if tok_cfg.sample_alpha <= 0:
@@ -551,6 +568,7 @@ def prepare(
     if tokenizers is None:
         tokenizers = _tokenizers(cfg, train_sources, train_keys, mixed, tuple(tags.values()))
     prefixes = _tag_ids(tokenizers[0], tags)
+    train: BinarizedPair | MixedCorpus
     if mixed:
         train = _mixed_train(cfg, train_sources, train_keys, tokenizers, prefixes)
         sampler: SampledEpochs | MixedCorpus | None = train
@@ -569,7 +587,9 @@ def prepare(
 
 
 def _checked_tags(cfg: Config, tags: dict[str, str] | None) -> dict[str, str]:
-    """The target-language tags: ``tags`` (a fine-tuned model's) or the config's; an MTError
+    """The target-language tags, checked against the trained targets.
+
+    The target-language tags: ``tags`` (a fine-tuned model's) or the config's; an MTError
     when a trained target has none (a model cannot learn to translate into it)."""
     tags = target_tags(cfg.data) if tags is None else tags
     untagged = sorted({trg for _, trg in training_pairs(cfg.data)} - set(tags)) if tags else []
@@ -588,7 +608,9 @@ def _single_train(
     tokenizers: tuple[Tokenizer, Tokenizer],
     prefixes: dict[str, tuple[int, ...]],
 ) -> tuple[BinarizedPair, SampledEpochs | None]:
-    """One training source of weight 1: its binarized pairs and, with subword sampling, their
+    """The binarized pairs of one training source of weight 1.
+
+    One training source of weight 1: its binarized pairs and, with subword sampling, their
     cached draws."""
     prefix = prefixes.get((only.pair or (cfg.data.src_lang, cfg.data.trg_lang))[1], ())
     # A listed source keeps the cache entry it has when sources are added: train.<label>.
@@ -610,7 +632,7 @@ def _tokenizers(
 
 def _tag_ids(src_tok: Tokenizer, tags: dict[str, str]) -> dict[str, tuple[int, ...]]:
     """Target language -> the id of its tag, which starts every source asking for it."""
-    ids = {}
+    ids: dict[str, tuple[int, ...]] = {}
     for lang, tag in tags.items():
         piece = src_tok.piece_id(tag)
         if piece is None:  # a tokenizer given from elsewhere (a fine-tuned model's)

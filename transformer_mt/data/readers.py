@@ -61,7 +61,9 @@ _BREAKS = re.compile("[\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
 def clean_segment(text: str) -> str:
-    """``text`` as one line: line and paragraph separators and tabs become spaces, and the
+    """``text`` as one line, its separators and tabs made spaces.
+
+    ``text`` as one line: line and paragraph separators and tabs become spaces, and the
     whitespace around it goes; nothing else changes."""
     return _BREAKS.sub(" ", text).strip()
 
@@ -91,7 +93,9 @@ class Location:
 
     @classmethod
     def parse(cls, text: str) -> Location:
-        """``"corpus.tgz:de-en/train.de"`` -> the member ``de-en/train.de`` of ``corpus.tgz``; a
+        """Parse a path that may name a member of an archive.
+
+        ``"corpus.tgz:de-en/train.de"`` -> the member ``de-en/train.de`` of ``corpus.tgz``; a
         text without an archive name followed by ``:`` is a plain path."""
         match = _ARCHIVE_MEMBER.match(text)
         if match is None:
@@ -167,7 +171,7 @@ def _decompressed(raw: BinaryIO, name: str) -> contextlib.AbstractContextManager
     kind = compression_of(name, head)
     if kind is None:
         return contextlib.nullcontext(raw)
-    return open_compressed(raw, kind)  # type: ignore[return-value]
+    return open_compressed(raw, kind)
 
 
 @contextlib.contextmanager
@@ -186,12 +190,16 @@ def _open_zip_member(loc: Location) -> Iterator[BinaryIO]:
         except RuntimeError as exc:  # an encrypted member
             raise MTError(f"{loc}: cannot open ({exc}); unpack the archive yourself") from None
         with member:
+            # typeshed types zipfile.ZipExtFile as io.BufferedIOBase, not typing.BinaryIO,
+            # though it has BinaryIO's reading methods.
             yield member  # type: ignore[misc]
 
 
 @contextlib.contextmanager
 def _open_tar_member(loc: Location) -> Iterator[BinaryIO]:
-    """The member of a tar archive (plain or compressed), found by reading the archive as a
+    """Open the member of a tar archive, reading the archive as a stream.
+
+    The member of a tar archive (plain or compressed), found by reading the archive as a
     stream: nothing is unpacked, and of the members before it only their names are kept."""
     assert loc.member is not None
     wanted = _tar_name(loc.member)
@@ -207,6 +215,8 @@ def _open_tar_member(loc: Location) -> Iterator[BinaryIO]:
             member = tar.extractfile(info)
             assert member is not None
             with member:
+                # typeshed types TarFile.extractfile as IO[bytes], not typing.BinaryIO, though
+                # it returns a tarfile.ExFileObject (an io.BufferedReader).
                 yield member  # type: ignore[misc]
             return
     raise _no_member(loc, seen)
@@ -235,7 +245,9 @@ def _no_member(loc: Location, names: list[str]) -> MTError:
 
 
 def _lines(loc: Location) -> Iterator[tuple[int, str]]:
-    """(line number, line) for each ``\\n``-ended line of ``loc``, decoded as strict UTF-8,
+    """The numbered lines of ``loc``, decoded as strict UTF-8.
+
+    (line number, line) for each ``\\n``-ended line of ``loc``, decoded as strict UTF-8,
     without its line ending (``\\n`` or ``\\r\\n``) or a leading byte-order mark."""
     lineno = 0
     with open_location(loc) as f:
@@ -281,7 +293,9 @@ class _Item(NamedTuple):
 def _pair_up(
     src: Location, trg: Location, src_items: Iterator[_Item], trg_items: Iterator[_Item], unit: str
 ) -> Iterator[tuple[str, str]]:
-    """Pair the items of two sides in order; a side that ends first, or ids that differ, is an
+    """Pair the items of two sides in order, checking that they match.
+
+    Pair the items of two sides in order; a side that ends first, or ids that differ, is an
     MTError naming both files and the line."""
     count = 0
     try:
@@ -387,7 +401,9 @@ def iter_tsv_pairs(source: Source, columns: tuple[int, int] = (0, 1)) -> Iterato
 def iter_jsonl_pairs(
     source: Source, fields: tuple[str, str] = ("translation.de", "translation.en")
 ) -> Iterator[tuple[str, str]]:
-    """Pairs from a JSON-lines file: one object a line, each side at a dotted path into it
+    """Pairs from a JSON-lines file.
+
+    Pairs from a JSON-lines file: one object a line, each side at a dotted path into it
     (``translation.de`` is ``obj["translation"]["de"]``). Blank lines are passed over.
 
     Raises:
@@ -444,7 +460,9 @@ def iter_parquet_pairs(
     *,
     batch_rows: int = 8192,
 ) -> Iterator[tuple[str, str]]:
-    """Pairs from a Parquet file, read ``batch_rows`` rows at a time; each field is a column or a
+    """Pairs from a Parquet file.
+
+    Pairs from a Parquet file, read ``batch_rows`` rows at a time; each field is a column or a
     dotted path into a struct column (Hugging Face's ``translation``: ``{"de": ..., "en": ...}``).
 
     Needs pyarrow (``pip install 'transformer-mt[hf]'``), imported only here.
@@ -532,7 +550,9 @@ def _attribute(attrs: str, name: str) -> str | None:
 
 
 def _segments(loc: Location) -> Iterator[_Item]:
-    """The ``<seg>`` segments of an SGML or XML file, line by line, with their document and
+    """The ``<seg>`` segments of an SGML or XML file, with their ids.
+
+    The ``<seg>`` segments of an SGML or XML file, line by line, with their document and
     segment ids. Tolerant: a bare ``&`` is text, and other markup is passed over; but a segment
     must open and close on one line."""
     docid: str | None = None
@@ -557,7 +577,9 @@ def _segments(loc: Location) -> Iterator[_Item]:
 
 
 def iter_sgm_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
-    """Pairs from WMT ``.sgm`` files (``<srcset>``/``<refset>``, ``<doc docid=...>``,
+    """Pairs from WMT ``.sgm`` files.
+
+    Pairs from WMT ``.sgm`` files (``<srcset>``/``<refset>``, ``<doc docid=...>``,
     ``<seg id=...>text</seg>``), entities such as ``&amp;`` decoded.
 
     Segments pair up in order; where both sides give document and segment ids, they must match.
@@ -572,7 +594,9 @@ def iter_sgm_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
 
 
 def _tagged_items(loc: Location) -> Iterator[_Item]:
-    """The text lines of an IWSLT ``train.tags`` file: markup lines (``<url>``, ``<talkid>``,
+    """The text lines of an IWSLT ``train.tags`` file.
+
+    The text lines of an IWSLT ``train.tags`` file: markup lines (``<url>``, ``<talkid>``,
     ``<title>``, ``<doc ...>``, ...: a line that starts with ``<``) are left out."""
     for lineno, line in _lines(loc):
         if not line.lstrip().startswith("<"):
@@ -588,7 +612,9 @@ def _is_xml(loc: Location) -> bool:
 
 
 def iter_iwslt_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
-    """Pairs from IWSLT files: ``*.xml`` (``IWSLT17.TED.dev2010.de-en.de.xml``) by their
+    """Pairs from IWSLT files.
+
+    Pairs from IWSLT files: ``*.xml`` (``IWSLT17.TED.dev2010.de-en.de.xml``) by their
     ``<seg id=...>`` segments, anything else (``train.tags.de-en.de``) by its text lines.
 
     In a tags file each side drops its own markup lines, as IWSLT's usual preparation scripts do
@@ -681,7 +707,9 @@ def iter_tmx_pairs(
 
 
 def _tmx_units(f: BinaryIO, langs: tuple[str, str], stats: TmxStats) -> Iterator[tuple[str, str]]:
-    """The pairs of the ``<tu>`` elements of a TMX stream; each unit is dropped from the tree
+    """The pairs of the ``<tu>`` elements of a TMX stream.
+
+    The pairs of the ``<tu>`` elements of a TMX stream; each unit is dropped from the tree
     once read, so the tree never holds more than one."""
     open_elements: list[ET.Element] = []
     for event, element in ET.iterparse(f, events=("start", "end")):

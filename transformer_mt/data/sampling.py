@@ -58,10 +58,12 @@ class SampledEpochs:
         self.n_pairs = len(draws) // n_draws
 
     def epoch(self, epoch: int) -> EpochPairs:
-        """Epoch ``epoch``'s pairs. In each cycle of ``n_draws`` epochs, pair ``i`` reads its draws
-        in turn from an offset of its own, drawn from the seed and the cycle ``epoch // n_draws``:
-        draw ``(offset[i] + epoch % n_draws) % n_draws``, so each draw once per cycle. Memory:
-        a few integers per pair, not per draw."""
+        """Epoch ``epoch``'s pairs.
+
+        In each cycle of ``n_draws`` epochs, pair ``i`` reads its draws in turn from an offset of
+        its own, drawn from the seed and the cycle ``epoch // n_draws``: draw ``(offset[i] + epoch %
+        n_draws) % n_draws``, so each draw once per cycle. Memory: a few integers per pair, not per
+        draw."""
         cycle, position = divmod(epoch, self.n_draws)
         rng = np.random.default_rng([self.seed, cycle, 0x5AB])  # not make_batches' generator
         offsets = rng.integers(0, self.n_draws, size=self.n_pairs)

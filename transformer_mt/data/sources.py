@@ -21,7 +21,13 @@ from pathlib import Path
 from transformer_mt.config import LOCAL_FILE_KEYS, SPLITS, Config, SourceConfig
 from transformer_mt.data.extract import SplitSource, resolve_source, source_label
 from transformer_mt.data.languages import pair_name, source_pair
-from transformer_mt.data.registry import TRAINING_SPLITS, Corpus, get_corpus, list_corpora
+from transformer_mt.data.registry import (
+    TRAINING_SPLITS,
+    Corpus,
+    CorpusFile,
+    get_corpus,
+    list_corpora,
+)
 from transformer_mt.data.tasks import Task, find_task, task_names
 from transformer_mt.data.toy import TOY_TARGETS, TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
@@ -35,7 +41,9 @@ SplitFiles = dict[str, tuple[Path, Path]]
 
 
 def source_names() -> list[str]:
-    """Every value ``data.corpus`` accepts: the built-in sources, the trainable corpora, then
+    """Every value that ``data.corpus`` accepts.
+
+    Every value ``data.corpus`` accepts: the built-in sources, the trainable corpora, then
     the standard tasks (:mod:`transformer_mt.data.tasks`)."""
     return [*BUILT_IN, *(c.name for c in list_corpora() if c.trainable), *task_names()]
 
@@ -82,7 +90,9 @@ def check_source(cfg: Config) -> None:
 
 
 def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSource]]:
-    """Each split's sources as text file pairs: ``data.train`` / ``valid`` / ``test`` when the
+    """Each split's sources as text file pairs.
+
+    Each split's sources as text file pairs: ``data.train`` / ``valid`` / ``test`` when the
     config lists sources (extracted or downloaded as needed), else ``data.corpus``'s one pair a
     split, labelled by the corpus's name. A split without sources (a local corpus's test) is
     left out."""
@@ -123,7 +133,9 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
 
 
 def _expand_tasks(cfg: Config, split: str, progress: bool) -> list[SourceConfig]:
-    """The split's sources with each task (``data.corpus: TASK`` or a source ``{corpus:
+    """The split's sources with each task replaced by its own sources.
+
+    The split's sources with each task (``data.corpus: TASK`` or a source ``{corpus:
     TASK}``) replaced by its own sources, their archives downloaded."""
     data = cfg.data
     listed = getattr(data, split) if data.train is not None else [SourceConfig(corpus=data.corpus)]
@@ -174,8 +186,7 @@ def _unique(labels: list[str]) -> list[str]:
 
 
 def _check_source_languages(cfg: Config, source: SourceConfig) -> None:
-    """A registry corpus or task source must have both languages (checked before any
-    download)."""
+    """A registry corpus or task source must have both languages (checked before any download)."""
     if source.corpus is None:
         return
     cfg = for_pair(cfg, source_pair(cfg.data, source))
@@ -269,7 +280,9 @@ def _local_split_paths(cfg: Config) -> SplitFiles:
 
 
 def _local_files(cfg: Config) -> SplitFiles:
-    """The files a local corpus names; all are checked now, so that a typo in ``test_src`` fails
+    """The files a local corpus names, each checked now.
+
+    The files a local corpus names; all are checked now, so that a typo in ``test_src`` fails
     before the training split is tokenized rather than later in ``mt evaluate``."""
     files = _local_split_paths(cfg)
     for split, pair in files.items():
@@ -283,7 +296,9 @@ def _local_files(cfg: Config) -> SplitFiles:
 
 
 def _check_languages(cfg: Config, corpus: Corpus) -> None:
-    """Both languages must have every split (checked here: the downloader's own message would
+    """Check that both languages have every split of the corpus, and differ.
+
+    Both languages must have every split (checked here: the downloader's own message would
     talk about --only patterns), and they must differ."""
     langs = corpus.languages()
     for key, lang in (("src_lang", cfg.data.src_lang), ("trg_lang", cfg.data.trg_lang)):
@@ -312,13 +327,22 @@ def _registry_files(
     )
     by_name = {p.name: p for p in outputs}  # e.g. "train.de", gunzipped beside "train.de.gz"
     return {
-        split: (by_name[src.unpacked_name], by_name[trg.unpacked_name])
+        split: (by_name[_unpacked(src)], by_name[_unpacked(trg)])
         for split, (src, trg) in split_files.items()
     }
 
 
+def _unpacked(file: CorpusFile) -> str:
+    """The name of the text file that a split's ``file`` unpacks to."""
+    if file.unpacked_name is None:  # the registry refuses archives as split files
+        raise MTError(f"{file.local_name}: an archive, where a split needs one text file")
+    return file.unpacked_name
+
+
 def fetch_task(task: Task, dest: Path, base_url: str | None) -> dict[str, list[SplitSource]]:
-    """``mt download TASK``: every split's sources fetched and read (archives into
+    """Fetch and read every split's sources of a task (`mt download TASK`).
+
+    ``mt download TASK``: every split's sources fetched and read (archives into
     ``dest/<corpus>``, the text into ``dest/cache``), in the task's own direction."""
     if len(task.langs) != 2:
         raise MTError(

@@ -203,7 +203,9 @@ def all_tasks() -> list[Task]:
 
 
 def find_mtdata_id(prefix: str, src: str, trg: str) -> str:
-    """The mtdata dataset ID ``<prefix>-<lang>-<lang>`` holding ``src`` and ``trg`` (in either
+    """The mtdata dataset ID that holds ``src`` and ``trg``.
+
+    The mtdata dataset ID ``<prefix>-<lang>-<lang>`` holding ``src`` and ``trg`` (in either
     order; mtdata names languages by ISO 639-3 code, with a script where needed: ``ace_Arab``)."""
     try:
         from mtdata.index import INDEX

@@ -68,7 +68,9 @@ class Tokenizer:
         return self.sp.encode(texts, out_type=int)
 
     def sample_batch(self, texts: list[str], alpha: float, nbest: int = -1) -> list[list[int]]:
-        """A sampled segmentation of each sentence (subword regularization): unigram models sample
+        """A sampled segmentation of each sentence (subword regularization).
+
+        A sampled segmentation of each sentence (subword regularization): unigram models sample
         among the ``nbest`` best (-1 = all) with smoothing ``alpha``; BPE drops merges with
         probability ``alpha``. Not reproducible across processes: callers cache the result."""
         return self.sp.encode(
@@ -95,7 +97,9 @@ class Tokenizer:
         return self.sp.decode([int(i) for i in ids if i > EOS_ID])
 
     def decode_pieces(self, pieces: Iterable[str]) -> str:
-        """Pieces (CTranslate2's output) to the text :meth:`decode` gives for their ids (an
+        """Decode pieces (CTranslate2's output) to text.
+
+        Pieces (CTranslate2's output) to the text :meth:`decode` gives for their ids (an
         unknown piece, like ``<unk>``, is dropped, not written as sentencepiece's " ⁇ ")."""
         return self.decode(self.sp.piece_to_id(list(pieces)))
 

@@ -1,4 +1,6 @@
-"""Search over a trained Transformer, token ids in, token ids out: greedy, beam search and
+"""Search over a trained Transformer: token ids in, token ids out.
+
+Search over a trained Transformer, token ids in, token ids out: greedy, beam search and
 sampling (:mod:`~transformer_mt.decoding.search`), optionally from forced target prefixes, over
 one model or an ensemble (:mod:`~transformer_mt.decoding.ensemble`), and many sources at once in
 length-sorted batches (:mod:`~transformer_mt.decoding.batched`). No file I/O."""

@@ -60,4 +60,6 @@ def decode_sources(
             results[i] = result
         if on_batch is not None:
             on_batch(positions, src, decoded)
-    return results  # type: ignore[return-value]
+    decoded_all = [r for r in results if r is not None]
+    assert len(decoded_all) == len(results), "the batches cover every source"
+    return decoded_all

@@ -77,7 +77,9 @@ class _Rows:
         self.scores = torch.cat([self.scores, other.scores])
 
     def step(self, eos_idx: int) -> list[tuple[Hashable, DecodeResult]]:
-        """One step of beam search for every sentence (the first expands one row each); returns
+        """Advance every sentence by one step of beam search.
+
+        One step of beam search for every sentence (the first expands one row each); returns
         the sentences that are done, which leave."""
         k = self.k
         log_probs = self.state.log_probs(self.tokens)  # (n*B, V)
@@ -114,7 +116,9 @@ class _Rows:
     def _end(
         self, sent: torch.Tensor, rows: torch.Tensor, logp: torch.Tensor, finished: bool
     ) -> None:
-        """End one hypothesis per entry: sentence (m,), its row in ``tokens`` (m,), summed
+        """End one hypothesis per entry.
+
+        End one hypothesis per entry: sentence (m,), its row in ``tokens`` (m,), summed
         log-probs (m,); ``finished``: it ended with EOS (not in ``tokens``)."""
         ids = self.tokens.index_select(0, rows).tolist()
         for i, row, lp in zip(sent.tolist(), ids, logp.tolist(), strict=True):
@@ -158,10 +162,12 @@ def _pad_left(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class ContinuousSearch:
-    """Beam search over sentences that come and go. :meth:`add` queues a source; each
-    :meth:`step` advances the running ones by one token, admits the queued ones when they are
-    many enough or have waited long enough (their first step: ``join_share``, ``join_wait``),
-    and returns the sentences that are done, with their caller's tags.
+    """Beam search over sentences that come and go.
+
+    :meth:`add` queues a source; each :meth:`step` advances the running ones by one token, admits
+    the queued ones when they are many enough or have waited long enough (their first step:
+    ``join_share``, ``join_wait``), and returns the sentences that are done, with their caller's
+    tags.
 
     ``model`` must be a :class:`~transformer_mt.model.Transformer` in eval mode; ``beam_size`` is
     the beam of every sentence (greedy at 1: the same choices as ``greedy_search``).
@@ -199,7 +205,8 @@ class ContinuousSearch:
     @property
     def history(self) -> int:
         """Target positions the decoder cache holds per row: the oldest running sentence's."""
-        return 0 if self._running is None else self._running.state.cache.length
+        cache = None if self._running is None else self._running.state.cache
+        return 0 if cache is None else cache.length
 
     @property
     def queued(self) -> int:
@@ -207,7 +214,9 @@ class ContinuousSearch:
         return len(self._queued)
 
     def add(self, tag: Hashable, src_ids: list[int], decode: DecodeConfig) -> None:
-        """Queue one source (ids ending in EOS) to join at the next step, decoded with
+        """Queue one source to join the search at the next step.
+
+        Queue one source (ids ending in EOS) to join at the next step, decoded with
         ``decode``'s n-best, length penalty and length budget (its beam must be this search's)."""
         if decode.beam_size != self.k:
             raise ValueError(f"this search runs beam {self.k}, not {decode.beam_size}")
@@ -219,7 +228,9 @@ class ContinuousSearch:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, DecodeResult]]:
-        """Advance every running sentence by one token, then (see the class docstring) let the
+        """Advance every running sentence by one token and let the queued ones join.
+
+        Advance every running sentence by one token, then (see the class docstring) let the
         queued ones join with their first step; returns the (tag, result) of each sentence that
         is done, in no particular order."""
         done = self._running.step(self.eos_idx) if self._running is not None else []

@@ -32,7 +32,9 @@ class PositionLimit:
 
 
 class Ensemble:
-    """Several Transformers decoding together; offers what search reads of a Transformer:
+    """Several Transformers decoding together, as one model.
+
+    Several Transformers decoding together; offers what search reads of a Transformer:
     ``src_pad_idx``, ``trg_pad_idx``, ``trg_sos_idx``, ``positions.max_len`` (the smallest position
     table: every model must be able to place every position), ``training``, ``parameters()``
     (for the device) and :meth:`start` (the decoder state of a source batch).
@@ -88,7 +90,9 @@ class EnsembleState:
         self.members = members
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean over the models of their next-token log-probs (R, V) after ``tokens`` (R, t);
+        """The mean over the models of their next-token log-probs.
+
+        Mean over the models of their next-token log-probs (R, V) after ``tokens`` (R, t);
         -inf where any model has -inf (PAD and BOS)."""
         total = self.members[0].log_probs(tokens)  # (R, V), a fresh tensor: summed in place
         for member in self.members[1:]:
@@ -127,7 +131,9 @@ def check_ensemble(
     src_toks: Sequence[Tokenizer],
     trg_toks: Sequence[Tokenizer],
 ) -> None:
-    """Raise a one-line :class:`MTError` unless the models can decode as one ensemble: the same
+    """Check that the models can decode together as one ensemble.
+
+    Raise a one-line :class:`MTError` unless the models can decode as one ensemble: the same
     source sentencepiece model (one encoding of the input feeds them all), the same target one
     (their log-probs are averaged id by id), the same special ids and output vocabulary size.
     ``names`` (e.g. checkpoint paths) name the models in the message; each model is compared with

@@ -1,4 +1,6 @@
-"""Forced target prefixes: each sentence's output starts with given target ids, and search goes
+"""Forced target prefixes: outputs that start with given target ids.
+
+Forced target prefixes: each sentence's output starts with given target ids, and search goes
 on from there.
 
 While a sentence's prefix lasts, every one of its rows (its one hypothesis, or each of its beams)
@@ -34,7 +36,9 @@ class ForcedPrefixes:
         banned: set[int],
         table: int,
     ) -> "ForcedPrefixes | None":
-        """The prefixes of the sentences of ``src`` (B, S), checked: one per sentence, none
+        """The checked prefixes of the sentences of ``src``.
+
+        The prefixes of the sentences of ``src`` (B, S), checked: one per sentence, none
         holding a ``banned`` id (PAD, BOS, EOS), each leaving one of the ``table`` positions free
         (so that every hypothesis, finished or not, holds its whole prefix). None when
         no sentence has one: search then runs exactly as without prefixes."""
@@ -59,7 +63,9 @@ class ForcedPrefixes:
         return self.lens + 1
 
     def force(self, log_probs: torch.Tensor, sent: torch.Tensor, step: int) -> torch.Tensor:
-        """``log_probs`` (R, V) of rows of sentences ``sent`` (R,) with, where a row's prefix
+        """Force each row's prefix token at ``step`` onto ``log_probs``.
+
+        ``log_probs`` (R, V) of rows of sentences ``sent`` (R,) with, where a row's prefix
         covers ``step``, -inf everywhere but at its prefix token (which keeps its log-prob)."""
         if step >= self.length:
             return log_probs

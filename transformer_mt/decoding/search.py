@@ -82,7 +82,9 @@ def max_target_lengths(
     max_len_b: float,
     min_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-sentence token budget ``a + b * source length``, at least ``min_lens`` (B,) if given
+    """The per-sentence token budget of a search.
+
+    Per-sentence token budget ``a + b * source length``, at least ``min_lens`` (B,) if given
     (a forced prefix and one more token), in [1, position table size]; (B,)."""
     src_len = (src != model.src_pad_idx).sum(dim=1).double()  # (B,)
     limit = torch.floor(max_len_a + max_len_b * src_len).long()
@@ -126,7 +128,9 @@ def _sequential_search(
     eos_idx: int,
     prefixes: Prefixes | None,
 ) -> list[DecodeResult]:
-    """One hypothesis per sentence, extended by ``choose(log_probs (R, V), sentence (R,), step)
+    """Greedy-style search: one hypothesis per sentence, extended by ``choose``.
+
+    One hypothesis per sentence, extended by ``choose(log_probs (R, V), sentence (R,), step)
     -> ids (R,)``, ``sentence`` being each row's index in ``src``."""
     _check_model(model)
     n_sent = src.size(0)
@@ -168,8 +172,9 @@ def _sequential_search(
         # Finished rows leave every tensor, so later steps compute only what is still open.
         tokens, logp_sum, sent, max_lens = tokens[keep], logp_sum[keep], sent[keep], max_lens[keep]
         state.select(keep)
-    assert all(r is not None for r in results)
-    return results  # type: ignore[return-value]
+    finished = [r for r in results if r is not None]
+    assert len(finished) == len(results), "every row ends: EOS or its length limit"
+    return finished
 
 
 @torch.inference_mode()
@@ -182,8 +187,9 @@ def greedy_search(
     eos_idx: int = EOS_ID,
     prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
-    """Pick the most probable token at each step (after the forced ``prefixes``, if any). Uses
-    the length rule and the length penalty of ``decode`` (the penalty only scales the reported
+    """Pick the most probable token at each step (after the forced ``prefixes``, if any).
+
+    Uses the length rule and the length penalty of ``decode`` (the penalty only scales the reported
     score); ignores the beam settings."""
 
     def choose(log_probs: torch.Tensor, sentence: torch.Tensor, step: int) -> torch.Tensor:
@@ -193,7 +199,9 @@ def greedy_search(
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Set to -inf every logit (R, V) outside the ``top_k`` best and outside the smallest set whose
+    """Filter logits by top-k and top-p (nucleus).
+
+    Set to -inf every logit (R, V) outside the ``top_k`` best and outside the smallest set whose
     probability reaches ``top_p`` (nucleus). ``top_k=0`` and ``top_p=1`` switch a filter off."""
     if top_k > 0 and top_k < logits.size(-1):
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (R, 1)
@@ -209,7 +217,9 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 class LineDraws:
-    """The random numbers of sampling: one uniform draw in (0, 1] per line and step, a hash of
+    """The random numbers of sampling, one per line and step.
+
+    The random numbers of sampling: one uniform draw in (0, 1] per line and step, a hash of
     (seed, the line's key, step). A line's sample therefore depends on its key and the seed only,
     never on the lines decoded beside it, the batch size or their order (a shared generator's
     draws would go to whichever rows a batch holds).
@@ -227,7 +237,9 @@ class LineDraws:
             self._keys = _mix(self._base ^ words)
 
     def uniform(self, rows: torch.Tensor, step: int) -> torch.Tensor:
-        """(R,) float64 draws in (0, 1] for the batch rows ``rows`` (R,) at ``step``, on the CPU
+        """Uniform draws in (0, 1] for the batch rows ``rows`` at ``step``.
+
+        (R,) float64 draws in (0, 1] for the batch rows ``rows`` (R,) at ``step``, on the CPU
         (1 only by rounding, which :func:`draw_tokens` takes as the last token of probability)."""
         with np.errstate(over="ignore"):
             step_word = _mix(np.array([step], dtype=np.uint64) + _GOLDEN)
@@ -246,7 +258,9 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def draw_tokens(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The token ids (R,) that the draws ``uniform`` (R,) in (0, 1] pick from ``probs`` (R, V), by
+    """Pick token ids from ``probs`` by inverting each row's cumulative distribution.
+
+    The token ids (R,) that the draws ``uniform`` (R,) in (0, 1] pick from ``probs`` (R, V), by
     inverting each row's cumulative distribution: token i with probability ``probs[i]``, and a
     token of probability 0 never. In float64 (float32 on MPS, which has no float64)."""
     dtype = torch.float32 if probs.device.type == "mps" else torch.float64
@@ -272,7 +286,9 @@ def sample(
     eos_idx: int = EOS_ID,
     prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
-    """Draw each token from softmax(logits / temperature), optionally top-k / top-p filtered
+    """Sample each token from the model's (filtered) distribution.
+
+    Draw each token from softmax(logits / temperature), optionally top-k / top-p filtered
     (back-translation), with ``decode.temperature``, ``top_k`` and ``top_p``. The score is the
     model's own log-probability of the draw (temperature 1, unfiltered), divided by the length
     penalty of ``decode`` as every search's score is (``len_penalty`` 0: the plain sum). The
@@ -325,7 +341,9 @@ class _Beams:
         return cls(k, sent, max_lens.to(dev), scores, tokens, state, forced)
 
     def log_probs(self, step: int) -> torch.Tensor:
-        """Next-token log-probs (n*B, V) of the beams that may expand, prefixes forced: all K
+        """The next-token log-probs of the beams that may expand.
+
+        Next-token log-probs (n*B, V) of the beams that may expand, prefixes forced: all K
         (B = K), except at step 0, where the K beams of a sentence are the same BOS and only the
         first expands (B = 1). The model then runs one row per sentence, and only afterwards does
         the state make room for K beams each."""
@@ -351,7 +369,9 @@ class _Beams:
         top_tok: torch.Tensor,
         is_eos: torch.Tensor,
     ) -> torch.Tensor:
-        """Extend the beams with the K best non-EOS candidates of the 2K (n, 2K) of this step
+        """Extend the beams with the K best non-EOS candidates of this step.
+
+        Extend the beams with the K best non-EOS candidates of the 2K (n, 2K) of this step
         (there are always K, as at most K are EOS); returns the row each new row continues."""
         live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(self.k, dim=1)
         live_beam = top_beam.gather(1, live_pos)  # (n, K)
@@ -364,7 +384,9 @@ class _Beams:
         return reorder
 
     def follow(self, reorder: torch.Tensor, done: torch.Tensor) -> bool:
-        """Move the decoder state's rows as :meth:`advance` moved the beams (``reorder`` (n*K,))
+        """Move and drop the decoder state's rows as the beams moved.
+
+        Move the decoder state's rows as :meth:`advance` moved the beams (``reorder`` (n*K,))
         and drop the ``done`` (n,) sentences everywhere; False when none is left."""
         if not bool(done.any()):
             # Beams move only within their sentence: memory and cross-attention stay as they are.
@@ -441,7 +463,9 @@ def beam_search(
 def _top_candidates(
     scores: torch.Tensor, log_probs: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The 2K best one-token extensions per sentence, best first, from the summed scores (n, B)
+    """The 2K best one-token extensions per sentence, best first.
+
+    The 2K best one-token extensions per sentence, best first, from the summed scores (n, B)
     of the B beams that expand (K, or 1 at step 0) and their next-token log-probs (n*B, V):
     summed scores, beam index in 0..B-1 and token, each (n, 2K)."""
     (n_act, beams), vocab = scores.shape, log_probs.size(-1)
@@ -462,7 +486,9 @@ _TOPK_BLOCK = 64
 
 
 def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest values of each row of ``x`` (R, V) and their columns, each (R, k), in
+    """The ``k`` largest values of each row of ``x`` and their columns.
+
+    The ``k`` largest values of each row of ``x`` (R, V) and their columns, each (R, k), in
     any order: what ``x.topk(k, dim=1, sorted=False)`` returns, in a half to a quarter of its time
     on a Multi30k vocabulary.
 
@@ -496,7 +522,9 @@ def _end_hypotheses(
     finished: bool,
     alpha: float,
 ) -> None:
-    """Add to ``ended[sentence]`` one hypothesis per row: sentence indices (m,), summed log-probs
+    """Add one ended hypothesis per row to ``ended``.
+
+    Add to ``ended[sentence]`` one hypothesis per row: sentence indices (m,), summed log-probs
     (m,), generated ids without BOS (m, t); ``finished``: ended with EOS (not in ``ids``)."""
     for sentence, logp, row in zip(
         sentences.tolist(), logp_sums.tolist(), ids.tolist(), strict=True
@@ -520,7 +548,9 @@ def search(
     use_cache: bool = True,
     prefixes: Prefixes | None = None,
 ) -> list[DecodeResult]:
-    """The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (each row's draws
+    """Run the search that ``decode`` asks for.
+
+    The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (each row's draws
     keyed by ``line_keys``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each
     output starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of
     ``src``)."""

@@ -23,7 +23,9 @@ class DecoderState(Protocol):
         ...
 
     def repeat_beams(self, k: int) -> None:
-        """Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1), once, before
+        """Give each row K copies in a row.
+
+        Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1), once, before
         or after the first step."""
         ...
 
@@ -37,7 +39,9 @@ class DecoderState(Protocol):
 
 
 class ModelState:
-    """One Transformer's side of a search over R rows: memory (M, S, D), source mask
+    """One Transformer's side of a search over R rows.
+
+    One Transformer's side of a search over R rows: memory (M, S, D), source mask
     (M, 1, 1, S) and, when cached, its :class:`~transformer_mt.model.DecoderCache`.
 
     Memory is kept once per sentence: after :meth:`repeat_beams` (K), R = M * K and the K beam
@@ -67,7 +71,9 @@ class ModelState:
         return cls(model, memory, src_mask, model.new_cache() if use_cache else None)
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t) (BOS
+        """Log-probabilities of the token after each prefix in ``tokens``.
+
+        Log-probabilities (R, V) of the token after each prefix in ``tokens`` (R, t) (BOS
         first), -inf for the ids search must never emit. With a cache only the last position
         is fed (the cache holds the earlier ones)."""
         model = self.model
@@ -82,7 +88,9 @@ class ModelState:
         return log_probs.index_fill_(1, self.never, float("-inf"))
 
     def repeat_beams(self, k: int) -> None:
-        """K rows per sentence (before the first step or after it): each row's self-attention
+        """Copy each row into K beam rows.
+
+        K rows per sentence (before the first step or after it): each row's self-attention
         cache is copied K times; the K beams share the sentence's memory, mask and
         cross-attention keys/values, which stay one row per sentence."""
         self.beams = k
@@ -90,7 +98,9 @@ class ModelState:
             self.cache.repeat_rows(k)
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep or reorder rows ``index`` (R',): the cache, and the memory and mask of their
+        """Keep or reorder rows ``index``.
+
+        Keep or reorder rows ``index`` (R',): the cache, and the memory and mask of their
         sentences. With beams, ``index`` keeps each sentence's K rows together (K consecutive
         entries, all from that sentence), as beam search's gathers do."""
         sentences = index if self.beams == 1 else index[:: self.beams] // self.beams  # (M',)
@@ -100,13 +110,17 @@ class ModelState:
             self.cache.select(index, sentences)
 
     def reorder_beams(self, index: torch.Tensor) -> None:
-        """Reorder rows ``index`` (R,) within their sentences: the beams of a sentence share its
+        """Reorder rows ``index`` within their sentences.
+
+        Reorder rows ``index`` (R,) within their sentences: the beams of a sentence share its
         memory and cross-attention keys/values, so only the self-attention cache moves."""
         if self.cache is not None:
             self.cache.reorder_beams(index)
 
     def merge(self, other: "ModelState") -> None:
-        """Append the rows of ``other``, the state of sentences that started later (the same
+        """Append the rows of a state whose sentences started later.
+
+        Append the rows of ``other``, the state of sentences that started later (the same
         model and beam count, both cached, each after at least one step), after this state's
         rows: continuous batching. The shorter source is padded (and masked)."""
         if self.cache is None or other.cache is None or self.beams != other.beams:

@@ -59,7 +59,9 @@ def has_text(line: str) -> bool:
 
 
 def is_link(word: str) -> bool:
-    """Whether ``word`` (no whitespace) is a URL or an e-mail address, possibly in brackets or
+    """Whether ``word`` is a URL or an e-mail address.
+
+    Whether ``word`` (no whitespace) is a URL or an e-mail address, possibly in brackets or
     followed by punctuation."""
     word = word.strip(_WRAPPING)
     if word.lower().startswith("www.") and "." in word[4:]:
@@ -75,7 +77,9 @@ def is_link(word: str) -> bool:
 
 
 def untranslatable(lines: Sequence[str]) -> dict[int, str]:
-    """The lines with something in them but nothing to translate (not :func:`has_text`), by
+    """The lines with something in them but nothing to translate.
+
+    The lines with something in them but nothing to translate (not :func:`has_text`), by
     index: each line's text without surrounding whitespace, which is its translation."""
     return {i: line.strip() for i, line in enumerate(lines) if line.strip() and not has_text(line)}
 
@@ -85,7 +89,9 @@ def keep_untranslatable(
     nbest: int,
     translate: Callable[[list[str]], list[Translation]],
 ) -> list[Translation]:
-    """``translate(lines)`` for a translator that knows only the empty-line rule (CTranslate2's):
+    """Wrap a translator so that lines with nothing to translate come back unchanged.
+
+    ``translate(lines)`` for a translator that knows only the empty-line rule (CTranslate2's):
     the lines with nothing to translate go to it blank, and come back unchanged (score 0.0)."""
     kept = untranslatable(lines)
     results = translate(["" if i in kept else line for i, line in enumerate(lines)])
@@ -120,7 +126,9 @@ def encode_lines(
     first_line: int = 1,
     prefix: Sequence[int] = (),
 ) -> dict[int, list[int]]:
-    """``prefix``, the ids and EOS of every line with something in it, by line index (a line that
+    """The source ids of every line with something in it, by line index.
+
+    ``prefix``, the ids and EOS of every line with something in it, by line index (a line that
     is empty, blank, or empty after the tokenizer's normalization has none). A line over ``limit``
     ids (EOS and prefix included) keeps its first pieces, with a warning: "line N: M <what>
     exceed the limit", where ``lines[0]`` is line ``first_line``."""
@@ -149,7 +157,9 @@ def encode_prefixes(
     max_pieces: int,
     first_line: int = 1,
 ) -> list[list[int]]:
-    """Target ids (no EOS) of the prefixes of input lines ``lines`` (indices into ``prefixes``),
+    """The target ids of the prefixes of input lines ``lines``.
+
+    Target ids (no EOS) of the prefixes of input lines ``lines`` (indices into ``prefixes``),
     in that order. Surrounding whitespace is ignored; a prefix longer than ``max_pieces`` keeps
     its first ``max_pieces`` pieces, with a warning naming its line (``prefixes[0]``'s is
     ``first_line``)."""
@@ -166,7 +176,9 @@ def encode_prefixes(
 
 
 def check_beam(decode: DecodeConfig, vocab: int) -> None:
-    """Beam search ranks 2K candidates per sentence, never PAD or BOS: a beam K needs a target
+    """Check that the target vocabulary is large enough for the beam.
+
+    Beam search ranks 2K candidates per sentence, never PAD or BOS: a beam K needs a target
     vocabulary of 2K + 2 pieces. An MTError names the widest beam that fits."""
     beam = decode.beam_size
     if not decode.sampling and beam > 1 and 2 * beam + 2 > vocab:
@@ -190,7 +202,9 @@ def translate_texts(
     first_line: int = 1,
     src_prefix: Sequence[int] = (),
 ) -> list[Translation]:
-    """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
+    """Translate ``lines``: per input line, ``decode.nbest`` (text, score) pairs.
+
+    Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first. An empty line gives ``nbest`` pairs ("", 0.0); a line with
     nothing to translate (:func:`has_text`), ``nbest`` pairs (its text, 0.0).
 
@@ -250,7 +264,11 @@ def translate_texts(
 
         keys = [first_line + i for i in line_of]  # a line's sample is keyed by its line number
         decode_sources(
-            model, list(sources.values()), decode, on_batch=finished, prefixes=forced,
+            model,
+            list(sources.values()),
+            decode,
+            on_batch=finished,
+            prefixes=forced,
             line_keys=keys,
-        )  # fmt: skip
+        )
     return results

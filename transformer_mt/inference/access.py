@@ -45,7 +45,9 @@ INVALID_KEY = "Invalid API key"
 
 @dataclass(frozen=True)
 class ApiKey:
-    """One key's entry: a name to manage it by, its hash, and its own limits (None: the
+    """One key's entry in a keys file.
+
+    One key's entry: a name to manage it by, its hash, and its own limits (None: the
     server's)."""
 
     name: str
@@ -103,7 +105,9 @@ def write_keys(path: Path, keys: list[ApiKey]) -> None:
 def add_key(
     path: Path, name: str, req_limit: int | None = None, char_limit: int | None = None
 ) -> str:
-    """Add a new random key named ``name`` to the keys file (created if absent); returns the
+    """Add a new random key named ``name`` to the keys file.
+
+    Add a new random key named ``name`` to the keys file (created if absent); returns the
     key, which is stored nowhere else."""
     keys = read_keys(path)
     if any(key.name == name for key in keys):
@@ -132,7 +136,9 @@ class RateLimiter:
         self._lock = threading.Lock()
 
     def admit(self, client: str, limit: int) -> float | None:
-        """Count a request of ``client``; None when within ``limit``, otherwise the seconds
+        """Count a request of ``client`` within ``limit``, or say when it may come.
+
+        Count a request of ``client``; None when within ``limit``, otherwise the seconds
         until it would be (the request is then not counted)."""
         now = time.monotonic()
         with self._lock:
@@ -171,7 +177,9 @@ class Access:
         self.limiter = RateLimiter()
 
     def _reload(self, strict: bool = False) -> None:
-        """Read the keys file again where it changed (`mt serve-keys` works on a running
+        """Read the keys file again where it changed.
+
+        Read the keys file again where it changed (`mt serve-keys` works on a running
         server). A file that became unreadable keeps the keys read before, with one warning
         per change; ``strict`` (at start): its MTError instead."""
         path = self.settings.api_keys
@@ -202,7 +210,9 @@ class Access:
         return found
 
     def check(self, api_key: str | None, origin: str, client: str, texts: list[str]) -> None:
-        """Raise the :class:`ApiError` LibreTranslate answers when this request may not go on
+        """Refuse a request that may not go on; count it otherwise.
+
+        Raise the :class:`ApiError` LibreTranslate answers when this request may not go on
         (see the module's docstring); count it against its request limit otherwise."""
         if not self.settings.enabled:
             return

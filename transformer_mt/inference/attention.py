@@ -1,4 +1,6 @@
-"""Cross-attention pictures and word alignments: what the decoder looked at while writing each
+"""Cross-attention pictures and word alignments.
+
+Cross-attention pictures and word alignments: what the decoder looked at while writing each
 target piece.
 
 Pictures: one PNG heatmap per sentence, source pieces on x, target pieces on y, for one decoder
@@ -52,7 +54,9 @@ def attention_matrices(
     hyps: list[Hypothesis],
     layer: int | None = None,
 ) -> list[np.ndarray]:
-    """Cross-attention of each hypothesis over its source, averaged over heads (and over layers
+    """The cross-attention of each hypothesis over its source.
+
+    Cross-attention of each hypothesis over its source, averaged over heads (and over layers
     when ``layer`` is None): one (T, S) array per sentence, S = the source's pieces with EOS,
     T = the hypothesis' tokens plus EOS if it ended with one. One teacher-forced pass."""
     src_len = (src != model.src_pad_idx).sum(dim=1).tolist()
@@ -64,8 +68,8 @@ def attention_matrices(
     trg = pad_batch(inputs, model.trg_pad_idx, bos=model.trg_sos_idx)
     weights = model.cross_attention(src, trg.to(src.device))  # (L, B, H, T, S)
     weights = weights.mean(dim=(0, 2)) if layer is None else weights[layer].mean(dim=1)  # (B, T, S)
-    weights = weights.float().cpu().numpy()
-    return [weights[b, : rows[b], : src_len[b]] for b in range(len(hyps))]
+    array = weights.float().cpu().numpy()
+    return [array[b, : rows[b], : src_len[b]] for b in range(len(hyps))]
 
 
 def plot_attention(
@@ -131,7 +135,9 @@ class AttentionPictures:
 
 
 def alignment(weights: np.ndarray, n_src: int, n_trg: int) -> Alignment:
-    """The piece alignment of one (T, S) attention matrix: ``(i, j)`` for each target piece
+    """The piece alignment of one (T, S) attention matrix.
+
+    The piece alignment of one (T, S) attention matrix: ``(i, j)`` for each target piece
     ``j < n_trg``, ``i`` the source piece ``< n_src`` with the highest weight in row ``j``
     (the first on a tie). ``n_src``/``n_trg``: the pieces without EOS (the EOS column and the
     rows past ``n_trg`` are ignored); empty when either is 0."""
@@ -152,7 +158,9 @@ def word_indices(pieces: list[str]) -> list[int]:
 
 
 def to_words(pairs: Alignment, src_pieces: list[str], trg_pieces: list[str]) -> Alignment:
-    """A piece alignment as a word alignment (see the module's docstring): each pair mapped to
+    """A piece alignment as a word alignment.
+
+    A piece alignment as a word alignment (see the module's docstring): each pair mapped to
     its words, duplicates dropped, sorted by target then source word."""
     src_word, trg_word = word_indices(src_pieces), word_indices(trg_pieces)
     words = {(src_word[i], trg_word[j]) for i, j in pairs}
@@ -165,7 +173,9 @@ def format_alignment(pairs: Alignment) -> str:
 
 
 class Alignments:
-    """Collects the word alignment of each translated line (an ``on_batch`` callback, see
+    """Collect the word alignment of each translated line.
+
+    Collects the word alignment of each translated line (an ``on_batch`` callback, see
     :func:`transformer_mt.decoding.text.translate_texts`): of every n-best hypothesis, from one
     teacher-forced pass per batch (:func:`attention_matrices`, mean over heads; ``layer``: one
     decoder layer, negative counts from the end; None: the mean of all layers)."""
@@ -208,6 +218,8 @@ class Alignments:
             self.by_line[line] = found
 
     def per_line(self, n_lines: int, nbest: int) -> list[list[Alignment]]:
-        """One entry per input line, each ``nbest`` alignments (empty for a line that had
+        """The alignments of each input line.
+
+        One entry per input line, each ``nbest`` alignments (empty for a line that had
         nothing to translate)."""
         return [self.by_line.get(i, [[] for _ in range(nbest)]) for i in range(n_lines)]

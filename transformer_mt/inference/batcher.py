@@ -63,32 +63,18 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol, cast, runtime_checkable
 
 from transformer_mt.config import DecodeConfig
+from transformer_mt.decoding.continuous import ContinuousSearch
+from transformer_mt.decoding.search import DecodeResult
 from transformer_mt.inference.engines import DecodeStopped, Engine, LineResult, empty_result
+from transformer_mt.inference.serve_settings import BatchSettings
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """How the decode worker gathers requests into batches."""
-
-    enabled: bool = True  # False: one request per batch, no waiting (the benchmark's baseline)
-    continuous: bool = False  # join the running search between steps (engines that offer it)
-    window_s: float = 0.02  # gathering ends after this long without a new request
-    max_wait_s: float = 0.05  # and at the latest this long after it began
-    max_tokens: int | None = None  # source pieces per batch; None: the model's decode.batch_tokens
-
-    def __post_init__(self) -> None:
-        # A longer window would never apply, and GET /v1/model would report it as if it did.
-        if not 0 <= self.window_s <= self.max_wait_s:
-            raise ValueError(
-                f"window_s={self.window_s:g} must be between 0 and max_wait_s={self.max_wait_s:g}"
-            )
 
 
 class BatchObserver:
@@ -98,7 +84,9 @@ class BatchObserver:
         """Requests submitted and not yet answered changed by ``delta``."""
 
     def batch(self, requests: int, lines: int, tokens: int) -> None:
-        """A batch began decoding: its requests, lines and source pieces (continuous batching:
+        """A batch began decoding.
+
+        A batch began decoding: its requests, lines and source pieces (continuous batching:
         the requests that joined the search at one step)."""
 
     def decoded(self, seconds: float) -> None:
@@ -117,7 +105,9 @@ class Closed(Exception):
 
 
 class ClientGone(Exception):
-    """The request's client left before its answer; from the worker, with the number of its
+    """The request's client left before its answer.
+
+    The request's client left before its answer; from the worker, with the number of its
     lines left undecoded."""
 
     def __init__(self, left: int | None = None) -> None:
@@ -139,7 +129,9 @@ class _Job:
 
     @property
     def key(self) -> tuple:
-        """Jobs decode together only with equal settings (and, in a multilingual model's batch
+        """The key of the jobs that may decode together.
+
+        Jobs decode together only with equal settings (and, in a multilingual model's batch
         calls, one target language: its tag starts every source of the call)."""
         return (*dataclasses.astuple(self.decode), self.attention, self.target)
 
@@ -179,6 +171,7 @@ class Batcher:
         self.continuous = (
             self.settings.enabled
             and self.settings.continuous
+            and isinstance(engine, _SearchEngine)
             and (engine.continuous_search(engine.decode) is not None)
         )
         self._free_since = 0.0  # when the worker finished its last batch (monotonic clock)
@@ -232,10 +225,11 @@ class Batcher:
         gone: Callable[[], Awaitable[object]] | None = None,
         target: str | None = None,
     ) -> list[LineResult]:
-        """:meth:`submit`, awaited. ``gone()`` is awaited beside it and completes when the client
-        has left: then the request is dropped if still queued, or stops after its current decode
-        batch, and this raises :class:`ClientGone` at once (the log says how many lines were left
-        undecoded)."""
+        """:meth:`submit`, awaited.
+
+        ``gone()`` is awaited beside it and completes when the client has left: then the request is
+        dropped if still queued, or stops after its current decode batch, and this raises
+        :class:`ClientGone` at once (the log says how many lines were left undecoded)."""
         job = self._submit(lines, decode, attention, target)
         answer = asyncio.wrap_future(job.future)
         if gone is None:
@@ -255,7 +249,9 @@ class Batcher:
         raise ClientGone
 
     def _abandon(self, job: _Job) -> None:
-        """Drop ``job`` if it is still queued, else let the worker stop it between batches; one
+        """Drop ``job``, or let the worker stop it between batches.
+
+        Drop ``job`` if it is still queued, else let the worker stop it between batches; one
         log line says what it cost (at once, or when the worker lets go of it)."""
         job.gone = True
         if job.future.cancel():
@@ -300,8 +296,8 @@ class Batcher:
     # -- the worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.continuous:
-            _ContinuousWorker(self).run()
+        if self.continuous and isinstance(self.engine, _SearchEngine):
+            _ContinuousWorker(self, self.engine).run()
             return
         pending: deque[_Job] = deque()
         stopping = False
@@ -330,7 +326,9 @@ class Batcher:
         pending.append(job)
 
     def _gather(self, pending: deque) -> bool:
-        """Add queued jobs to ``pending`` until the window passes without one (see the module
+        """Add queued jobs to ``pending`` until the window passes or the budget is full.
+
+        Add queued jobs to ``pending`` until the window passes without one (see the module
         docstring) or the budget is full; returns whether the stop sign came (the jobs queued
         before it are all taken)."""
         settings = self.settings
@@ -357,7 +355,9 @@ class Batcher:
         return False
 
     def _take_batch(self, pending: deque) -> list[_Job]:
-        """The oldest job and, batching on, the later ones with its settings within the budget;
+        """The next batch: the oldest job and the later ones with its settings.
+
+        The oldest job and, batching on, the later ones with its settings within the budget;
         none if every pending job's client has left (those jobs are dropped here)."""
         live = [job for job in pending if not job.future.cancelled()]
         pending.clear()
@@ -380,7 +380,9 @@ class Batcher:
         return batch
 
     def _settle(self, batch: list[_Job]) -> None:
-        """With batching on, wait until ``window_s`` after the newest job of ``batch`` arrived:
+        """Wait until ``window_s`` after the newest job of ``batch`` arrived.
+
+        With batching on, wait until ``window_s`` after the newest job of ``batch`` arrived:
         only a batch whose token budget filled sooner waits here. A client that sends a request
         and hangs up at once is seen leaving a moment after its request is queued (its
         disconnect goes through the event loop after its body); the wait lets its job be
@@ -390,7 +392,9 @@ class Batcher:
             time.sleep(max(0.0, newest + self.settings.window_s - time.monotonic()))
 
     def _decode(self, batch: list[_Job]) -> bool:
-        """Decode the jobs of ``batch`` whose client is still there (after :meth:`_settle`);
+        """Decode the jobs of ``batch`` whose client is still there.
+
+        Decode the jobs of ``batch`` whose client is still there (after :meth:`_settle`);
         False if none was."""
         self._settle(batch)
         batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
@@ -405,7 +409,9 @@ class Batcher:
         return True
 
     def _engine_call(self, batch: list[_Job], lines: list[str]) -> None:
-        """Decode ``lines`` (those of ``batch``, in order) as one engine call and answer each job;
+        """Decode ``lines`` as one engine call and answer each job.
+
+        Decode ``lines`` (those of ``batch``, in order) as one engine call and answer each job;
         it stops between decode batches once every client of ``batch`` has left."""
         try:
             results = self._translate(lines, batch[0], lambda: all(j.gone for j in batch))
@@ -428,7 +434,9 @@ class Batcher:
             start += len(job.lines)
 
     def _stopped(self, batch: list[_Job], left: set[int]) -> None:
-        """Fail each job of a stopped engine call with :class:`ClientGone`, counting its lines
+        """Fail each job of a stopped engine call with :class:`ClientGone`.
+
+        Fail each job of a stopped engine call with :class:`ClientGone`, counting its lines
         in ``left`` (indices into the call's lines)."""
         start = 0
         for job in batch:
@@ -452,7 +460,9 @@ class Batcher:
             job.future.set_result(results)
 
     def _translate(self, lines: list[str], job: _Job, stop: Callable[[], bool]) -> list:
-        """The engine's results for ``lines`` with ``job``'s settings (the observer told how
+        """The engine's results for ``lines`` with ``job``'s settings.
+
+        The engine's results for ``lines`` with ``job``'s settings (the observer told how
         long it took before any job is answered)."""
         started = time.monotonic()
         try:
@@ -461,13 +471,32 @@ class Batcher:
             self.observer.decoded(time.monotonic() - started)
 
 
+@runtime_checkable
+class _SearchEngine(Protocol):
+    """An engine whose requests can join a running search (continuous batching).
+
+    An engine whose requests can join a running search (our torch model): what continuous
+    batching calls besides :class:`Engine`'s methods."""
+
+    def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
+        """A search that requests with ``decode``'s beam can join; None where there is none."""
+
+    def encode_lines(
+        self, lines: Sequence[str], decode: DecodeConfig, target: str | None = None
+    ) -> dict[int, list[int]]:
+        """Source ids of the lines with something to translate, by line index."""
+
+    def line_result(self, result: DecodeResult) -> LineResult:
+        """A search result as a line's translation."""
+
+
 class _ContinuousWorker:
     """The decode worker with continuous batching (see the module docstring)."""
 
-    def __init__(self, batcher: Batcher) -> None:
-        self.batcher, self.engine = batcher, batcher.engine
+    def __init__(self, batcher: Batcher, engine: _SearchEngine) -> None:
+        self.batcher, self.engine = batcher, engine
         self.waiting: deque[_Job] = deque()  # arrived, not yet decoding
-        self.search = None  # the running ContinuousSearch; None: idle
+        self.search: ContinuousSearch | None = None  # the running search; None: idle
         self.flights: dict[int, _Flight] = {}  # by job id: the jobs in the search
         self.tokens_in_flight = 0
 
@@ -508,7 +537,9 @@ class _ContinuousWorker:
             self.batcher._add(self.waiting, item)
 
     def _admit(self) -> None:
-        """Let waiting jobs join the search, oldest first, within the token budget; a job the
+        """Let waiting jobs join the search, oldest first, within the token budget.
+
+        Let waiting jobs join the search, oldest first, within the token budget; a job the
         search cannot take waits (and keeps the later ones waiting) until it is empty, then
         starts a new search or, if no search can take it, decodes alone."""
         joined: list[_Job] = []
@@ -557,6 +588,9 @@ class _ContinuousWorker:
             return 0
         if not self.flights:
             self.search = self.engine.continuous_search(job.decode)
+        if self.search is None:  # _joins admits a job only where the engine has a search
+            job.future.set_exception(RuntimeError("no continuous search for this request"))
+            return 0
         flight.left = len(sources)
         self.flights[id(job)] = flight  # first: if adding fails, run() fails it with the rest
         self.tokens_in_flight += job.tokens
@@ -565,6 +599,8 @@ class _ContinuousWorker:
         return 1
 
     def _step(self) -> None:
+        if self.search is None:  # run() fails the jobs in flight with this
+            raise RuntimeError("requests in flight without a running search")
         started = time.monotonic()
         try:
             done = self.search.step()
@@ -577,7 +613,8 @@ class _ContinuousWorker:
             for flight in flights.values():
                 self.batcher._decode_alone(flight.job)
             return
-        for (key, line), result in done:
+        for tag, result in done:
+            key, line = cast(tuple[int, int], tag)  # (job id, line index): how _start adds them
             flight = self.flights[key]
             flight.results[line] = self.engine.line_result(result)
             flight.left -= 1
@@ -589,7 +626,9 @@ class _ContinuousWorker:
             self._drop_search()
 
     def _drop_search(self) -> None:
-        """Every client of the running search has left: end it, each job failing with
+        """End the running search, whose clients have all left.
+
+        Every client of the running search has left: end it, each job failing with
         :class:`ClientGone` (its sentences still running are left undecoded)."""
         flights, self.flights, self.search, self.tokens_in_flight = self.flights, {}, None, 0
         for flight in flights.values():

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from transformer_mt.config import DecodeConfig, config_from_dict
 from transformer_mt.data.batching import longest_first_batches
@@ -26,7 +27,7 @@ from transformer_mt.inference.loading import check_device
 class CT2Model:
     """An exported model directory, loaded: the translator, tokenizers and decode defaults."""
 
-    translator: object  # ctranslate2.Translator
+    translator: Any  # a ctranslate2.Translator (an optional extra, without type hints)
     src_tok: Tokenizer
     trg_tok: Tokenizer
     decode: DecodeConfig  # the run's decode settings, stored at export time
@@ -35,19 +36,25 @@ class CT2Model:
     lang_tags: dict[str, str] = field(default_factory=dict)  # a multilingual model's tags
 
     def source_prefix(self, target: str | None) -> list[int]:
-        """The tag ids that start every source asking for ``target`` (see
+        """The tag ids that start every source asking for ``target``.
+
+        The tag ids that start every source asking for ``target`` (see
         :func:`transformer_mt.data.languages.source_prefix`)."""
         return source_prefix(self.src_tok, self.lang_tags, self.pairs, target)
 
     def never_emit(self) -> list[list[str]] | None:
-        """The language tags as CTranslate2's ``suppress_sequences`` (never in a translation,
+        """The language tags as CTranslate2's ``suppress_sequences``.
+
+        The language tags as CTranslate2's ``suppress_sequences`` (never in a translation,
         as in our search); None where the target vocabulary has none."""
         ids = tag_ids(self.trg_tok, self.lang_tags)
         return [[self.trg_tok.id_to_piece([i])[0]] for i in ids] or None
 
 
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
-    """Load a directory written by ``export_ctranslate2``; a one-line MTError for one that is not
+    """Load a directory written by ``export_ctranslate2``.
+
+    Load a directory written by ``export_ctranslate2``; a one-line MTError for one that is not
     an export, or an export that was interrupted or whose settings file is damaged."""
     directory = Path(directory)
     dev = check_device(device)

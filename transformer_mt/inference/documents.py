@@ -45,7 +45,9 @@ class Document:
     _state: _Renderer | None = field(default=None, repr=False)  # the parsed document
 
     def render(self, results: list[LineResult]) -> bytes:
-        """The document with each segment replaced by its translation (``results`` in the order
+        """The document with each segment replaced by its translation.
+
+        The document with each segment replaced by its translation (``results`` in the order
         of ``segments``, each with ``attention`` where markup must be placed inside a segment)."""
         if len(results) != len(self.segments):
             raise ValueError(f"{len(results)} results for {len(self.segments)} segments")
@@ -90,7 +92,9 @@ def html_document(fragment: str) -> Document:
 
 
 def read_document(data: bytes, suffix: str, name: str = "") -> Document:
-    """A file's bytes as a document; ``suffix`` picks the format (one of FILE_FORMATS), ``name``
+    """Read a file's bytes as a document of the format ``suffix`` names.
+
+    A file's bytes as a document; ``suffix`` picks the format (one of FILE_FORMATS), ``name``
     appears in errors. An MTError for an unknown suffix, a missing optional extra (naming the pip
     extra to install) or a file the format's library cannot read."""
     suffix = SUFFIXES.get(suffix.lower(), suffix.lower())

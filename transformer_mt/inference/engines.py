@@ -1,12 +1,13 @@
-"""Engines: one interface over the ways a trained model can translate (our PyTorch model, or a
-CTranslate2 export), for the HTTP server and its benchmark.
+"""Engines: one interface over the ways a trained model can translate.
+
+Our PyTorch model, or a CTranslate2 export, for the HTTP server and its benchmark.
 
 ``engine.translate(lines, decode, attention)`` keeps the line contract of ``mt translate`` (one
 result per line, in order, empty in -> empty out, a line with nothing to translate -- emoji,
-numbers, a link alone -- out unchanged without decoding) and returns, per line, the best text and score,
-the n-best list and, when asked, the cross-attention matrix with the pieces on both of its axes.
-Given ``stop`` (a function of no arguments), it asks it after each decode batch and, when it says
-True with lines still to decode, gives up with :class:`DecodeStopped`: the server's way of not
+numbers, a link alone -- out unchanged without decoding) and returns, per line, the best text and
+score, the n-best list and, when asked, the cross-attention matrix with the pieces on both of its
+axes. Given ``stop`` (a function of no arguments), it asks it after each decode batch and, when it
+says True with lines still to decode, gives up with :class:`DecodeStopped`: the server's way of not
 decoding the rest of a request whose client has gone.
 """
 
@@ -63,8 +64,9 @@ def _check_stop(stop: StopCheck | None, lines: Sequence[str], done: set[int]) ->
 
 @dataclass
 class Attention:
-    """Cross-attention of one translation: ``weights[t][s]`` is how much target piece t looked at
-    source piece s (rows sum to 1)."""
+    """Cross-attention of one translation.
+
+    ``weights[t][s]`` is how much target piece t looked at source piece s (rows sum to 1)."""
 
     source: list[str]  # source pieces, EOS included
     target: list[str]  # target pieces, EOS included when the hypothesis ended with it
@@ -84,8 +86,10 @@ class LineResult:
 
 @dataclass
 class Engine(ABC):
-    """What the server needs of a model: its languages, tokenizers, decode defaults, a
-    description, and ``translate`` (each engine's own: :class:`TorchEngine`, :class:`CT2Engine`)."""
+    """What the server needs of a model.
+
+    Its languages, tokenizers, decode defaults, a description, and ``translate`` (each engine's own:
+    :class:`TorchEngine`, :class:`CT2Engine`)."""
 
     name: str  # "torch" or "ct2"
     src_tok: Tokenizer
@@ -98,16 +102,22 @@ class Engine(ABC):
     pairs: list[tuple[str, str]] = field(default_factory=list)  # the pairs it translates
     lang_tags: dict[str, str] = field(default_factory=dict)  # a multilingual model's tags
 
+    def __post_init__(self) -> None:
+        if not self.pairs:  # a model that lists no pairs translates its one pair
+            self.pairs = [(self.src_lang, self.trg_lang)]
+
     @property
     def targets(self) -> list[str]:
         """The languages it translates into (several: a request names one)."""
-        return list(dict.fromkeys(trg for _, trg in self.pairs)) or [self.trg_lang]
+        return list(dict.fromkeys(trg for _, trg in self.pairs))
 
-    def source_prefix(self, target: str | None) -> list[int]:
-        """The ids that start each source asking for ``target`` (a multilingual model's tag);
-        an MTError for a target it does not know, or none where it has several."""
-        pairs = self.pairs or [(self.src_lang, self.trg_lang)]
-        return source_prefix(self.src_tok, self.lang_tags, pairs, target)
+    def source_prefix(self, target: str | None, name: str = "--target-lang") -> list[int]:
+        """The ids that start each source asking for ``target`` (a multilingual model's tag).
+
+        An MTError, calling the target ``name``, for a target it does not know, or for none
+        where it has several.
+        """
+        return source_prefix(self.src_tok, self.lang_tags, self.pairs, target, name)
 
     @abstractmethod
     def translate(
@@ -118,19 +128,22 @@ class Engine(ABC):
         stop: StopCheck | None = None,
         target: str | None = None,
     ) -> list[LineResult]:
-        """One result per line, in order (empty in, empty out); with ``attention``, the best
-        hypothesis' cross-attention over its source pieces. ``stop`` is asked after each decode
-        batch; when it says True and lines are left, :class:`DecodeStopped` names them.
-        ``target``: the language a multilingual model translates into."""
+        """One result per line, in order (empty in, empty out).
+
+        With ``attention``, the best hypothesis' cross-attention over its source pieces. ``stop`` is
+        asked after each decode batch; when it says True and lines are left, :class:`DecodeStopped`
+        names them. ``target``: the language a multilingual model translates into."""
 
     def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
-        """A search that requests with ``decode``'s beam can join between steps (continuous
-        batching, see :mod:`~transformer_mt.inference.batcher`); None where this engine has none
-        (then requests decode in batches through :meth:`translate`)."""
+        """A search that requests with ``decode``'s beam can join between steps.
+
+        Continuous batching, see :mod:`~transformer_mt.inference.batcher`); None where this engine
+        has none (then requests decode in batches through :meth:`translate`)."""
         return None
 
     def too_long(self, lines: Sequence[str]) -> tuple[int, int] | None:
         """The first line longer than the model takes, and its pieces (EOS included), or None.
+
         ``mt translate`` cuts such a line with a warning; a server refuses it instead."""
         if not self.max_src_len:
             return None
@@ -150,7 +163,7 @@ class Engine(ABC):
         return {
             "engine": self.name,
             "languages": {"source": self.src_lang, "target": self.trg_lang},
-            "pairs": [list(pair) for pair in self.pairs or [(self.src_lang, self.trg_lang)]],
+            "pairs": [list(pair) for pair in self.pairs],
             "lang_tags": self.lang_tags,
             "vocabulary": {
                 "source": self.src_tok.vocab_size,
@@ -170,8 +183,10 @@ class Engine(ABC):
 
 
 def empty_result(nbest: int, attention: bool, line: str = "") -> LineResult:
-    """The result of a line that is not decoded: "" for an empty line, the line itself (without
-    surrounding whitespace) for one with nothing to translate; score 0.0, empty attention."""
+    """The result of a line that is not decoded.
+
+    "" for an empty line, the line itself (without surrounding whitespace) for one with nothing to
+    translate; score 0.0, empty attention."""
     text = "" if has_text(line) else line.strip()
     return LineResult(
         text, 0.0, [(text, 0.0)] * nbest, Attention([], [], []) if attention else None
@@ -204,7 +219,7 @@ class TorchEngine(Engine):
                 "step": loaded.step,
                 "validation": validation_report(loaded),
             },
-            max_src_len=self.model.positions.max_len,
+            max_src_len=self.model.config.model.max_len,
             pairs=loaded.pairs,
             lang_tags=loaded.lang_tags,
         )
@@ -215,14 +230,15 @@ class TorchEngine(Engine):
     def encode_lines(
         self, lines: Sequence[str], decode: DecodeConfig, target: str | None = None
     ) -> dict[int, list[int]]:
-        """Source ids (EOS included) of the lines with something to translate, by line index,
-        as :meth:`translate` encodes them; checks ``decode``'s beam against the vocabulary."""
+        """Source ids (EOS included) of the lines with something to translate, by line index.
+
+        As :meth:`translate` encodes them; checks ``decode``'s beam against the vocabulary."""
         check_beam(decode, self.trg_tok.vocab_size)
         prefix = self.source_prefix(target)
         lines = list(lines)
         kept = untranslatable(lines)
         todo = ["" if i in kept else line for i, line in enumerate(lines)]
-        return encode_sources(self.src_tok, todo, self.model.positions.max_len, 1, prefix)
+        return encode_sources(self.src_tok, todo, self.model.config.model.max_len, 1, prefix)
 
     def line_result(self, result: DecodeResult) -> LineResult:
         """A search result as :meth:`translate` returns it (no attention)."""
@@ -285,10 +301,12 @@ class TorchEngine(Engine):
 
 
 class CT2Engine(Engine):
-    """A directory written by ``mt export --format ctranslate2``: what ``mt translate --engine
-    ct2`` computes. Its attention is CTranslate2's alignment attention (the last decoder layer,
-    the heads the export chose: the first one by default), not our mean over layers and heads;
-    its matrices leave out the source's EOS column (rows sum to a little under 1) and the EOS row."""
+    """A directory written by ``mt export --format ctranslate2``.
+
+    It computes what ``mt translate --engine ct2`` computes. Its attention is CTranslate2's
+    alignment attention (the last decoder layer, the heads the export chose: the first one by
+    default), not our mean over layers and heads; its matrices leave out the source's EOS column
+    (rows sum to a little under 1) and the EOS row."""
 
     def __init__(self, directory: Path | str, device: str = "cpu", threads: int = 0) -> None:
         from transformer_mt.inference.ct2 import load_ct2
@@ -343,8 +361,10 @@ class CT2Engine(Engine):
     def _translate_batch_by_batch(
         self, lines: list[str], decode: DecodeConfig, stop: StopCheck, prefix: list[int]
     ) -> list[LineResult]:
-        """``translate_lines_ct2`` one of its batches at a time (the same batches: longest first
-        within ``decode.batch_tokens``; a batch alone is cut as one), asking ``stop`` after each."""
+        """Run ``translate_lines_ct2`` one of its batches at a time.
+
+        The same batches (longest first within ``decode.batch_tokens``; a batch alone is cut as
+        one), asking ``stop`` after each."""
         from transformer_mt.inference.ct2 import translate_lines_ct2
 
         sources = encode_sources(self.src_tok, lines, self.model.max_len, 1, prefix)
@@ -369,8 +389,9 @@ class CT2Engine(Engine):
         stop: StopCheck | None = None,
         prefix: Sequence[int] = (),
     ) -> list[LineResult]:
-        """``translate_lines_ct2`` with ``return_attention``: the same grouping by length budget
-        (``stop`` asked after each group)."""
+        """Run ``translate_lines_ct2`` with ``return_attention``.
+
+        The same grouping by length budget (``stop`` asked after each group)."""
         model = self.model
         sources = encode_sources(model.src_tok, lines, model.max_len, 1, prefix)
         out = [empty_result(decode.nbest, True) for _ in lines]
@@ -416,7 +437,9 @@ class CT2Engine(Engine):
 def load_engine(
     kind: str, path: Path | str, device: str = "cpu", quantize: str | None = None
 ) -> Engine:
-    """``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory);
+    """Load the engine ``kind`` from ``path``.
+
+    ``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory);
     ``quantize`` ("int8", torch only): dynamic int8 linear layers."""
     check_engine(kind, path, quantize)
     if kind == "torch":
@@ -425,8 +448,10 @@ def load_engine(
 
 
 def check_engine(kind: str, path: Path | str, quantize: str | None = None) -> None:
-    """The checks of :func:`load_engine` that load nothing (the engine's name, a file or a
-    directory for it, quantization): an MTError naming the option at fault."""
+    """The checks of :func:`load_engine` that load nothing.
+
+    The engine's name, a file or a directory for it, quantization: an MTError naming the option at
+    fault."""
     if quantize is not None and kind != "torch":
         raise MTError(
             "--quantize is for --engine torch; CTranslate2 models are quantized by "

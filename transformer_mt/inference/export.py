@@ -18,12 +18,12 @@ weight, so nothing depends on another toolkit's checkpoint format. Facts the map
 - our sources end with EOS: ``add_source_eos`` makes CTranslate2 append it; the decoder starts
   from BOS (``<s>``), and special pieces are sentencepiece's ``<pad> <unk> <s> </s>`` (ids 0-3).
 
-The exported directory holds CTranslate2's ``model.bin``, ``config.json`` and vocabularies, plus
-our sentencepiece model(s) and ``transformer_mt.json`` (the run's decode settings, the source of
-the export, and ``files``: the list of the files the export wrote, which is all that a later
-export into the same directory replaces or removes). CTranslate2's length penalty is ``score / length ** alpha``, ours GNMT's
-``score / ((5 + length) / 6) ** alpha``: beam search ranks finished hypotheses slightly
-differently unless alpha is 0; greedy search is unaffected.
+The exported directory holds CTranslate2's ``model.bin``, ``config.json`` and vocabularies, plus our
+sentencepiece model(s) and ``transformer_mt.json`` (the run's decode settings, the source of the
+export, and ``files``: the list of the files the export wrote, which is all that a later export into
+the same directory replaces or removes). CTranslate2's length penalty is ``score / length **
+alpha``, ours GNMT's ``score / ((5 + length) / 6) ** alpha``: beam search ranks finished hypotheses
+slightly differently unless alpha is 0; greedy search is unaffected.
 """
 
 import dataclasses
@@ -40,6 +40,7 @@ from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
 from transformer_mt.inference.loading import LoadedModel, validation_report
 from transformer_mt.model import Transformer
+from transformer_mt.model.layers import DecoderLayer, EncoderLayer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_bfloat16", "bfloat16", "float16")
 SETTINGS_FILE = "transformer_mt.json"
@@ -118,8 +119,10 @@ def export_ctranslate2(
 
 
 def _write_ours(directory: Path, loaded: LoadedModel, quantization: str, source: str) -> list[str]:
-    """Beside CTranslate2's files in ``directory``: the sentencepiece models and the settings
-    file, whose ``files`` lists every file of the export (its manifest). Returns that list."""
+    """Write our files beside CTranslate2's in ``directory``.
+
+    The sentencepiece models and the settings file, whose ``files`` lists every file of the export
+    (its manifest). Returns that list."""
     for side, tok in (("src", loaded.src_tok), ("trg", loaded.trg_tok)):
         (directory / f"spm.{side}.model").write_bytes(tok.model_proto)
     files = sorted({p.name for p in directory.iterdir()} | {SETTINGS_FILE})
@@ -127,7 +130,7 @@ def _write_ours(directory: Path, loaded: LoadedModel, quantization: str, source:
         "decode": dataclasses.asdict(loaded.config.decode),
         "files": files,
         "joint_vocabulary": loaded.src_tok is loaded.trg_tok,
-        "max_len": loaded.model.positions.max_len,
+        "max_len": loaded.model.config.model.max_len,
         "model_args": loaded.model_args,
         "quantization": quantization,
         "source": source,
@@ -157,8 +160,9 @@ def _write_new(output: Path, write: Callable[[Path], list[str]]) -> None:
 
 
 def _write_over(output: Path, earlier: list[str], write: Callable[[Path], list[str]]) -> None:
-    """An existing directory (empty, or an earlier export listing ``earlier``): the new export
-    is written in a staging directory inside it, then moved in (:func:`_move_in`)."""
+    """Export into an existing directory (empty, or an earlier export listing ``earlier``).
+
+    The new export is written in a staging directory inside it, then moved in (:func:`_move_in`)."""
     for leftover in output.iterdir():  # an interrupted export's (check_export_output allowed them)
         if _LEFTOVER.fullmatch(leftover.name):
             if leftover.is_dir():
@@ -174,8 +178,9 @@ def _write_over(output: Path, earlier: list[str], write: Callable[[Path], list[s
 
 
 def _move_in(staging: Path, output: Path, earlier: list[str], files: list[str]) -> None:
-    """Move the export in ``staging`` (``files``) into ``output``, replacing the ``earlier``
-    export's files and removing those the new one lacks.
+    """Move the export in ``staging`` (``files``) into ``output``.
+
+    Replaces the ``earlier`` export's files and removes those the new one lacks.
 
     First the marker is rewritten to list the files of both, marked incomplete (an
     interruption from here on leaves a directory that ``mt translate --engine ct2`` refuses and
@@ -193,9 +198,10 @@ def _move_in(staging: Path, output: Path, earlier: list[str], files: list[str]) 
 
 
 def check_export_output(output: Path | str, inputs: Iterable[Path | str] = ()) -> list[str] | None:
-    """Whether ``--output`` can take an export, checked before any work: None when it is a new
-    directory, else the files of the earlier export there (``[]`` when it is empty); a one-line
-    MTError otherwise.
+    """Whether ``--output`` can take an export, checked before any work.
+
+    None when it is a new directory, else the files of the earlier export there (``[]`` when it is
+    empty); a one-line MTError otherwise.
 
     Refused: a symbolic link (the export would replace the link), a file, a directory in a
     missing parent, and a directory that holds anything its earlier export did not write -
@@ -259,9 +265,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def export_files(directory: Path) -> list[str]:
-    """The files the export in ``directory`` wrote, as its settings file lists them (an export
-    of an older version, which listed none: the names an export writes); a one-line MTError
-    when the settings file is unreadable or its list damaged."""
+    """The files the export in ``directory`` wrote, as its settings file lists them.
+
+    For an export of an older version, which listed none: the names an export writes. A one-line
+    MTError when the settings file is unreadable or its list damaged."""
     settings = read_settings(directory)
     files = settings.get("files", LEGACY_FILES)
     if not isinstance(files, list) or not all(map(_plain_name, files)):
@@ -302,27 +309,33 @@ def _pieces(tok, size: int) -> list[str]:
 
 
 def transformer_spec(model: Transformer, specs):
-    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights (float32 numpy)."""
-    pre_norm = _is_pre_norm(model)
+    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights (float32 numpy).
+
+    Shaped by the model's config.
+    """
+    config = model.config
+    pre_norm = config.model.pre_norm
     spec = specs.TransformerSpec.from_config(
-        (len(model.encoder), len(model.decoder)),
-        model.encoder[0].self_attn.n_head,
+        (config.model.n_layers, config.n_dec_layers),
+        config.model.n_head,
         pre_norm=pre_norm,
-        activation=_ACTIVATIONS[model.activation](specs.common_spec.Activation),
+        activation=_ACTIVATIONS[config.model.activation](specs.common_spec.Activation),
     )
     positions = _numpy(model.positions.table)  # (max_len, D): row t is position t
     spec.encoder.embeddings[0].weight = _numpy(model.src_emb.weight)
-    spec.encoder.scale_embeddings = model.emb_scale != 1.0
+    spec.encoder.scale_embeddings = config.model.scale_embeddings
     spec.encoder.position_encodings.encodings = positions
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
+        assert isinstance(layer, EncoderLayer)  # the only layers a Transformer's encoder has
         _attention(layer_spec.self_attention, [layer.self_attn.qkv_proj, layer.self_attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.self_attn_residual.norm)
         _ffn(layer_spec.ffn, layer.ffn, layer.ffn_residual.norm)
     spec.decoder.embeddings.weight = _numpy(model.trg_emb.weight)
-    spec.decoder.scale_embeddings = model.emb_scale != 1.0
+    spec.decoder.scale_embeddings = config.model.scale_embeddings
     spec.decoder.position_encodings.encodings = positions
     _linear(spec.decoder.projection, model.out)  # with its bias where it has one (imported)
     for layer_spec, layer in zip(spec.decoder.layer, model.decoder, strict=True):
+        assert isinstance(layer, DecoderLayer)  # the only layers a Transformer's decoder has
         _attention(layer_spec.self_attention, [layer.self_attn.qkv_proj, layer.self_attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.self_attn_residual.norm)
         cross = layer.cross_attn
@@ -335,7 +348,7 @@ def transformer_spec(model: Transformer, specs):
     return spec
 
 
-# Our feed-forward activations (Transformer.activation) as CTranslate2's; torch's gelu is the
+# Our feed-forward activations (ModelConfig.activation) as CTranslate2's; torch's gelu is the
 # exact (erf) one, CTranslate2's GELU.
 _ACTIVATIONS = {
     "relu": lambda kinds: kinds.RELU,
@@ -344,13 +357,11 @@ _ACTIVATIONS = {
 }
 
 
-def _is_pre_norm(model: Transformer) -> bool:
-    return model.encoder[0].self_attn_residual.pre_norm
-
-
 def _numpy(tensor):
-    """A float32 copy: CTranslate2 quantizes its arrays in place, and a view would share the
-    model's own parameters (the exported model would then corrupt the one it came from)."""
+    """A float32 copy of ``tensor`` as a numpy array.
+
+    CTranslate2 quantizes its arrays in place, and a view would share the model's own parameters
+    (the exported model would then corrupt the one it came from)."""
     return tensor.detach().float().cpu().numpy().copy()
 
 

@@ -25,7 +25,9 @@ NAME = re.compile(r"[0-9a-f]{32}\.[a-z]{3,4}")
 
 @dataclass(frozen=True)
 class Stored:
-    """A file kept for download: where it is, the name a client saves it as, its size, when
+    """A file kept for download.
+
+    A file kept for download: where it is, the name a client saves it as, its size, when
     it expires (``time.monotonic()``)."""
 
     path: Path
@@ -60,7 +62,9 @@ class FileStore:
         return name
 
     def get(self, name: str) -> Stored | None:
-        """The file kept under ``name``; None for a name this store did not make, or that has
+        """The file kept under ``name``, or None.
+
+        The file kept under ``name``; None for a name this store did not make, or that has
         expired or been evicted."""
         if not NAME.fullmatch(name):
             return None

@@ -15,6 +15,7 @@ import asyncio
 import json
 import re
 import urllib.parse
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from python_multipart.multipart import parse_options_header
@@ -34,14 +35,18 @@ _FORM_INT = re.compile(r"-?[0-9]{1,9}")
 
 
 class Strict(BaseModel):
-    """A request body: no coercion ("4" is not a beam size), no NaN or infinity, no unknown
+    """A request body, read strictly.
+
+    A request body: no coercion ("4" is not a beam size), no NaN or infinity, no unknown
     fields."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 async def receive_body(request: Request, limits: Limits, max_bytes: int | None = None) -> bytes:
-    """The whole request body, at most ``max_bytes`` (default ``limits.max_body_bytes``: a
+    """The whole request body, within the size and time limits.
+
+    The whole request body, at most ``max_bytes`` (default ``limits.max_body_bytes``: a
     413), received within ``limits.body_timeout_s`` (a 408)."""
     limit = max_bytes or limits.max_body_bytes
     declared = request.headers.get("content-length")
@@ -71,7 +76,10 @@ def content_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-async def read_json(request: Request, model: type[BaseModel], limits: Limits) -> BaseModel:
+Fields = TypeVar("Fields", bound=BaseModel)  # a route's request model
+
+
+async def read_json(request: Request, model: type[Fields], limits: Limits) -> Fields:
     """A JSON body as ``model`` (a form body: 415)."""
     body = await receive_body(request, limits)
     if content_type(request) in (FORM, MULTIPART):
@@ -83,8 +91,10 @@ async def read_json(request: Request, model: type[BaseModel], limits: Limits) ->
     return _validate(model, body, json_prefix="")
 
 
-async def read_fields(request: Request, model: type[BaseModel], limits: Limits) -> BaseModel:
-    """LibreTranslate's fields as ``model``: from a JSON object, or from a form body and the
+async def read_fields(request: Request, model: type[Fields], limits: Limits) -> Fields:
+    """LibreTranslate's fields as ``model``, from JSON, a form or the query.
+
+    LibreTranslate's fields as ``model``: from a JSON object, or from a form body and the
     query string together (a field given twice: 400); an empty body: the query string alone."""
     body = await receive_body(request, limits)
     kind = content_type(request)
@@ -102,7 +112,9 @@ async def read_fields(request: Request, model: type[BaseModel], limits: Limits) 
 async def form_items(
     request: Request, body: bytes, text_only: bool
 ) -> list[tuple[str, str | UploadFile]]:
-    """A multipart body's parts through Starlette's parser: text fields as strings, files as
+    """A multipart body's parts through Starlette's parser.
+
+    A multipart body's parts through Starlette's parser: text fields as strings, files as
     UploadFiles (with ``text_only``, a file part is refused and the body must be UTF-8)."""
     header = request.headers.get("content-type", "")
     boundary = parse_options_header(header)[1].get(b"boundary")
@@ -154,7 +166,9 @@ def _query_pairs(request: Request) -> list[tuple[str, str]]:
 
 
 def _urlencoded_pairs(body: bytes, what: str = "the form body") -> list[tuple[str, str]]:
-    """An urlencoded text's (name, value) pairs: the text and its %-escapes strict UTF-8 (raw
+    """An urlencoded text's (name, value) pairs, strict UTF-8.
+
+    An urlencoded text's (name, value) pairs: the text and its %-escapes strict UTF-8 (raw
     bytes as ``curl -d`` sends them, or escaped)."""
     if not body:
         return []
@@ -188,8 +202,10 @@ def form_fields(pairs: list[tuple[str, str]], model: type[BaseModel]) -> dict:
     return fields
 
 
-def _validate(model: type[BaseModel], data: bytes | dict, json_prefix: str) -> BaseModel:
-    """``data`` (JSON bytes or form fields) as ``model``, or a 400 naming the first error;
+def _validate(model: type[Fields], data: bytes | dict, json_prefix: str) -> Fields:
+    """``data`` as ``model``, or a 400 naming the first error.
+
+    ``data`` (JSON bytes or form fields) as ``model``, or a 400 naming the first error;
     a body that is not a JSON object gets ``json_prefix`` first (LibreTranslate's wording)."""
     try:
         if isinstance(data, bytes):

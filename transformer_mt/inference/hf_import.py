@@ -46,7 +46,7 @@ from transformer_mt.config import Config, DecodeConfig, ModelConfig, validate_de
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, Tokenizer
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import check_output
-from transformer_mt.model import Transformer, model_args
+from transformer_mt.model import Transformer, TransformerConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,10 @@ _LANG_RE = re.compile(r"[A-Za-z0-9]+(?:[_-][A-Za-z0-9]+)*")
 
 
 def import_marian(source: str, output: Path) -> dict[str, Any]:
-    """Convert the Marian model ``source`` (a directory, or a hub name) into a checkpoint at
-    ``output``; returns what the command reports: the directory read, the language tags and
-    the decode defaults.
+    """Convert the Marian model ``source`` (a directory, or a hub name) into a checkpoint.
+
+    The checkpoint is written at ``output``. Returns what the command reports: the directory read,
+    the language tags and the decode defaults.
 
     Raises:
         MTError: a model that is not Marian, uses what our model cannot compute, or has a
@@ -93,15 +94,17 @@ def import_marian(source: str, output: Path) -> dict[str, Any]:
     src_emb, trg_emb = embeddings(weights)
     shared = src_spm == trg_spm and src_emb.shape == trg_emb.shape and torch.equal(src_emb, trg_emb)
     model_cfg = ModelConfig(**shape, share_embeddings=shared)
-    args = model_args(model_cfg, len(src_rows), len(trg_rows), pad_idx=PAD_ID, bos_idx=BOS_ID)
+    built = TransformerConfig.build(
+        model_cfg, len(src_rows), len(trg_rows), pad_idx=PAD_ID, bos_idx=BOS_ID
+    )
     never = [BOS_ID, *range(len(trg_vocab) + 1, len(trg_rows))]  # BOS, then the unknown pieces
-    model = _built(args, map_weights(weights, args, (src_rows, trg_rows), never), directory)
+    model = _built(built, map_weights(weights, built, (src_rows, trg_rows), never), directory)
     tags = language_tags(src_vocab)
     cfg = _run_config(model_cfg, tok_cfg, tags, config, directory, shared)
     cfg.name = _run_name(source)
     ckpt = {
         "model": model.state_dict(),
-        "model_args": args,
+        "model_args": built.to_args(),
         "config": cfg.to_dict(),
         "src_spm": src_spm,
         "trg_spm": trg_spm,
@@ -115,10 +118,14 @@ def import_marian(source: str, output: Path) -> dict[str, Any]:
     return {"directory": str(directory), "lang_tags": sorted(tags), "decode": asdict(cfg.decode)}
 
 
-def _built(args: dict[str, Any], state: dict[str, torch.Tensor], directory: Path) -> Transformer:
-    """Our Transformer with the mapped weights: every name and shape checked before anything is
-    written (a one-line MTError when the weights do not fit the config)."""
-    model = Transformer(**args)
+def _built(
+    shape: TransformerConfig, state: dict[str, torch.Tensor], directory: Path
+) -> Transformer:
+    """Our Transformer with the mapped weights.
+
+    Every name and shape is checked before anything is written (a one-line MTError when the weights
+    do not fit the config)."""
+    model = Transformer(shape)
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
@@ -128,7 +135,9 @@ def _built(args: dict[str, Any], state: dict[str, torch.Tensor], directory: Path
 
 
 def resolve_source(source: str) -> Path:
-    """A local directory as it is; any other name is fetched from the Hugging Face hub (the
+    """The directory of the model ``source``.
+
+    A local directory as it is; any other name is fetched from the Hugging Face hub (the
     files of :data:`HUB_FILES` only) into its cache, and that snapshot's directory returned."""
     path = Path(source).expanduser()
     if path.is_dir():
@@ -209,8 +218,10 @@ def _setting(config: Mapping[str, Any], key: str) -> Any:
 
 
 def check_marian(config: Mapping[str, Any], where: Path) -> None:
-    """A one-line MTError naming the field when ``config`` is not a Marian model's, or asks for
-    what our model cannot compute."""
+    """Refuse a ``config`` that is not a Marian model's, or asks what our model cannot compute.
+
+    A one-line MTError naming the field.
+    """
     if config.get("model_type") != "marian":
         raise MTError(
             f"{where}: field model_type is {config.get('model_type')!r}, not 'marian': "
@@ -250,9 +261,10 @@ def check_marian(config: Mapping[str, Any], where: Path) -> None:
 
 
 def marian_shape(config: Mapping[str, Any], where: Path) -> dict[str, Any]:
-    """The ModelConfig keys of a Marian ``config.json`` (checked by :func:`check_marian`):
-    post-norm, the sinusoid table in halves, a bias on the output projection, and the config's
-    sizes, dropout, activation, embedding scale and tying."""
+    """The ModelConfig keys of a Marian ``config.json`` (checked by :func:`check_marian`).
+
+    That is post-norm, the sinusoid table in halves, a bias on the output projection, and the
+    config's sizes, dropout, activation, embedding scale and tying."""
     check_marian(config, where)
     return dict(
         d_model=_setting(config, "d_model"),
@@ -312,9 +324,11 @@ def _check_specials(
 
 
 def our_order(vocab: list[str], unknown: int = 0) -> list[int]:
-    """Marian's id of each of our ids: pad, unk, bos (Marian's decoder start: its pad), eos,
-    every other piece in the vocabulary's order, then ``unknown`` pieces (sentencepiece pieces
-    the vocabulary lacks) as Marian reads them: <unk>."""
+    """Marian's id of each of our ids.
+
+    Pad, unk, bos (Marian's decoder start: its pad), eos, every other piece in the vocabulary's
+    order, then ``unknown`` pieces (sentencepiece pieces the vocabulary lacks) as Marian reads them:
+    <unk>."""
     specials = {vocab.index(p) for p in ("<pad>", "<unk>", "</s>")}
     pad, unk, eos = vocab.index("<pad>"), vocab.index("<unk>"), vocab.index("</s>")
     rest = [i for i in range(len(vocab)) if i not in specials]
@@ -324,8 +338,9 @@ def our_order(vocab: list[str], unknown: int = 0) -> list[int]:
 def convert_vocabulary(
     spm_path: Path, vocab: list[str], vocab_name: str
 ) -> tuple[bytes, list[int]]:
-    """The sentencepiece model ``spm_path`` with its pieces in our id order, as bytes our
-    :class:`Tokenizer` loads, and Marian's id of each of our ids (:func:`our_order`).
+    """The sentencepiece model ``spm_path`` with its pieces in our id order.
+
+    As bytes our :class:`Tokenizer` loads, and Marian's id of each of our ids (:func:`our_order`).
 
     A piece the sentencepiece model can cut and ``vocab`` lacks, which Marian reads as <unk>,
     keeps its own id after the vocabulary's (the model gives it <unk>'s embedding, and as an
@@ -371,9 +386,11 @@ def convert_vocabulary(
 def _read_spm(spm_path: Path) -> tuple[Any, Any]:
     """The ModelProto of a sentencepiece file, and sentencepiece's protobuf module."""
     try:
-        from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+        from sentencepiece import sentencepiece_model_pb2
     except ImportError:  # the model module needs protobuf
         raise MTError("importing needs protobuf: pip install 'transformer-mt[hf]'") from None
+    # protobuf's generated module makes its message classes when imported: none is declared.
+    spm_pb2: Any = sentencepiece_model_pb2
     if not spm_path.is_file():
         raise MTError(
             f"{spm_path} not found; a Marian model directory has source.spm and target.spm"
@@ -387,8 +404,9 @@ def _read_spm(spm_path: Path) -> tuple[Any, Any]:
 
 
 def _with_our_specials(proto: Any, spm_path: Path) -> bytes:
-    """``proto`` (its pieces in our order) with our special ids, serialized; checked by
-    loading it as our :class:`Tokenizer` does."""
+    """Serialize ``proto`` (its pieces in our order) with our special ids.
+
+    Checked by loading it as our :class:`Tokenizer` does."""
     spec = proto.trainer_spec
     spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
     spec.pad_piece, spec.unk_piece, spec.bos_piece, spec.eos_piece = "<pad>", "<unk>", "<s>", "</s>"
@@ -434,8 +452,10 @@ def _tensor(weights: Mapping[str, torch.Tensor], *names: str) -> torch.Tensor:
 
 
 def embeddings(weights: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (source, target) embedding matrices the model computes with: each side's own, or
-    the shared one where the file holds only that (tied tensors are saved once)."""
+    """The (source, target) embedding matrices the model computes with.
+
+    Each side's own, or the shared one where the file holds only that (tied tensors are saved
+    once)."""
     shared = "model.shared.weight"
     src = _tensor(weights, "model.encoder.embed_tokens.weight", shared)
     trg = _tensor(weights, "model.decoder.embed_tokens.weight", shared)
@@ -444,26 +464,27 @@ def embeddings(weights: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch
 
 def map_weights(
     weights: Mapping[str, torch.Tensor],
-    args: Mapping[str, Any],
+    shape: TransformerConfig,
     rows: tuple[list[int], list[int]],
     never: list[int],
 ) -> dict[str, torch.Tensor]:
-    """Marian's tensors under our Transformer's names; ``rows``: Marian's id of each of our
-    (source, target) ids; ``never``: our target ids that are never output (their logit is
-    that of their Marian row minus :data:`BOS_LOGIT_GAP`)."""
+    """Marian's tensors under the names of our Transformer of ``shape``.
+
+    ``rows``: Marian's id of each of our (source, target) ids; ``never``: our target ids that are
+    never output (their logit is that of their Marian row minus :data:`BOS_LOGIT_GAP`)."""
     src_rows, trg_rows = (torch.tensor(side) for side in rows)
     src_emb, trg_emb = embeddings(weights)
     state = {"src_emb.weight": src_emb[src_rows], "trg_emb.weight": trg_emb[trg_rows]}
-    head = trg_emb if args["tie_embeddings"] else _tensor(weights, "lm_head.weight")
+    head = trg_emb if shape.model.tie_embeddings else _tensor(weights, "lm_head.weight")
     state["out.weight"] = head[trg_rows]
     bias = weights.get("final_logits_bias", torch.zeros(1, head.size(0))).float().view(-1)
     state["out.bias"] = bias[trg_rows].clone()
     # Our BOS row is the decoder start (Marian's pad) as an input, an unknown piece's row is
     # <unk>'s; as outputs, neither is ever chosen.
     state["out.bias"][never] -= BOS_LOGIT_GAP
-    for i in range(args["n_layers"]):
+    for i in range(shape.model.n_layers):
         state.update(_encoder_layer(weights, i))
-    for i in range(args["n_dec_layers"]):
+    for i in range(shape.n_dec_layers):
         state.update(_decoder_layer(weights, i))
     return state
 
@@ -533,8 +554,10 @@ def language_tags(vocab: list[str]) -> dict[str, str]:
 
 
 def decode_defaults(directory: Path, config: Mapping[str, Any]) -> DecodeConfig:
-    """Our decode defaults from the model's generation settings (``generation_config.json``,
-    else ``config.json``): beam, length penalty alpha and the longest output."""
+    """Our decode defaults from the model's generation settings.
+
+    Read from ``generation_config.json``, else ``config.json``: beam, length penalty alpha and the
+    longest output."""
     generation = _read_json(directory / "generation_config.json", required=False) or config
     decode = DecodeConfig()
     beams = generation.get("num_beams")
@@ -553,8 +576,10 @@ def decode_defaults(directory: Path, config: Mapping[str, Any]) -> DecodeConfig:
 
 
 def _run_name(source: str) -> str:
-    """The config's run name: the model's name (``opus-mt-en-de`` of a hub name or a directory),
-    or ``imported`` when that is no plain name."""
+    """The config's run name.
+
+    The model's name (``opus-mt-en-de`` of a hub name or a directory), or ``imported`` when that is
+    no plain name."""
     name = Path(source.rstrip("/\\")).name
     return name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name) else "imported"
 

@@ -1,4 +1,6 @@
-"""HTML for translation: the text of a fragment (or a whole page, an epub's XHTML chapter) as
+"""HTML for translation: its text as sentences, its markup put back around the translations.
+
+HTML for translation: the text of a fragment (or a whole page, an epub's XHTML chapter) as
 sentences to translate, and the markup put back around their translations.
 
 Read with the standard library's :class:`html.parser.HTMLParser` (never regular expressions
@@ -47,7 +49,9 @@ RAW_TEXT = frozenset({"script", "style"})  # the parser hands their text over un
 
 
 def escape(text: str, xml: bool = False) -> str:
-    """Text as HTML: ``&``, ``<``, ``>`` and the no-break space as entities (``&#160;`` for
+    """Escape text as HTML.
+
+    Text as HTML: ``&``, ``<``, ``>`` and the no-break space as entities (``&#160;`` for
     XHTML, which knows no ``&nbsp;``)."""
     return html.escape(text, quote=False).replace("\xa0", "&#160;" if xml else "&nbsp;")
 
@@ -121,7 +125,9 @@ class Segment:
 
 
 def _glue(text: str, at: int) -> int:
-    """How markup at offset ``at`` of ``text`` sits: -1 against the word before it, 1 against
+    """How markup at offset ``at`` of ``text`` sits against the words.
+
+    How markup at offset ``at`` of ``text`` sits: -1 against the word before it, 1 against
     the word after it, 0 between spaces (or at an end)."""
     if at > 0 and not text[at - 1].isspace():
         return -1
@@ -164,7 +170,9 @@ class _Layout:
     def fit(
         self, element: _Element, span: tuple[int, int], bounds: tuple[int, int]
     ) -> tuple[int, int]:
-        """Place ``element`` on target words ``span``, inside ``bounds`` (its parent's words)
+        """Place ``element`` on target words ``span``; return its range.
+
+        Place ``element`` on target words ``span``, inside ``bounds`` (its parent's words)
         and clear of its siblings placed before it; its range (empty: kept as a point)."""
         t0 = min(max(span[0], bounds[0]), bounds[1])
         t1 = min(max(span[1], t0), bounds[1])
@@ -182,12 +190,16 @@ class _Layout:
         return (t0, t1)
 
     def add_point(self, raw: str, at: int, glue: int) -> None:
-        """Put ``raw`` at boundary ``at``, against the word before it (``glue`` -1), after it
+        """Put ``raw`` at boundary ``at``.
+
+        Put ``raw`` at boundary ``at``, against the word before it (``glue`` -1), after it
         (1), or apart (0)."""
         self.points[at].append((glue, raw))
 
     def render(self, words: list[str]) -> str:
-        """The words with the tags between them: at each boundary, the elements that end, a
+        """The words with the tags between them.
+
+        The words with the tags between them: at each boundary, the elements that end, a
         space, the points, then the elements that start."""
         out = []
         for t in range(self.n + 1):
@@ -225,7 +237,9 @@ class HtmlPage:
         return [part for part in self.parts if isinstance(part, Segment)]
 
     def render(self, results: list[LineResult]) -> str:
-        """The HTML with each segment's text replaced by its translation (``results`` in the
+        """The HTML with each segment's text replaced by its translation.
+
+        The HTML with each segment's text replaced by its translation (``results`` in the
         order of :attr:`segments`)."""
         translations = iter(results)
         return "".join(
@@ -235,7 +249,9 @@ class HtmlPage:
 
 
 class _Events(HTMLParser):
-    """The parser's events as ``(kind, tag, text, attributes)``: "start", "void" and "end" tags
+    """The HTML parser's events as ``(kind, tag, text, attributes)``.
+
+    The parser's events as ``(kind, tag, text, attributes)``: "start", "void" and "end" tags
     as written, "text" unescaped, "markup" (comments, declarations, the text of a script or a
     style) as written."""
 
@@ -374,7 +390,9 @@ class _Builder:
         self.stack.append(element)
 
     def _close(self, tag: str, raw: str) -> None:
-        """End the innermost open element ``tag`` (and, misnested, those opened inside it: they
+        """End the innermost open element ``tag``.
+
+        End the innermost open element ``tag`` (and, misnested, those opened inside it: they
         stay unclosed); an end tag with no open element is kept as a point."""
         opened = [i for i, element in enumerate(self.stack) if element.tag == tag]
         if not opened:
@@ -391,7 +409,9 @@ class _Builder:
         self.parts.append(raw)
 
     def _flush(self) -> None:
-        """End the segment being read: a :class:`Segment` when it has text to translate, else
+        """End the segment being read.
+
+        End the segment being read: a :class:`Segment` when it has text to translate, else
         its HTML as written."""
         text, raw = "".join(self.text), "".join(self.raw)
         if has_text(text):
@@ -401,7 +421,9 @@ class _Builder:
         self._reset()
 
     def _segment(self, text: str, raw: str) -> Segment:
-        """The segment: an element with no words is kept whole as a point (its contents with
+        """The segment being read, its markup placed by words or kept as points.
+
+        The segment: an element with no words is kept whole as a point (its contents with
         it), one left open keeps its start tag as a point; the others are placed by words."""
         kept: list[_Element] = []
         placed: set[int] = set()  # ids of the elements in kept

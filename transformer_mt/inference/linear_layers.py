@@ -1,4 +1,6 @@
-"""The linear layers a loaded model runs on: int8 (``--quantize int8``: :class:`Int8Linear`)
+"""The linear layers a loaded model runs on: int8, or packed fp32 on a CPU.
+
+The linear layers a loaded model runs on: int8 (``--quantize int8``: :class:`Int8Linear`)
 or, fp32 on a CPU, :class:`PackedLinear` (oneDNN products on weights packed once).
 
 :func:`quantize` and :func:`pack_linear_layers` swap them in for a model's ``nn.Linear``
@@ -10,7 +12,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -26,7 +28,9 @@ QUANTIZATIONS = ("int8",)
 
 
 def quantize(model: Transformer, scheme: str) -> Transformer:
-    """A copy of the model with its linear layers in int8 (``int8``: :class:`Int8Linear`, CPU
+    """A copy of the model with its linear layers in int8.
+
+    A copy of the model with its linear layers in int8 (``int8``: :class:`Int8Linear`, CPU
     only); the given model stays as it is.
 
     Embeddings stay in fp32; the output projection, tied to the target embedding in training,
@@ -104,7 +108,9 @@ def _unpacked(packed: "PackedLinear") -> nn.Linear:
 
 
 class PackedLinear(nn.Linear):
-    """``nn.Linear`` that multiplies on a copy of its weight packed once for oneDNN, where it
+    """``nn.Linear`` that multiplies on a copy of its weight packed once for oneDNN.
+
+    ``nn.Linear`` that multiplies on a copy of its weight packed once for oneDNN, where it
     can: CPU fp32 inputs with autograd and autocast off (inference). Anything else, training
     included, takes ``nn.Linear``'s own path.
 
@@ -130,7 +136,9 @@ class PackedLinear(nn.Linear):
         self._packed: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles leave the packed weight out (an opaque oneDNN tensor neither
+        """The state to copy or pickle: the packed weight left out.
+
+        Copies and pickles leave the packed weight out (an opaque oneDNN tensor neither
         copies nor pickles); they pack their own on first use."""
         return {**super().__getstate__(), "_packed": None}
 
@@ -153,7 +161,9 @@ class PackedLinear(nn.Linear):
 
 
 def pack_linear_layers(model: nn.Module) -> nn.Module:
-    """Turn ``model``'s ``nn.Linear`` layers into :class:`PackedLinear` (in place; returns
+    """Turn ``model``'s ``nn.Linear`` layers into :class:`PackedLinear` where that helps.
+
+    Turn ``model``'s ``nn.Linear`` layers into :class:`PackedLinear` (in place; returns
     ``model``) when it is an fp32 model on a CPU whose torch has oneDNN, enabled; else leave it
     as it is."""
     first = next(model.parameters(), None)
@@ -164,9 +174,10 @@ def pack_linear_layers(model: nn.Module) -> nn.Module:
     return _replace_linears(model, nn.Linear, PackedLinear)
 
 
-def _replace_linears(
-    model: nn.Module, kind: type[nn.Linear], make: Callable[[Any], nn.Module]
-) -> nn.Module:
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def _replace_linears(model: _M, kind: type[nn.Linear], make: Callable[[Any], nn.Module]) -> _M:
     """Replace every child module of exactly type ``kind`` by ``make(child)``, in place."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -177,7 +188,9 @@ def _replace_linears(
 
 @functools.cache
 def _onednn_linear_works() -> bool:
-    """Whether this torch build runs oneDNN's packed linear product, and right (checked once per
+    """Whether this torch build runs oneDNN's packed linear product, and right.
+
+    Whether this torch build runs oneDNN's packed linear product, and right (checked once per
     process). Builds without it (torch built without oneDNN, some non-x86 CPUs) lack the ops or
     raise in them; their linear layers stay ``nn.Linear``, and the log says why."""
     if not torch.backends.mkldnn.is_available():

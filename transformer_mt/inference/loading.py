@@ -22,7 +22,7 @@ from transformer_mt.inference.linear_layers import (  # noqa: F401
     pack_linear_layers,
     quantize,
 )
-from transformer_mt.model import Transformer
+from transformer_mt.model import Transformer, TransformerConfig
 
 
 @dataclass
@@ -34,7 +34,7 @@ class LoadedModel:
     trg_tok: Tokenizer  # the same object as src_tok for a joint vocabulary
     config: Config  # the run's resolved config; ``config.decode`` holds its decoding defaults
     step: int  # optimizer steps the weights were trained for (0 when unknown)
-    model_args: dict[str, Any] = field(default_factory=dict)  # the Transformer's, JSON-ready
+    model_args: dict[str, Any] = field(default_factory=dict)  # its shape as stored (JSON-ready)
     validation: dict[str, Any] | None = None  # validation BLEU at its step (validation_bleu)
     lang_tags: dict[str, str] = field(default_factory=dict)  # target language -> its tag, for a
     # model with several target languages (or fine-tuned from one); empty: no tags
@@ -71,7 +71,7 @@ def load_for_inference(
     device = check_device(device)
     ckpt = load_checkpoint(path)
     try:
-        model = Transformer(**ckpt["model_args"])
+        model = Transformer(TransformerConfig.from_args(**ckpt["model_args"]))
         model.load_state_dict(ckpt["model"])  # older parameter names are upgraded by the model
         src_tok = Tokenizer(ckpt["src_spm"])
         trg_tok = src_tok if ckpt["trg_spm"] == ckpt["src_spm"] else Tokenizer(ckpt["trg_spm"])
@@ -86,9 +86,10 @@ def load_for_inference(
                 )
     except MTError as err:
         raise MTError(f"{path}: {err}") from err
-    # What a checkpoint that does not fit together raises: the constructor's TypeError (unknown
-    # or missing arguments) or ValueError (a shape it refuses), load_state_dict's RuntimeError
-    # (missing keys, other sizes), sentencepiece's RuntimeError. Anything else is a bug.
+    # What a checkpoint that does not fit together raises: TransformerConfig.from_args's
+    # TypeError (unknown or missing arguments), the model's ValueError (a shape it refuses),
+    # load_state_dict's RuntimeError (missing keys, other sizes), sentencepiece's RuntimeError.
+    # Anything else is a bug.
     except (TypeError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise MTError(
@@ -109,16 +110,17 @@ def load_for_inference(
         trg_tok=trg_tok,
         config=config,
         step=step,
-        model_args=_plain(ckpt["model_args"]),
+        model_args=model.config.to_args(),
         validation=validation_bleu(ckpt.get("train_state"), step),
         lang_tags=lang_tags,
     )
 
 
 def validation_bleu(train_state: Any, step: int) -> dict[str, Any] | None:
-    """The validation BLEU recorded when the checkpoint was saved (the history entry of its step,
-    else the latest one), as {"step", "bleu"}; None when the checkpoint holds no validation BLEU
-    (averaged or old checkpoints)."""
+    """The validation BLEU recorded when the checkpoint was saved.
+
+    The history entry of its step else the latest one), as {"step", "bleu"}; None when the
+    checkpoint holds no validation BLEU (averaged or old checkpoints)."""
     if not isinstance(train_state, dict):
         return None
     history = (train_state.get("state") or {}).get("history") or []
@@ -130,8 +132,9 @@ def validation_bleu(train_state: Any, step: int) -> dict[str, Any] | None:
 
 
 def validation_report(loaded: LoadedModel) -> dict[str, Any] | None:
-    """``loaded.validation`` with the signature of its BLEU, for what people read (GET
-    /v1/model, an export's settings); None without one."""
+    """``loaded.validation`` with the signature of its BLEU.
+
+    For what people read (GET /v1/model, an export's settings); None without one."""
     if loaded.validation is None:
         return None
     from transformer_mt.evaluation import bleu_signature  # sacrebleu: only when reported
@@ -140,17 +143,6 @@ def validation_report(loaded: LoadedModel) -> dict[str, Any] | None:
         **loaded.validation,
         "signature": bleu_signature(loaded.config.train.valid_bleu_tokenize),
     }
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready copy of model arguments (ints, floats, bools, strings, None)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    return str(value)
 
 
 def check_device(name: str | torch.device) -> torch.device:

@@ -1,4 +1,6 @@
-"""Office files for translation: .docx (python-docx), .odt (odfpy), .pptx (python-pptx) and
+"""Office files for translation: .docx, .odt, .pptx and .epub.
+
+Office files for translation: .docx (python-docx), .odt (odfpy), .pptx (python-pptx) and
 .epub (its XHTML chapters through :mod:`~transformer_mt.inference.html_doc`).
 
 Each paragraph is one segment (a table cell's, a header's, a slide's text box's, a speaker
@@ -35,7 +37,9 @@ EXTRA = "pip install 'transformer-mt[documents]'"
 
 
 def need(module: str, suffix: str) -> Any:
-    """Import ``module`` (a library of the ``documents`` extra), or an MTError saying how to
+    """Import ``module`` (a library of the ``documents`` extra).
+
+    Import ``module`` (a library of the ``documents`` extra), or an MTError saying how to
     install it."""
     import importlib
 
@@ -46,7 +50,9 @@ def need(module: str, suffix: str) -> Any:
 
 
 class Paragraph:
-    """A paragraph's runs: the texts of its text nodes in order, each with how to write it back
+    """A paragraph's runs.
+
+    A paragraph's runs: the texts of its text nodes in order, each with how to write it back
     (None: a tab or a line break, kept)."""
 
     def __init__(self) -> None:
@@ -94,7 +100,9 @@ class Paragraphs:
 
 
 def _xml_paragraphs(root: Any, para: str, text: str, breaks: set[str]) -> Iterator[Paragraph]:
-    """Every ``para`` element under ``root`` (nested ones on their own), its ``text``
+    """Every ``para`` element under ``root``, its text elements as runs.
+
+    Every ``para`` element under ``root`` (nested ones on their own), its ``text``
     elements as runs, ``breaks`` elements as kept separators."""
     for p in root.iter(para):
         paragraph = Paragraph()
@@ -177,7 +185,9 @@ ODF_SKIP = {"note", "annotation", "p", "h", "frame"}  # read on their own, or no
 
 
 def read_odt(data: bytes) -> Paragraphs:
-    """An .odt: its paragraphs and headings in document order (tables, lists, frames and notes
+    """Read an .odt: its paragraphs and headings in document order.
+
+    An .odt: its paragraphs and headings in document order (tables, lists, frames and notes
     included), and those of its page headers and footers."""
     opendocument = need("odf.opendocument", ".odt")
     document = opendocument.load(io.BytesIO(data))
@@ -197,7 +207,9 @@ def read_odt(data: bytes) -> Paragraphs:
 
 
 def _odf_paragraphs(node: Any) -> Iterator[Any]:
-    """The text:p and text:h elements under ``node``, in document order (nested ones after the
+    """The text:p and text:h elements under ``node``, in document order.
+
+    The text:p and text:h elements under ``node``, in document order (nested ones after the
     paragraph that holds them)."""
     for child in node.childNodes:
         if child.nodeType == child.ELEMENT_NODE:
@@ -207,7 +219,9 @@ def _odf_paragraphs(node: Any) -> Iterator[Any]:
 
 
 def _collect_odf(node: Any, into: Paragraph) -> None:
-    """Add the text nodes under ``node`` to ``into`` (spans and links entered; notes, frames and
+    """Add the text nodes under ``node`` to ``into``.
+
+    Add the text nodes under ``node`` to ``into`` (spans and links entered; notes, frames and
     comments left to be read on their own)."""
     for child in node.childNodes:
         if child.nodeType == child.TEXT_NODE:

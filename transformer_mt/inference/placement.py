@@ -32,7 +32,9 @@ class WordLinks:
     links: list[list[int]] | None  # per source word, its target words, sorted; None: proportional
 
     def span(self, s0: int, s1: int) -> tuple[int, int]:
-        """The target words ``[t0, t1)`` for the source words ``[s0, s1)`` (non-empty): from the
+        """The target words ``[t0, t1)`` for the source words ``[s0, s1)``.
+
+        The target words ``[t0, t1)`` for the source words ``[s0, s1)`` (non-empty): from the
         first to the last target word aligned to any of them; in proportion where none is."""
         if self.links is not None:
             aligned = [t for s in range(s0, s1) for t in self.links[s]]
@@ -42,7 +44,9 @@ class WordLinks:
         return t0, max(t0 + 1, min(self.n_trg, round(s1 * self.n_trg / max(self.n_src, 1))))
 
     def point(self, s: int) -> int:
-        """The target boundary for the boundary before source word ``s`` (0..n_src): after the
+        """The target boundary for the boundary before source word ``s``.
+
+        The target boundary for the boundary before source word ``s`` (0..n_src): after the
         target words aligned to the source word before it, else in proportion."""
         if s <= 0 or self.n_trg == 0:
             return 0
@@ -54,7 +58,9 @@ class WordLinks:
 
 
 def word_links(result: LineResult, n_src: int) -> WordLinks:
-    """The word links of a translated sentence of ``n_src`` whitespace words, from its attention
+    """The word links of a translated sentence, from its attention.
+
+    The word links of a translated sentence of ``n_src`` whitespace words, from its attention
     (``links`` None when it has none, or its pieces do not make those words)."""
     n_trg = len(result.text.split())
     attn = result.attention
@@ -79,7 +85,9 @@ def _words(pieces: list[str]) -> int:
 
 
 def words_of(texts: list[str]) -> tuple[list[str], list[int]]:
-    """The whitespace words of ``"".join(texts)`` and, for each, the index of the text holding
+    """The whitespace words of ``"".join(texts)`` and the text holding each.
+
+    The whitespace words of ``"".join(texts)`` and, for each, the index of the text holding
     its first character (a word may run on into the next texts)."""
     words: list[str] = []
     owners: list[int] = []
@@ -100,7 +108,9 @@ def words_of(texts: list[str]) -> tuple[list[str], list[int]]:
 
 
 def distribute(texts: list[str], fixed: list[bool], result: LineResult) -> list[str]:
-    """The translation ``result`` of ``"".join(texts)`` cut into new texts, one per text (a
+    """Cut the translation of ``"".join(texts)`` into new texts, one per text.
+
+    The translation ``result`` of ``"".join(texts)`` cut into new texts, one per text (a
     word processor's runs, in order): each run gets the target words aligned to its own words,
     runs keep their order (where the translation reorders them, a run may come out empty), and
     every target word lands in some run. ``fixed`` texts (a tab, a line break) are kept; a space
@@ -112,11 +122,11 @@ def distribute(texts: list[str], fixed: list[bool], result: LineResult) -> list[
     if not words:
         return list(texts)
     links = word_links(result, len(words))
-    first_word = {}
+    first_word: dict[int, int] = {}
     for s, k in enumerate(owners):
         first_word.setdefault(k, s)
     runs = sorted(first_word)  # the texts that hold a word's start, in order
-    starts = []
+    starts: list[int] = []
     for n, k in enumerate(runs):
         s0 = first_word[k]
         s1 = first_word[runs[n + 1]] if n + 1 < len(runs) else len(words)

@@ -1,4 +1,6 @@
-"""LibreTranslate's file translation: ``POST /translate_file`` (multipart: ``file``, ``source``,
+"""LibreTranslate's file translation: /translate_file and /download_file.
+
+LibreTranslate's file translation: ``POST /translate_file`` (multipart: ``file``, ``source``,
 ``target``, ``api_key``) -> ``{"translatedFileUrl": ".../download_file/NAME"}``, then ``GET
 /download_file/NAME`` -> the translated file, as an attachment named after the upload.
 
@@ -77,7 +79,9 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
 
 
 async def _read_upload(request: Request, state: ServerState) -> tuple[FileRequest, str, bytes]:
-    """The upload's fields, file name and bytes (the body within ``max_file_bytes``), with
+    """The upload's fields, file name and bytes.
+
+    The upload's fields, file name and bytes (the body within ``max_file_bytes``), with
     LibreTranslate's answers for what is missing."""
     limit = state.settings.files.max_file_bytes
     body = await receive_body(request, state.limits, max_bytes=limit)
@@ -104,7 +108,9 @@ async def _read_upload(request: Request, state: ServerState) -> tuple[FileReques
 
 
 def _download_name(filename: str) -> str:
-    """The name a client saves the translation as: the upload's base name, its characters
+    """The name a client saves the translation as.
+
+    The name a client saves the translation as: the upload's base name, its characters
     kept to letters, digits, ``.``, ``-`` and ``_`` (it only ever appears in a header)."""
     base = re.split(r"[\\/]", filename)[-1]
     safe = re.sub(r"[^\w.-]", "_", base, flags=re.ASCII).lstrip(".")
@@ -113,7 +119,9 @@ def _download_name(filename: str) -> str:
 
 @router.get("/download_file/{name}", name="download_file")
 async def download_file(name: str, state: ServerState = Depends(server_state)) -> Response:
-    """A translated file, by the name /translate_file gave (a server-made name: any other is
+    """A translated file, by the name /translate_file gave.
+
+    A translated file, by the name /translate_file gave (a server-made name: any other is
     refused before a path is built)."""
     if state.files is None:
         raise ApiError(400, DISABLED)

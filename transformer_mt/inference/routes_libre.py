@@ -1,4 +1,6 @@
-"""LibreTranslate's API, answered as LibreTranslate answers it: ``POST /translate``,
+"""LibreTranslate's API, answered as LibreTranslate answers it.
+
+LibreTranslate's API, answered as LibreTranslate answers it: ``POST /translate``,
 ``GET /languages``, ``POST /detect``, ``GET /frontend/settings``, ``POST /suggest``, ``GET
 /spec`` (files: :mod:`~transformer_mt.inference.routes_files`).
 
@@ -36,7 +38,9 @@ LIBRE_NAMES = {"beam_size": "beam (alternatives + 1 at least)", "nbest": "altern
 
 
 class LibreRequest(Strict):
-    """``POST /translate``'s fields (each optional here: a missing one gets LibreTranslate's
+    """``POST /translate``'s fields.
+
+    ``POST /translate``'s fields (each optional here: a missing one gets LibreTranslate's
     "Invalid request: missing ... parameter")."""
 
     q: str | list[str] | None = None  # one text, or several
@@ -69,7 +73,7 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
     if req.alternatives > 0:
         reply["alternatives"] = alternatives or [[] for _ in texts]
     if req.source == "auto":  # a source the model knows, as LibreTranslate reports one
-        source = next(src for src, trg in state.pairs() if trg == req.target)
+        source = next(src for src, trg in state.engine.pairs if trg == req.target)
         translatable = any(has_text(line) for text in texts for line in text.split("\n"))
         detected = {"language": source, "confidence": 100.0 if translatable else 0.0}
         reply["detectedLanguage"] = [detected] * len(texts)
@@ -79,11 +83,16 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
 
 
 def _checked(req: LibreRequest, state: ServerState) -> list[str]:
-    """The request's texts, after LibreTranslate's checks in its order: the fields present,
+    """The request's texts, after LibreTranslate's checks in its order.
+
+    The request's texts, after LibreTranslate's checks in its order: the fields present,
     alternatives within bounds, languages the model has, a format it knows."""
-    for name in ("q", "source", "target"):
-        if not getattr(req, name):  # absent, "" or [] (an empty batch)
-            raise ApiError(400, f"Invalid request: missing {name} parameter")
+    if not req.q:  # absent, "" or [] (an empty batch)
+        raise _missing("q")
+    if not req.source:
+        raise _missing("source")
+    if not req.target:
+        raise _missing("target")
     most = state.limits.max_beam - 1
     if req.alternatives > most:
         raise ApiError(
@@ -96,11 +105,19 @@ def _checked(req: LibreRequest, state: ServerState) -> list[str]:
     return [req.q] if isinstance(req.q, str) else req.q
 
 
+def _missing(name: str) -> ApiError:
+    """LibreTranslate's refusal of a request without the field ``name``."""
+    return ApiError(400, f"Invalid request: missing {name} parameter")
+
+
 async def _translate_texts(
     state: ServerState, request: Request, req: LibreRequest, texts: list[str], target
 ) -> tuple[list[str], list[list[str]]]:
-    """Plain texts, line by line: per text its translation and its alternatives. Lines with
-    nothing to translate are kept as they are and never decoded."""
+    """Plain texts, line by line: per text its translation and its alternatives.
+
+    Lines with nothing to translate are kept as they are (never decoded: :func:`decode_lines`),
+    and a text of such lines alone has no alternatives.
+    """
     split = [text.split("\n") for text in texts]
     lines = [line.removesuffix("\r") for text in split for line in text]
     check_lines(lines, state.limits, "q lines", state.engine)
@@ -111,29 +128,29 @@ async def _translate_texts(
     decode = request_decode(
         state.engine.decode, {"beam_size": beam, "nbest": nbest}, state.limits, LIBRE_NAMES
     )
-    todo = [i for i, line in enumerate(lines) if has_text(line)]
-    results = []
-    if todo:  # nothing to decode: no trip to the decode worker
-        results = await decode_lines(
-            state, request, [lines[i] for i in todo], decode, False, target
-        )
-    per_line = [[line] * nbest for line in lines]  # unchanged, unless decoded
-    for i, result in zip(todo, results, strict=True):
-        per_line[i] = [text for text, _ in result.nbest] + [""] * (nbest - len(result.nbest))
-    rows = iter(per_line)
+    results = await decode_lines(state, request, lines, decode, False, target)
+    kept = [not has_text(line) for line in lines]
+    per_line = [
+        [line] * nbest if keep else [t for t, _ in r.nbest] + [""] * (nbest - len(r.nbest))
+        for line, keep, r in zip(lines, kept, results, strict=True)
+    ]
+    rows, flags = iter(per_line), iter(kept)
     translated, alternatives = [], []
     for text in split:
         hyps = [next(rows) for _ in text]
+        untranslated = all([next(flags) for _ in text])
         joined = ["\n".join(h[k] for h in hyps) for k in range(nbest)]
         translated.append(joined[0])
-        alternatives.append(joined[1:] if any(has_text(line) for line in text) else [])
+        alternatives.append([] if untranslated else joined[1:])
     return translated, alternatives
 
 
 async def _translate_html(
     state: ServerState, request: Request, texts: list[str], target
 ) -> list[str]:
-    """HTML fragments: their text translated (with attention, which places inline markup),
+    """HTML fragments translated, their markup kept.
+
+    HTML fragments: their text translated (with attention, which places inline markup),
     their markup kept."""
     try:
         documents = [html_document(text) for text in texts]
@@ -153,12 +170,14 @@ async def _translate_html(
 
 @router.get("/languages")
 async def languages(state: ServerState = Depends(server_state)) -> list:
-    """LibreTranslate's: every language of the model's pairs, its English name (langcodes)
+    """LibreTranslate's list of the model's languages.
+
+    LibreTranslate's: every language of the model's pairs, its English name (langcodes)
     and, per source language, its targets."""
     targets: dict[str, list[str]] = {}
-    for src, trg in state.pairs():
+    for src, trg in state.engine.pairs:
         targets.setdefault(src, []).append(trg)
-    for _, trg in state.pairs():  # a client checks both ends against this list
+    for _, trg in state.engine.pairs:  # a client checks both ends against this list
         targets.setdefault(trg, [])
     return [
         {"code": code, "name": language_name(code), "targets": to} for code, to in targets.items()
@@ -166,7 +185,9 @@ async def languages(state: ServerState = Depends(server_state)) -> list:
 
 
 def language_name(code: str) -> str:
-    """A language code's English name ("de" -> "German"); the code itself where langcodes
+    """A language code's English name ("de" -> "German").
+
+    A language code's English name ("de" -> "German"); the code itself where langcodes
     knows none."""
     try:
         language = langcodes.Language.get(code)
@@ -180,7 +201,7 @@ async def detect(request: Request, state: ServerState = Depends(server_state)) -
     """LibreTranslate's language detection: the model knows one source language."""
     req = await read_fields(request, DetectRequest, state.limits)
     if not req.q:
-        raise ApiError(400, "Invalid request: missing q parameter")
+        raise _missing("q")
     state.check_access(request, req.api_key, [req.q])
     return [{"language": state.engine.src_lang, "confidence": 100.0}]
 
@@ -189,7 +210,7 @@ async def detect(request: Request, state: ServerState = Depends(server_state)) -
 async def frontend_settings(state: ServerState = Depends(server_state)) -> dict:
     """What LibreTranslate's page and clients read first: limits, keys, files, languages."""
     access, files = state.settings.access, state.files
-    source, target = state.pairs()[0]
+    source, target = state.engine.pairs[0]
     return {
         "charLimit": access.char_limit or -1,
         "frontendTimeout": state.settings.frontend_timeout_ms,

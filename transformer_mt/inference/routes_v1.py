@@ -1,4 +1,6 @@
-"""Our own API: ``POST /v1/translate`` (n-best, scores, attention), ``GET /v1/model``,
+"""Our own API: translation with n-best and attention, the model, health.
+
+Our own API: ``POST /v1/translate`` (n-best, scores, attention), ``GET /v1/model``,
 ``GET /health``, the translation page at ``/``, and what a load balancer and a monitoring
 system ask: ``GET /health/live``, ``GET /health/ready`` and ``GET /metrics`` (these three answer
 from the start, before the model is loaded).
@@ -70,7 +72,9 @@ async def translate(request: Request, state: ServerState = Depends(server_state)
 
 @router.get("/health")
 async def health(state: ServerState = Depends(server_state)) -> dict:
-    """Alive and loaded (a 503 while the model loads; a load balancer has /health/live and
+    """Alive and loaded, with the decode worker's counters.
+
+    Alive and loaded (a 503 while the model loads; a load balancer has /health/live and
     /health/ready), with this process's decode worker's counters: engine calls and the
     requests they carried (their ratio is the mean batch, in requests), the requests whose
     client left before their answer and the lines that were not decoded for that."""
@@ -86,7 +90,9 @@ async def health(state: ServerState = Depends(server_state)) -> dict:
 
 @router.get("/health/live")
 async def live(request: Request) -> JSONResponse:
-    """Liveness: 200 while this process answers and its decode worker (once the model is
+    """Liveness: whether this process answers and its decode worker runs.
+
+    Liveness: 200 while this process answers and its decode worker (once the model is
     loaded) runs; a 503 means it should be restarted."""
     state: ServerState | None = request.app.state.server
     if state is not None and not state.batcher.alive:
@@ -96,7 +102,9 @@ async def live(request: Request) -> JSONResponse:
 
 @router.get("/health/ready")
 async def ready(process: ProcessState = Depends(process_state)) -> JSONResponse:
-    """Readiness: 200 when every worker process has its model loaded; a 503 while one loads,
+    """Readiness: whether every worker has its model loaded and none drains.
+
+    Readiness: 200 when every worker process has its model loaded; a 503 while one loads,
     and from the moment the server is told to stop (draining). The same answer from each
     worker of `mt serve --workers N`."""
     readiness = process.readiness
@@ -159,9 +167,9 @@ def _decode_settings(engine: Engine, req: TranslateRequest, limits: Limits) -> D
 def _target(engine: Engine, target: str | None) -> str | None:
     """``target``: required where the model has several, checked against them."""
     try:
-        engine.source_prefix(target)
+        engine.source_prefix(target, name="target")
     except MTError as err:
-        raise ApiError(400, str(err).replace("--target-lang", "target")) from None
+        raise ApiError(400, str(err)) from None
     return target if engine.lang_tags else None
 
 
@@ -170,7 +178,9 @@ def _number(x: float) -> float | None:
 
 
 def translations_body(results: list[LineResult]) -> bytes:
-    """``{"translations": [...]}`` as JSON bytes (as starlette's JSONResponse encodes). Each
+    """``{"translations": [...]}`` as JSON bytes, encoded row by row.
+
+    ``{"translations": [...]}`` as JSON bytes (as starlette's JSONResponse encodes). Each
     ``json.dumps`` call holds the GIL throughout, so the attention weights are rounded and
     encoded row by row: run in a worker thread, it gives the event loop the GIL back every
     switch interval (5 ms), where a whole answer of 8 matrices of 400 x 400 holds it ~0.8 s."""

@@ -61,7 +61,9 @@ def score_pairs(
     progress: bool = False,
     src_prefix: Sequence[int] = (),
 ) -> list[PairScore | None]:
-    """Score each (source, target) pair by teacher forcing; one result per pair, in order, None
+    """Score each (source, target) pair by teacher forcing.
+
+    Score each (source, target) pair by teacher forcing; one result per pair, in order, None
     for a pair with an empty side.
 
     Args:
@@ -105,7 +107,9 @@ def score_pairs(
 def _score_batch(
     models: list[Transformer], sources: list[list[int]], targets: list[list[int]], device
 ) -> list[float]:
-    """Summed target log-probabilities of one batch: one teacher-forced pass per model,
+    """The summed target log-probabilities of one batch.
+
+    Summed target log-probabilities of one batch: one teacher-forced pass per model,
     log-softmax in fp32 over the non-pad positions only (padding never reaches the output
     projection), averaged over the models."""
     first = models[0]
@@ -130,7 +134,9 @@ def _token_log_probs(model, src, trg_in, trg_out, keep) -> torch.Tensor:
 
 
 def format_scores(scores: Iterable[PairScore | None], *, as_json: bool = False) -> Iterator[str]:
-    """Output lines, one per pair: ``logprob<TAB>tokens<TAB>avg`` (4 decimals), or with
+    """Output lines of scores, one per pair.
+
+    Output lines, one per pair: ``logprob<TAB>tokens<TAB>avg`` (4 decimals), or with
     ``as_json`` ``{"logprob": ..., "tokens": ..., "avg": ...}`` at full precision. An empty pair
     gives an empty line, or ``{"logprob": null, "tokens": 0, "avg": null}``."""
     for s in scores:

@@ -47,17 +47,19 @@ import signal
 import socket
 import threading
 import time
+import typing
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.errors import MTError
-from transformer_mt.inference.batcher import Batcher, BatchSettings
+from transformer_mt.inference.batcher import Batcher
 from transformer_mt.inference.engines import Engine, check_engine, load_engine
 from transformer_mt.inference.serve_settings import (
     SHUTDOWN_TIMEOUT_S,
     ApiError,
+    BatchSettings,
     Limits,
     ServeSettings,
 )
@@ -110,7 +112,9 @@ CORS_HEADERS = [
 
 @dataclass
 class RequestCounts:
-    """HTTP requests being handled, and those cancelled before their answer was sent (by
+    """HTTP requests in flight and those cut off at shutdown.
+
+    HTTP requests being handled, and those cancelled before their answer was sent (by
     uvicorn, when its graceful-shutdown timeout ran out with them still in flight)."""
 
     in_flight: int = 0
@@ -118,14 +122,18 @@ class RequestCounts:
 
     @property
     def unanswered(self) -> int:
-        """After uvicorn's shutdown: the requests it gave up on. It waits for every request
+        """The requests uvicorn gave up on at shutdown.
+
+        After uvicorn's shutdown: the requests it gave up on. It waits for every request
         until the timeout, then cancels the rest and goes on without waiting for them to
         unwind, so some may still count as in flight."""
         return self.in_flight + self.cancelled
 
 
 class _CountRequests:
-    """ASGI middleware keeping :class:`RequestCounts` and the HTTP metrics (requests by route
+    """ASGI middleware that counts requests and records their metrics.
+
+    ASGI middleware keeping :class:`RequestCounts` and the HTTP metrics (requests by route
     and status, latency, requests in flight)."""
 
     def __init__(self, app, counts: RequestCounts, metrics: ServerMetrics) -> None:
@@ -165,7 +173,9 @@ class _CountRequests:
 
 
 def _route(scope) -> str:
-    """The route template a request matched (``/download_file/{name}``, not the name: a
+    """The route template a request matched, or "unmatched".
+
+    The route template a request matched (``/download_file/{name}``, not the name: a
     metric's label takes few values), or "unmatched"."""
     return getattr(scope.get("route"), "path", None) or "unmatched"
 
@@ -174,7 +184,9 @@ _SHUTTING_DOWN = "the server shut down before answering; send the request again"
 
 
 async def _send_json_error(send, status: int, message: str) -> bool:
-    """Send a whole ``{"error": message}`` response through ASGI ``send``; False when the
+    """Send a ``{"error": message}`` answer; False when the client is gone.
+
+    Send a whole ``{"error": message}`` response through ASGI ``send``; False when the
     connection is gone."""
     body = json_bytes({"error": message})
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
@@ -187,7 +199,9 @@ async def _send_json_error(send, status: int, message: str) -> bool:
 
 
 class _Cors:
-    """ASGI middleware: LibreTranslate's CORS headers on every answer; a browser's preflight
+    """ASGI middleware: LibreTranslate's CORS headers and preflight answers.
+
+    ASGI middleware: LibreTranslate's CORS headers on every answer; a browser's preflight
     (OPTIONS with Access-Control-Request-Method) answered at once."""
 
     def __init__(self, app) -> None:
@@ -217,7 +231,9 @@ def create_app(
     batching: BatchSettings | None = None,
     settings: ServeSettings | None = None,
 ) -> FastAPI:
-    """The FastAPI app over ``engine``, by ``settings`` (``limits`` and ``batching``, where
+    """The FastAPI app over a loaded ``engine``.
+
+    The FastAPI app over ``engine``, by ``settings`` (``limits`` and ``batching``, where
     given, replace theirs); its decode worker runs while the app's lifespan does.
     ``app.state.requests`` (:class:`RequestCounts`) says what a shutdown left unanswered."""
     settings = settings or ServeSettings()
@@ -232,7 +248,9 @@ def create_app(
 def create_loading_app(
     load: Callable[[], Engine], settings: ServeSettings, process: ProcessState, where: str = ""
 ) -> FastAPI:
-    """The app over the engine that ``load()`` returns, called in a thread of its own once the
+    """The app over an engine still to load, loaded once the app starts.
+
+    The app over the engine that ``load()`` returns, called in a thread of its own once the
     app starts (its lifespan). Until it returns, /health/live, /health/ready (a 503) and
     /metrics answer, every other route a 503; then the model and ``where`` it is served are
     logged. If it raises, ``app.state.load_error`` keeps the error and ``app.state.stop()`` is
@@ -253,9 +271,9 @@ def _new_app(settings: ServeSettings, process: ProcessState) -> FastAPI:
     for router in (routes_libre.router, routes_files.router, routes_v1.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=routes_v1.STATIC_DIR, check_dir=False), "static")
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.exception_handler(ApiError)(_api_error)
+    app.exception_handler(HTTPException)(_http_error)
+    app.exception_handler(RequestValidationError)(_validation_error)
     app.add_middleware(_CountRequests, counts=app.state.requests, metrics=process.metrics)
     app.add_middleware(_Cors)
     return app
@@ -274,7 +292,9 @@ def _install(app: FastAPI, engine: Engine) -> None:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
-    """The decode worker and the downloads live while the app serves; a model still to load
+    """Run the decode worker and the downloads while the app serves.
+
+    The decode worker and the downloads live while the app serves; a model still to load
     loads meanwhile."""
     loading = None
     if app.state.load is None:
@@ -290,7 +310,9 @@ async def _lifespan(app: FastAPI):
 
 
 async def _load(app: FastAPI) -> None:
-    """Load the model off the event loop, then install and start it (or keep the error and
+    """Load the model off the event loop, then install and start it.
+
+    Load the model off the event loop, then install and start it (or keep the error and
     stop the server)."""
     try:
         engine = await _in_own_thread(app.state.load)
@@ -330,7 +352,9 @@ def _stop(app: FastAPI) -> None:
 
 
 async def _in_own_thread(work: Callable[[], Engine]) -> Engine:
-    """``work()`` (loading the model) in a thread that ends when it returns, awaited: neither
+    """Run ``work()`` in a thread of its own and await its result.
+
+    ``work()`` (loading the model) in a thread that ends when it returns, awaited: neither
     the event loop's thread nor a pooled one ever runs torch's parallel (OpenMP) work.
 
     Each thread that starts OpenMP work keeps a team of threads for as long as it lives. With two
@@ -377,7 +401,9 @@ async def _validation_error(_request: Request, err: RequestValidationError) -> J
 
 
 def serve(path: Path | str, settings: ServeSettings) -> None:
-    """Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first, for at
+    """Load the model and serve it until SIGINT/SIGTERM.
+
+    Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first, for at
     most ``settings.shutdown_timeout_s``), in ``settings.workers`` processes. The port is bound
     first: one in use is an MTError before the model loads; so are a missing keys file and a
     mistake in the options, and a model that fails to load ends the server with its error."""
@@ -403,7 +429,9 @@ _BACKLOG = 2048  # as uvicorn's
 def serve_process(
     path: Path | str, settings: ServeSettings, sockets: list[socket.socket], process: ProcessState
 ) -> None:
-    """Serve on the bound ``sockets`` at once, the model loading meanwhile; its load error is
+    """Serve on the bound ``sockets`` while the model loads.
+
+    Serve on the bound ``sockets`` at once, the model loading meanwhile; its load error is
     raised here once the server has stopped."""
     load = functools.partial(load_engine, settings.engine, path, settings.device, settings.quantize)
     port = sockets[0].getsockname()[1]  # the one the system chose for port 0
@@ -416,7 +444,9 @@ def serve_process(
 
 
 def bind_sockets(host: str, port: int) -> list[socket.socket]:
-    """Sockets bound to ``port`` on each address of ``host`` (as asyncio's ``create_server``
+    """Bind ``host``:``port`` on each of its addresses, for uvicorn.
+
+    Sockets bound to ``port`` on each address of ``host`` (as asyncio's ``create_server``
     binds them, for uvicorn to listen on); an MTError naming host and port when one is in use,
     or ``host`` is not an address of this machine."""
     try:
@@ -457,7 +487,9 @@ _KEY_IN_QUERY = re.compile(r"(api_key=)[^&\s]*")
 
 
 def redact_keys(record: logging.LogRecord) -> bool:
-    """A logging filter for uvicorn's access log: an ``api_key`` in a request's query string
+    """Hide API keys in uvicorn's access log.
+
+    A logging filter for uvicorn's access log: an ``api_key`` in a request's query string
     is written as ``***`` (keys are never logged)."""
     if isinstance(record.args, tuple):
         record.args = tuple(
@@ -467,7 +499,9 @@ def redact_keys(record: logging.LogRecord) -> bool:
 
 
 def _run_uvicorn(app: FastAPI, sockets: list[socket.socket], settings: ServeSettings) -> None:
-    """Serve ``app`` on the bound ``sockets`` until SIGINT/SIGTERM (or ``app.state.stop()``);
+    """Serve ``app`` on the bound ``sockets`` until it is told to stop.
+
+    Serve ``app`` on the bound ``sockets`` until SIGINT/SIGTERM (or ``app.state.stop()``);
     the stop is logged once."""
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
     # handler it found: a quiet one here, so that a requested stop ends with exit code 0.
@@ -489,7 +523,8 @@ def _run_uvicorn(app: FastAPI, sockets: list[socket.socket], settings: ServeSett
         app,
         access_log=settings.access_log,
         log_level="info",
-        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        # Annotated int, read as asyncio.wait_for's timeout: seconds as a float.
+        timeout_graceful_shutdown=typing.cast(int, settings.shutdown_timeout_s),
     )
     server = _Server(config, app.state.process.readiness, settings.drain_s)
     app.state.stop = server.stop
@@ -503,7 +538,9 @@ def _run_uvicorn(app: FastAPI, sockets: list[socket.socket], settings: ServeSett
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, whose stop on SIGINT/SIGTERM begins by marking the server draining
+    """uvicorn's server, draining first when told to stop.
+
+    uvicorn's server, whose stop on SIGINT/SIGTERM begins by marking the server draining
     (/health/ready: 503). With ``drain_s``, it keeps serving that long before uvicorn's own
     graceful shutdown (so that a load balancer's health checks see the 503 and send no more);
     another SIGTERM meanwhile changes nothing (a supervisor and a service manager may both send
@@ -516,7 +553,9 @@ class _Server(uvicorn.Server):
         self._drained = False  # the drain time is over (or was cut short)
 
     def handle_exit(self, sig: int, frame) -> None:
-        """Drain first (see the class docstring), then uvicorn's graceful shutdown. A signal
+        """Drain first, then uvicorn's graceful shutdown.
+
+        Drain first (see the class docstring), then uvicorn's graceful shutdown. A signal
         handler: another signal may interrupt it, so each state is set before anything else."""
         self.readiness.drain()
         if self._timer is None and self.drain_s > 0 and not self.should_exit:
@@ -548,7 +587,10 @@ def _log_stop(signal_name: str, counts: RequestCounts, shutdown_timeout_s: float
         logger.warning(
             "stopped (%s); %d request(s) still in flight were cut off (after the shutdown "
             "timeout of %g s, or a second signal): those whose answer had not begun got a JSON "
-            "503", signal_name, counts.unanswered, shutdown_timeout_s,
-        )  # fmt: skip
+            "503",
+            signal_name,
+            counts.unanswered,
+            shutdown_timeout_s,
+        )
     else:
         logger.info("stopped (%s); every request in flight was answered", signal_name)

@@ -1,4 +1,6 @@
-"""What the routes share: the server's parts (injected with ``Depends(server_state)``), what
+"""What the routes share: the server's parts, its readiness, the decode call.
+
+What the routes share: the server's parts (injected with ``Depends(server_state)``), what
 answers before the model is loaded (``Depends(process_state)``: readiness, metrics), and the
 one way a route has lines decoded."""
 
@@ -12,10 +14,11 @@ from typing import Any
 from starlette.requests import Request
 
 from transformer_mt.config import DecodeConfig, apply_overrides
+from transformer_mt.decoding.text import has_text
 from transformer_mt.errors import MTError
 from transformer_mt.inference.access import Access
 from transformer_mt.inference.batcher import Batcher, Busy, ClientGone, Closed
-from transformer_mt.inference.engines import Engine, LineResult
+from transformer_mt.inference.engines import Engine, LineResult, empty_result
 from transformer_mt.inference.file_store import FileStore
 from transformer_mt.inference.metrics import ServerMetrics
 from transformer_mt.inference.serve_settings import ApiError, Limits, ServeSettings
@@ -38,10 +41,6 @@ class ServerState:
         """The access checks (:class:`Access`) of a request from its key, Origin and address."""
         client = request.client.host if request.client else "unknown"
         self.access.check(api_key, request.headers.get("origin", ""), client, texts)
-
-    def pairs(self) -> list[tuple[str, str]]:
-        """The (source, target) language pairs the model translates."""
-        return self.engine.pairs or [(self.engine.src_lang, self.engine.trg_lang)]
 
 
 class Readiness:
@@ -86,7 +85,9 @@ class Readiness:
 
 @dataclass
 class ProcessState:
-    """What a server process has from its start, before its model is loaded: its index among
+    """What a server process has from its start, before its model loads.
+
+    What a server process has from its start, before its model is loaded: its index among
     the workers (0..N-1), the server's readiness, its metrics."""
 
     worker: int
@@ -98,7 +99,9 @@ LOADING = "the model is still loading; try again in a moment"
 
 
 async def server_state(request: Request) -> ServerState:
-    """The dependency a route takes its server's parts from (``app.state.server``); a 503 while
+    """The server's parts, a route's dependency; a 503 while the model loads.
+
+    The dependency a route takes its server's parts from (``app.state.server``); a 503 while
     the model loads. A coroutine, so that FastAPI resolves it on the event loop: a plain
     function would go through a worker thread first, and a client that sends its request and
     leaves at once would be gone before its body is read (then nothing tells the decode worker)."""
@@ -114,7 +117,9 @@ async def process_state(request: Request) -> ProcessState:
 
 
 def check_lines(lines: list[str], limits: Limits, field: str, engine: Engine) -> None:
-    """A 413 naming the first limit ``lines`` exceed: lines per request, characters per line,
+    """A 413 naming the first limit that ``lines`` exceed.
+
+    A 413 naming the first limit ``lines`` exceed: lines per request, characters per line,
     source pieces per line (the model's positions)."""
     if len(lines) > limits.max_lines:
         raise ApiError(
@@ -154,9 +159,12 @@ def request_decode(
         raise ApiError(400, str(err)) from None
 
 
-def check_languages(state: ServerState, source: str, target: str) -> None:
-    """A 400 with LibreTranslate's words where the model has no such source, target or pair."""
-    pairs = state.pairs()
+def check_languages(state: ServerState, source: str | None, target: str | None) -> None:
+    """A 400 with LibreTranslate's words where the model has no such source, target or pair.
+
+    None (a field not given) is none it has.
+    """
+    pairs = state.engine.pairs
     have = ", ".join(f"{src} -> {trg}" for src, trg in pairs)
     why = f"this model translates {have}; got source {source!r} and target {target!r}"
     if source != "auto" and source not in {src for src, _ in pairs}:
@@ -171,11 +179,34 @@ async def decode_lines(
     state: ServerState,
     request: Request,
     lines: list[str],
-    decode,
+    decode: DecodeConfig,
     attention: bool = False,
     target: str | None = None,
 ) -> list[LineResult]:
-    """The decode worker's results, or an ApiError; a client that leaves stops the work."""
+    """One result per line, in order, or an ApiError; a client that leaves stops the work.
+
+    Only the lines with something to translate go to the decode worker; the others (empty,
+    numbers, emoji, a link) come back as they are (:func:`empty_result`), and a request with
+    none of the first kind never waits for the worker.
+    """
+    results = [empty_result(decode.nbest, attention, line) for line in lines]
+    todo = [i for i, line in enumerate(lines) if has_text(line)]
+    if todo:
+        decoded = await _decode(state, request, [lines[i] for i in todo], decode, attention, target)
+        for i, result in zip(todo, decoded, strict=True):
+            results[i] = result
+    return results
+
+
+async def _decode(
+    state: ServerState,
+    request: Request,
+    lines: list[str],
+    decode: DecodeConfig,
+    attention: bool,
+    target: str | None,
+) -> list[LineResult]:
+    """The decode worker's results for ``lines``, its refusals and failures as ApiErrors."""
     try:
         gone = lambda: _left(request)  # noqa: E731 (a watcher started by the batcher)
         return await state.batcher.translate(lines, decode, attention, gone=gone, target=target)
@@ -193,7 +224,9 @@ async def decode_lines(
 
 
 async def _left(request: Request) -> None:
-    """Return once the client has closed its connection. The body has been read: what the
+    """Return once the client has closed its connection.
+
+    Return once the client has closed its connection. The body has been read: what the
     server says next is ``http.disconnect`` (uvicorn keeps reading the socket while this waits,
     so it sees the connection close; waiting costs nothing)."""
     while (await request.receive())["type"] != "http.disconnect":

@@ -1,4 +1,6 @@
-"""`mt serve --workers N`: N processes on the sockets the server bound, each with its own model,
+"""`mt serve --workers N`: N server processes on one port, and their supervisor.
+
+`mt serve --workers N`: N processes on the sockets the server bound, each with its own model,
 decode worker and event loop; a supervisor that starts them, replaces one that dies after its
 model loaded, and stops them together. Their Prometheus metrics meet in one directory
 (prometheus-client's multiprocess mode), so a scrape of any worker counts them all."""
@@ -23,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 
 def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.socket]) -> None:
-    """Run ``settings.workers`` worker processes on the bound ``sockets`` until SIGINT/SIGTERM;
+    """Run the worker processes on the bound ``sockets`` until SIGINT/SIGTERM.
+
+    Run ``settings.workers`` worker processes on the bound ``sockets`` until SIGINT/SIGTERM;
     their metrics go to one temporary directory, removed when they have stopped."""
     if settings.files.enabled:  # a download is kept by the process that translated the file
         logger.warning(
@@ -47,7 +51,9 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
 
 
 class _Workers:
-    """The worker processes of `mt serve --workers N`: started, restarted when one dies after
+    """The worker processes of `mt serve --workers N`.
+
+    The worker processes of `mt serve --workers N`: started, restarted when one dies after
     its model was loaded, stopped together (SIGTERM to each); a worker that fails before its
     model is loaded stops them all with its error."""
 
@@ -98,10 +104,13 @@ class _Workers:
         self.processes[worker] = process
 
     def ended(self, worker: int, process: multiprocessing.process.BaseProcess) -> None:
-        """A worker has exited: restart it if it had loaded its model and died, or stop the
+        """Restart a worker that died after loading, or stop them all.
+
+        A worker has exited: restart it if it had loaded its model and died, or stop the
         others if it failed before."""
         del self.processes[worker]
-        process_ended(process.pid)
+        if process.pid is not None:  # it was started
+            process_ended(process.pid)
         was_ready = self.readiness.worker_loaded(worker)
         self.readiness.set_loaded(worker, False)  # a killed worker could not say so
         if self.stopping:
@@ -109,8 +118,10 @@ class _Workers:
         if was_ready:
             logger.warning(
                 "worker %d (pid %d) died (exit code %s); starting another",
-                worker, process.pid, process.exitcode,
-            )  # fmt: skip
+                worker,
+                process.pid,
+                process.exitcode,
+            )
             self.start(worker)
             return
         error = None if self.errors.empty() else self.errors.get()
@@ -142,7 +153,9 @@ def _worker_main(
     errors,
     threads: int | None,
 ) -> None:
-    """One worker process of `mt serve --workers N`: its own model, decode worker and event
+    """One worker process of `mt serve --workers N`.
+
+    One worker process of `mt serve --workers N`: its own model, decode worker and event
     loop on the shared sockets; an MTError (its model did not load) goes to ``errors``."""
     # Ctrl-C reaches every process of the terminal's group; the supervisor's SIGTERM stops this
     # one (uvicorn takes SIGINT again while it serves: a second Ctrl-C stops at once).

@@ -1,4 +1,6 @@
-"""`mt translate` as a library call: lines in, n-best translations out, optional attention pictures
+"""`mt translate` as a library call.
+
+`mt translate` as a library call: lines in, n-best translations out, optional attention pictures
 and word alignments.
 
 The line contract (one result per input line, in order; empty in, empty out; over-long lines
@@ -30,7 +32,9 @@ from transformer_mt.model import Transformer
 
 
 def ensemble_model(loaded: Sequence[LoadedModel], names: Sequence[str]) -> SearchModel:
-    """The model to translate with from one or more loaded checkpoints (``names``: their paths,
+    """The model to translate with, from one or more loaded checkpoints.
+
+    The model to translate with from one or more loaded checkpoints (``names``: their paths,
     for messages): the model itself for one, else an :class:`Ensemble` of them all, after
     :func:`check_ensemble` (a one-line MTError when their tokenizers or vocabularies differ).
     Translate with the first checkpoint's tokenizers and decoding settings."""
@@ -61,7 +65,9 @@ def translate_lines(
     first_line: int = 1,
     src_prefix: Sequence[int] = (),
 ) -> list[Translation]:
-    """Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
+    """Translate ``lines`` into ``decode.nbest`` (text, score) pairs per line.
+
+    Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
     (text, score) pairs, best first.
 
     Args:
@@ -130,7 +136,7 @@ def translate_lines(
         src_prefix=src_prefix,
         first_line=first_line,
     )
-    if aligner is not None:
+    if aligner is not None and alignments is not None:
         alignments[:] = aligner.per_line(len(lines), decode.nbest)
     return results
 
@@ -138,7 +144,9 @@ def translate_lines(
 def format_nbest(
     results: Iterable[Translation], alignments: Iterable[list[Alignment]] | None = None
 ) -> Iterator[str]:
-    """Output lines for n-best results: K lines per input, ``translation<TAB>score``, and
+    """Output lines for n-best results.
+
+    Output lines for n-best results: K lines per input, ``translation<TAB>score``, and
     ``<TAB>alignment`` (Pharaoh format, possibly empty) after each when ``alignments`` (one
     list per input, as :func:`translate_lines` fills it) are given.
 
@@ -157,7 +165,9 @@ def format_nbest(
 def format_best(
     results: Iterable[Translation], alignments: Iterable[list[Alignment]] | None = None
 ) -> Iterator[str]:
-    """Output lines with the best translation only: one line per input; with ``alignments``,
+    """Output lines with the best translation only.
+
+    Output lines with the best translation only: one line per input; with ``alignments``,
     ``translation<TAB>alignment`` (an empty line gives a line holding only the tab)."""
     if alignments is None:
         for nbest in results:
@@ -172,7 +182,9 @@ def _one_line(text: str) -> str:
 
 
 def is_document(path: Path) -> bool:
-    """Whether ``path`` names a document that :func:`translate_file` keeps the format of (an
+    """Whether ``path`` names a document that keeps its format when translated.
+
+    Whether ``path`` names a document that :func:`translate_file` keeps the format of (an
     HTML page or an office file, by its suffix; a .txt file is lines, as any other)."""
     suffix = SUFFIXES.get(path.suffix.lower(), path.suffix.lower())
     return suffix in (".html", ".docx", ".odt", ".pptx", ".epub")
@@ -181,7 +193,9 @@ def is_document(path: Path) -> bool:
 def translate_document(
     engine: Engine, document: Document, decode: DecodeConfig, target: str | None = None
 ) -> bytes:
-    """``document`` translated by ``engine``: its segments as lines, with their cross-attention
+    """Translate ``document`` with ``engine``, in its own format.
+
+    ``document`` translated by ``engine``: its segments as lines, with their cross-attention
     (which places the markup inside a segment), rendered in the document's format.
     ``target``: the language a multilingual model translates into."""
     results = engine.translate(document.segments, decode, attention=True, target=target)
@@ -206,7 +220,9 @@ def translate_file(
     target: str | None = None,
     inputs: Sequence[Path] = (),
 ) -> None:
-    """Translate ``document`` (:func:`~transformer_mt.inference.documents.read_document_file`)
+    """Translate ``document`` into the file ``output`` of its format.
+
+    Translate ``document`` (:func:`~transformer_mt.inference.documents.read_document_file`)
     into the file ``output`` of its format (:func:`check_document_output`), written whole
     (:func:`~transformer_mt.fileio.write_output`: never over one of ``inputs``)."""
     check_document_output(document, output)

@@ -5,6 +5,8 @@ Search code treats a :class:`DecoderCache` as opaque: it asks the model for one
 tells the cache to follow with :meth:`DecoderCache.select` or :meth:`DecoderCache.reorder_beams`.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch.nn import functional
 
@@ -23,8 +25,8 @@ class AttentionCache:
     """
 
     def __init__(self) -> None:
-        self._keys: torch.Tensor | None = None
-        self._values: torch.Tensor | None = None
+        # The stored (keys, values); None: empty. The pending moves below exist only beside them.
+        self._stored: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rows: torch.Tensor | None = None  # pending row index (R',), None: rows as stored
         # Pending rows to add after the others (keys, values), each side left-padded with zeros
         # to the longer history; None: none.
@@ -32,41 +34,50 @@ class AttentionCache:
 
     @property
     def empty(self) -> bool:
-        return self._keys is None
+        """Whether nothing is stored yet (before the first step)."""
+        return self._stored is None
 
     @property
-    def keys(self) -> torch.Tensor | None:
-        self._apply_pending()
-        return self._keys
+    def keys(self) -> torch.Tensor:
+        """The keys (B, H, t, Dh), pending row moves done; an empty cache has none (an error)."""
+        return self._pending_applied()[0]
 
     @property
-    def values(self) -> torch.Tensor | None:
-        self._apply_pending()
-        return self._values
+    def values(self) -> torch.Tensor:
+        """The values (B, H, t, Dh), pending row moves done; an empty cache has none (an error)."""
+        return self._pending_applied()[1]
 
-    def store(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Replace the cache with ``keys`` and ``values`` (B, H, t, Dh), kept contiguous so that
-        attention reads them without a copy every step."""
-        self._keys, self._values = keys.contiguous(), values.contiguous()
+    def store(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replace the cache with ``keys`` and ``values`` (B, H, t, Dh); returns them as stored.
+
+        Kept contiguous, so that attention reads them without a copy every step.
+        """
+        self._stored = keys.contiguous(), values.contiguous()
         self._rows = self._later = None
+        return self._stored
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add this step's keys/values (B, H, T, Dh) after the cached ones (moved to their rows
-        first, if :meth:`select` moved any); returns all of them, (B, H, t_past + T, Dh)."""
-        if self._keys is None:
-            self.store(keys, values)
-        else:
-            later = (None, None) if self._later is None else self._later
-            self._keys = _gather_and_append(self._keys, self._rows, keys, later[0])
-            self._values = _gather_and_append(self._values, self._rows, values, later[1])
-            self._rows = self._later = None
-        return self._keys, self._values
+        """Add this step's keys/values (B, H, T, Dh) after the cached ones.
+
+        The cached ones move to their rows first, if :meth:`select` moved any. Returns all of them,
+        (B, H, t_past + T, Dh)."""
+        if self._stored is None:
+            return self.store(keys, values)
+        later = (None, None) if self._later is None else self._later
+        cached_keys, cached_values = self._stored
+        self._stored = (
+            _gather_and_append(cached_keys, self._rows, keys, later[0]),
+            _gather_and_append(cached_values, self._rows, values, later[1]),
+        )
+        self._rows = self._later = None
+        return self._stored
 
     def join_later(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Add rows (R2, H, t2, Dh) after this cache's rows; the shorter history of the two
-        is left-padded with zeros (the decoder cache's key mask hides them). Done by the next
-        :meth:`append`, in the copy it makes anyway."""
-        if self._keys is None:
+        """Add rows (R2, H, t2, Dh) after this cache's rows.
+
+        The shorter history of the two is left-padded with zeros (the decoder cache's key mask hides
+        them). Done by the next :meth:`append`, in the copy it makes anyway."""
+        if self._stored is None:
             self.store(keys, values)
             return
         self._apply_later()
@@ -74,46 +85,51 @@ class AttentionCache:
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the batch rows ``index`` (R',), in that order."""
-        if self._keys is not None:
+        if self._stored is not None:
             self._apply_later()
             self._rows = index if self._rows is None else self._rows.index_select(0, index)
 
     def drop_first(self, n: int) -> None:
         """Forget the first ``n`` positions of every row (a view; the next append copies)."""
-        if self._keys is not None:
+        if self._stored is not None:
             self._apply_later()
-            self._keys, self._values = self._keys[:, :, n:], self._values[:, :, n:]
+            keys, values = self._stored
+            self._stored = keys[:, :, n:], values[:, :, n:]
 
     @property
     def rows(self) -> int:
         """Batch rows once the pending moves are done (without doing them); 0 when empty."""
-        if self._keys is None:
+        if self._stored is None:
             return 0
-        own = self._keys.size(0) if self._rows is None else self._rows.numel()
+        own = self._stored[0].size(0) if self._rows is None else self._rows.numel()
         return own + (0 if self._later is None else self._later[0].size(0))
 
-    def _apply_pending(self) -> None:
+    def _pending_applied(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored (keys, values) after the pending row moves; an error when empty."""
         self._apply_rows()
         self._apply_later()
+        if self._stored is None:
+            raise RuntimeError("an empty attention cache has no keys or values yet")
+        return self._stored
 
     def _apply_rows(self) -> None:
-        if self._rows is not None:
-            self._keys = self._keys.index_select(0, self._rows)
-            self._values = self._values.index_select(0, self._rows)
-            self._rows = None
+        """Gather the rows that :meth:`select` chose, if it chose any since the last copy."""
+        if self._rows is not None and self._stored is not None:
+            keys, values = self._stored
+            self._stored = keys.index_select(0, self._rows), values.index_select(0, self._rows)
+        self._rows = None
 
     def _apply_later(self) -> None:
-        if self._later is not None:
+        """Add the rows that :meth:`join_later` gave, if any, after the (moved) own rows."""
+        if self._later is not None and self._stored is not None:
             self._apply_rows()
-            keys, values = self._later
-            length = max(self._keys.size(2), keys.size(2))
-            self._keys = torch.cat(
-                [_pad_positions(self._keys, length), _pad_positions(keys, length)]
+            (keys, values), (later_keys, later_values) = self._stored, self._later
+            length = max(keys.size(2), later_keys.size(2))
+            self._stored = (
+                torch.cat([_pad_positions(keys, length), _pad_positions(later_keys, length)]),
+                torch.cat([_pad_positions(values, length), _pad_positions(later_values, length)]),
             )
-            self._values = torch.cat(
-                [_pad_positions(self._values, length), _pad_positions(values, length)]
-            )
-            self._later = None
+        self._later = None
 
 
 def _pad_positions(t: torch.Tensor, length: int, *, left: bool = True) -> torch.Tensor:
@@ -128,9 +144,11 @@ def _gather_and_append(
     new: torch.Tensor,
     joined: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``cat([cat([cached[rows], joined]), new], dim=2)`` with one copy of each: ``cached``
-    (B', H, t, Dh), ``new`` (B, H, T, Dh); ``rows`` None: all rows in order; ``joined``
-    (B2, H, t2, Dh): rows after them, the shorter history of the two left-padded with zeros."""
+    """Concatenate cached, joined and new rows with one copy of each.
+
+    ``cat([cat([cached[rows], joined]), new], dim=2)``: ``cached`` (B', H, t, Dh), ``new`` (B, H, T,
+    Dh); ``rows`` None: all rows in order; ``joined`` (B2, H, t2, Dh): rows after them, the shorter
+    history of the two left-padded with zeros."""
     if rows is None and joined is None:
         return torch.cat([cached, new], dim=2)
     own = cached.size(2)
@@ -155,9 +173,18 @@ def _write_left_padded(out: torch.Tensor, t: torch.Tensor, rows: torch.Tensor | 
         torch.index_select(t, 0, rows, out=out[:, :, start:])
 
 
+class StaggeredRows(NamedTuple):
+    """Where each row of a cache is, once rows started at different steps (after a merge)."""
+
+    positions: torch.Tensor  # (R,): each row's next position
+    key_mask: torch.Tensor  # (R, length): the cached positions a row sees; False on padding
+
+
 class DecoderCache:
-    """The decoder's keys and values: per layer, one :class:`AttentionCache` for self-attention
-    (grows by one position per step) and one for cross-attention (filled on the first step).
+    """The decoder's keys and values, per layer.
+
+    One :class:`AttentionCache` for self-attention (grows by one position per step) and one for
+    cross-attention (filled on the first step).
 
     ``length`` counts the target positions already decoded (the next position's offset).
     """
@@ -166,16 +193,17 @@ class DecoderCache:
         self.self_attn = [AttentionCache() for _ in range(n_layers)]
         self.cross_attn = [AttentionCache() for _ in range(n_layers)]
         self.length = 0
-        # Rows that started at different steps (after :meth:`merge`): each row's next position
-        # (R,), and which of the ``length`` cached positions each row may attend to
-        # (R, length), False on the left padding of rows that joined later. None: every
-        # row is at position ``length`` and sees every cached position.
-        self.positions: torch.Tensor | None = None
-        self.key_mask: torch.Tensor | None = None
+        # Rows that started at different steps (after :meth:`merge`): each row's next position,
+        # and which of the ``length`` cached positions each row may attend to (False on the left
+        # padding of rows that joined later). None: every row is at position ``length`` and sees
+        # every cached position.
+        self.staggered: StaggeredRows | None = None
 
     def select(self, index: torch.Tensor, memory_index: torch.Tensor | None = None) -> None:
-        """Keep or reorder batch rows ``index`` (R',) everywhere: search drops finished sentences
-        (and beam search reorders their beams in the same gather).
+        """Keep or reorder batch rows ``index`` (R',) everywhere.
+
+        Search drops finished sentences (and beam search reorders their beams in the same
+        gather).
 
         ``memory_index`` (M',): the rows of the cross-attention keys/values to keep, when they
         hold one row per sentence for several beam rows (see ``MultiHeadAttention``); None: the
@@ -185,17 +213,23 @@ class DecoderCache:
             cache.select(index)
         for cache in self.cross_attn:
             cache.select(index if memory_index is None else memory_index)
-        if self.positions is not None:
-            self.positions = self.positions.index_select(0, index)
-            self.key_mask = self.key_mask.index_select(0, index)
-            self._drop_padding()
+        if self.staggered is not None:
+            positions, key_mask = self.staggered
+            self.staggered = StaggeredRows(
+                positions.index_select(0, index), key_mask.index_select(0, index)
+            )
+            self._drop_padding(self.staggered)
 
     def repeat_rows(self, k: int) -> None:
-        """K copies of each self-attention row in a row (row i -> rows i*K .. i*K + K-1), for
-        K beams per sentence; the cross-attention keys/values stay one row per sentence."""
-        if self.positions is not None:
-            self.positions = self.positions.repeat_interleave(k)
-            self.key_mask = self.key_mask.repeat_interleave(k, dim=0)
+        """Make K copies of each self-attention row, for K beams per sentence.
+
+        Row i -> rows i*K .. i*K + K-1; the cross-attention keys/values stay one row per
+        sentence."""
+        if self.staggered is not None:
+            positions, key_mask = self.staggered
+            self.staggered = StaggeredRows(
+                positions.repeat_interleave(k), key_mask.repeat_interleave(k, dim=0)
+            )
         for cache in self.self_attn:
             if not cache.empty:
                 rows = torch.arange(cache.keys.size(0), device=cache.keys.device)
@@ -204,21 +238,26 @@ class DecoderCache:
     def step_positions(
         self, rows: int, device: torch.device
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Before a step of ``rows`` rows: the position of each row's new token (R,) and the
-        self-attention mask (R, 1, 1, length + 1) over the cached positions and the new one;
-        (None, None) while all rows started together (position ``length``, no mask needed)."""
-        if self.positions is None:
+        """The positions and mask of the next step of ``rows`` rows.
+
+        Those are the position of each row's new token (R,) and the self-attention mask (R, 1, 1,
+        length + 1) over the cached positions and the new one; (None, None) while all rows started
+        together (position ``length``, no mask needed)."""
+        if self.staggered is None:
             return None, None
+        positions, key_mask = self.staggered
         new = torch.ones(rows, 1, dtype=torch.bool, device=device)
-        self.key_mask = torch.cat([self.key_mask, new], dim=1)
-        positions, self.positions = self.positions, self.positions + 1
-        return positions, self.key_mask[:, None, None, :]
+        key_mask = torch.cat([key_mask, new], dim=1)
+        self.staggered = StaggeredRows(positions + 1, key_mask)
+        return positions, key_mask[:, None, None, :]
 
     def merge(self, other: "DecoderCache") -> None:
-        """Append the rows of ``other`` (sentences that started later, each after at least one
-        step) after this cache's rows. The shorter self-attention history is padded on the left
-        (masked out: :attr:`key_mask`), the shorter source on the right (the source mask of the
-        merged rows masks it); each row keeps its own positions."""
+        """Append the rows of ``other`` after this cache's rows.
+
+        They are sentences that started later, each after at least one step. The shorter
+        self-attention history is padded on the left (masked out: :attr:`staggered`), the shorter
+        source on the right (the source mask of the merged rows masks it); each row keeps its own
+        positions."""
         rows, other_rows = self._rows_and_positions(), other._rows_and_positions()
         length = max(self.length, other.length)
         for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
@@ -232,31 +271,38 @@ class DecoderCache:
                 for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
             )
             mine.store(keys, values)
-        self.key_mask = torch.cat(
-            [functional.pad(mask, (length - mask.size(1), 0)) for mask in (rows[1], other_rows[1])]
+        key_mask = torch.cat(
+            [
+                functional.pad(mask, (length - mask.size(1), 0))
+                for mask in (rows.key_mask, other_rows.key_mask)
+            ]
         )
-        self.positions = torch.cat([rows[0], other_rows[0]])
+        self.staggered = StaggeredRows(torch.cat([rows.positions, other_rows.positions]), key_mask)
         self.length = length
 
-    def _rows_and_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows_and_positions(self) -> StaggeredRows:
         """Each row's next position (R,) and key mask (R, length), made explicit."""
-        if self.positions is not None:
-            return self.positions, self.key_mask
+        if self.staggered is not None:
+            return self.staggered
         rows, device = self.self_attn[0].rows, self.cross_attn[0].keys.device
         positions = torch.full((rows,), self.length, dtype=torch.long, device=device)
-        return positions, torch.ones(rows, self.length, dtype=torch.bool, device=device)
+        return StaggeredRows(
+            positions, torch.ones(rows, self.length, dtype=torch.bool, device=device)
+        )
 
-    def _drop_padding(self) -> None:
-        """Cut the leading positions that no row attends to any more (padding left by rows
-        that have since gone): the history stays as long as the oldest row's, not the uptime."""
-        if self.key_mask.size(0) == 0:
+    def _drop_padding(self, staggered: StaggeredRows) -> None:
+        """Cut the leading positions that no row attends to any more (``staggered``: the rows').
+
+        Those are padding left by rows that have since gone: the history stays as long as the oldest
+        row's, not the uptime."""
+        if staggered.key_mask.size(0) == 0:
             return
-        used = self.key_mask.any(dim=0)  # (length,)
+        used = staggered.key_mask.any(dim=0)  # (length,)
         first = int(used.to(torch.int8).argmax())
         if first > 0:
             for cache in self.self_attn:
                 cache.drop_first(first)
-            self.key_mask = self.key_mask[:, first:]
+            self.staggered = StaggeredRows(staggered.positions, staggered.key_mask[:, first:])
             self.length -= first
 
     def reorder_beams(self, index: torch.Tensor) -> None:

@@ -23,6 +23,8 @@ masks themselves differ from ``F.dropout``'s. Elsewhere (CUDA's fused dropout is
 and for rates of 0 or 1, this is ``F.dropout``.
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
@@ -43,8 +45,10 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
 
 
 def dropout_add(x: torch.Tensor, y: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``x + dropout(y, p, training)``; on CPU, when the sum is fp32 (the residual stream under
-    autocast: fp32 ``x``, bf16 ``y``), in one pass with the scaled mask in fp32."""
+    """Return ``x + dropout(y, p, training)``.
+
+    On CPU, when the sum is fp32 (the residual stream under autocast: fp32 ``x``, bf16 ``y``), in
+    one pass with the scaled mask in fp32."""
     if not training or p == 0.0:
         return x + y
     dropped = _dropped(y, p)
@@ -58,8 +62,10 @@ def dropout_add(x: torch.Tensor, y: torch.Tensor, p: float, training: bool = Tru
 
 
 def _dropped(x: torch.Tensor, p: float) -> int | None:
-    """Of the 2^16 equally likely mask values, how many drop, or None where the cheap mask does
-    not apply (not CPU, not floating point, a rate that rounds to 0 or 1)."""
+    """How many of the 2^16 equally likely mask values drop.
+
+    None where the cheap mask does not apply (not CPU, not floating point, a rate that rounds to 0
+    or 1)."""
     if x.device.type != "cpu" or not 0.0 < p < 1.0 or not x.is_floating_point():
         return None
     dropped = round(p * _LEVELS)
@@ -67,9 +73,10 @@ def _dropped(x: torch.Tensor, p: float) -> int | None:
 
 
 def keep_mask(shape: torch.Size, dropped: int, dtype: torch.dtype = torch.bool) -> torch.Tensor:
-    """A CPU tensor of ``shape`` and ``dtype``, each element 0 (False) with probability
-    dropped / 2^16 and 1 (True) otherwise, independently, from 16 bits of torch's default
-    generator each."""
+    """A random keep mask: a CPU tensor of ``shape`` and ``dtype``.
+
+    Each element is 0 (False) with probability dropped / 2^16 and 1 (True) otherwise, independently,
+    from 16 bits of torch's default generator each."""
     n = shape.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # all 64 bits
     bits = words.view(torch.int16)[:n].view(shape)  # uniform over [-2^15, 2^15)
@@ -84,12 +91,13 @@ def _scale_by_mask(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.T
 
 
 class _Dropout(torch.autograd.Function):
-    """Dropout of ``x``, ``dropped`` of 2^16 draws dropping: ``x * mask * scale``, forward and
-    backward alike. In fp32 the mask holds the scale (one product), in bf16 it is 0 or 1 and the
-    scale a second, exact product."""
+    """Dropout of ``x``, ``dropped`` of 2^16 draws dropping.
+
+    ``x * mask * scale``, forward and backward alike. In fp32 the mask holds the scale (one
+    product), in bf16 it is 0 or 1 and the scale a second, exact product."""
 
     @staticmethod
-    def forward(ctx, x, dropped: int):  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, dropped: int) -> torch.Tensor:
         scale = _LEVELS / (_LEVELS - dropped)
         mask = keep_mask(x.shape, dropped, x.dtype)
         if x.dtype in _EXACT_SCALE:
@@ -100,17 +108,19 @@ class _Dropout(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (mask,) = ctx.saved_tensors
         return _scale_by_mask(grad, mask, ctx.scale), None
 
 
 class _DropoutAdd(torch.autograd.Function):
-    """``x + dropout(y)`` in the sum's dtype (fp32 or fp64): one ``addcmul`` with the scaled
-    mask. ``y``'s gradient is the output's times the mask, cast to ``y``'s dtype."""
+    """Compute ``x + dropout(y)`` in the sum's dtype (fp32 or fp64).
+
+    One ``addcmul`` with the scaled mask. ``y``'s gradient is the output's times the mask, cast to
+    ``y``'s dtype."""
 
     @staticmethod
-    def forward(ctx, x, y, dropped: int):  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor, dropped: int) -> torch.Tensor:
         dtype = torch.promote_types(x.dtype, y.dtype)
         mask = keep_mask(y.shape, dropped, dtype).mul_(_LEVELS / (_LEVELS - dropped))
         ctx.save_for_backward(mask)
@@ -119,15 +129,17 @@ class _DropoutAdd(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         (mask,) = ctx.saved_tensors
         x_dtype, y_dtype = ctx.dtypes
         return grad.to(x_dtype), torch.mul(grad, mask).to(y_dtype), None
 
 
 class Dropout(nn.Dropout):
-    """``nn.Dropout`` with the cheaper CPU mask of :func:`dropout` (no parameters or state, so
-    it replaces ``nn.Dropout`` without changing checkpoints)."""
+    """``nn.Dropout`` with the cheaper CPU mask of :func:`dropout`.
+
+    No parameters or state, so it replaces ``nn.Dropout`` without changing checkpoints.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)

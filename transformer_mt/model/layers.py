@@ -4,11 +4,13 @@ Shapes: B batch, S source length, T target length, D d_model, H heads, Dh = D / 
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional
 
+from transformer_mt.config import ModelConfig
 from transformer_mt.model.cache import AttentionCache
 from transformer_mt.model.dropout import Dropout, dropout, dropout_add
 
@@ -21,9 +23,7 @@ class MultiHeadAttention(nn.Module):
     incremental decoding can compute the memory's keys/values once per sentence.
     """
 
-    def __init__(
-        self, d_model: int, n_head: int, *, drop_prob: float = 0.0, cross: bool = False
-    ) -> None:
+    def __init__(self, d_model: int, n_head: int, *, drop_prob: float, cross: bool) -> None:
         super().__init__()
         if d_model % n_head != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
@@ -74,8 +74,9 @@ class MultiHeadAttention(nn.Module):
             else:
                 k, v = (self._split(part) for part in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:
-                    cache.store(k, v)  # contiguous: every later step reads them without a copy
-                    k, v = cache.keys, cache.values
+                    k, v = cache.store(
+                        k, v
+                    )  # contiguous: every later step reads them without a copy
             group = _group_size(batch, k.size(0))
             q = _merge_groups(q, group)  # (M, H, G*T, Dh)
         else:
@@ -127,11 +128,12 @@ _EXPLICIT_MAX_QUERIES = 64
 
 
 def _explicit_is_faster(q: torch.Tensor) -> bool:
-    """Whether attention for queries ``q`` (.., T, Dh) should take :func:`_explicit_attention`
-    rather than torch's fused kernel: on CPU, in low-precision training (the fused bf16 backward
-    takes about 5x the fp32 time on Multi30k-sized batches; the explicit path takes 1.6-2x less
-    than the fused kernel in fp32 with its casts), and in inference for short query blocks
-    (search steps, sentences of Multi30k length)."""
+    """Whether attention for queries ``q`` (.., T, Dh) should take the explicit path.
+
+    :func:`_explicit_attention` rather than torch's fused kernel: on CPU, in low-precision training
+    (the fused bf16 backward takes about 5x the fp32 time on Multi30k-sized batches; the explicit
+    path takes 1.6-2x less than the fused kernel in fp32 with its casts), and in inference for short
+    query blocks (search steps, sentences of Multi30k length)."""
     if q.device.type != "cpu":
         return False
     if torch.is_grad_enabled():
@@ -142,8 +144,9 @@ def _explicit_is_faster(q: torch.Tensor) -> bool:
 def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, drop: float
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dh), masked) v by the faster path for where it runs (see
-    :func:`_explicit_is_faster`). On the fused path, low-precision inputs on CPU are attended in
+    """Compute softmax(q k^T / sqrt(Dh), masked) v by the faster path for where it runs.
+
+    See :func:`_explicit_is_faster`. On the fused path, low-precision inputs on CPU are attended in
     fp32 (with autocast off, which would cast them back) and the result returned in their dtype."""
     if _explicit_is_faster(q):
         return _explicit_attention(q, k, v, mask, drop)[0]
@@ -159,11 +162,12 @@ def _attention(
 def _explicit_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, drop: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(Dh), masked) v, and the weights (fp32, before dropout): the products
-    in the dtype of ``q``, ``k``, ``v``, the scores and softmax in fp32 (as autocast would on a
-    GPU; float64 inputs: in float64), the weights cast back for the second product; ``drop`` is dropout on the weights, as in
-    the fused kernel. The one explicit path: attention pictures, and where
-    :func:`_explicit_is_faster`."""
+    """Compute softmax(q k^T / sqrt(Dh), masked) v, and the weights (fp32, before dropout).
+
+    The products in the dtype of ``q``, ``k``, ``v``, the scores and softmax in fp32 (as autocast
+    would on a GPU; float64 inputs: in float64), the weights cast back for the second product;
+    ``drop`` is dropout on the weights, as in the fused kernel. The one explicit path: attention
+    pictures, and where :func:`_explicit_is_faster`."""
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
             return _explicit_attention(q, k, v, mask, drop)
@@ -184,21 +188,22 @@ def _explicit_attention(
 
 # The feed-forward activations by name (ModelConfig.activation). swish is x * sigmoid(x), torch's
 # SiLU: what OPUS-MT models use (Marian's and Hugging Face's name for it).
-ACTIVATIONS = {"relu": functional.relu, "gelu": functional.gelu, "swish": functional.silu}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": functional.relu,
+    "gelu": functional.gelu,
+    "swish": functional.silu,
+}
 
 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: Linear -> activation -> (dropout) -> Linear.
 
-    The activation is ReLU (the paper's) unless ``activation`` names another of
-    :data:`ACTIVATIONS`. The inner dropout is not in the paper (the Annotated Transformer adds
-    it): it is off unless ``drop_prob`` > 0, and then costs a random mask over the widest
-    activation of the layer.
+    ``activation`` names one of :data:`ACTIVATIONS` (ReLU: the paper's). The inner dropout is
+    not in the paper (the Annotated Transformer adds it): it is off unless ``drop_prob`` > 0,
+    and then costs a random mask over the widest activation of the layer.
     """
 
-    def __init__(
-        self, d_model: int, ffn_hidden: int, *, drop_prob: float = 0.0, activation: str = "relu"
-    ) -> None:
+    def __init__(self, d_model: int, ffn_hidden: int, *, drop_prob: float, activation: str) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r}: expected one of {', '.join(ACTIVATIONS)}")
@@ -223,7 +228,9 @@ class SinusoidalPositions(nn.Module):
     computes it, so that an imported model's table is its own to the last bit).
     """
 
-    def __init__(self, d_model: int, max_len: int, layout: str = "interleaved") -> None:
+    table: torch.Tensor  # (max_len, D), a buffer: row p encodes position p
+
+    def __init__(self, d_model: int, max_len: int, layout: str) -> None:
         super().__init__()
         if layout not in POSITION_LAYOUTS:
             raise ValueError(
@@ -252,14 +259,19 @@ class SinusoidalPositions(nn.Module):
         return self.table[offset : offset + length]
 
     def at(self, positions: torch.Tensor) -> torch.Tensor:
-        """Encodings (R, D) of one position per row, ``positions`` (R,) (an index error past
-        the table; no check that would wait for a GPU every step)."""
+        """Encodings (R, D) of one position per row, ``positions`` (R,).
+
+        A position past the table is an index error (no check that would wait for a GPU every
+        step).
+        """
         return self.table.index_select(0, positions)
 
 
 def _halves_table(d_model: int, max_len: int) -> torch.Tensor:
-    """The (max_len, D) table with all sines first, then all cosines (an odd D has one sine
-    more), from float64 angles."""
+    """The (max_len, D) table with all sines first, then all cosines, from float64 angles.
+
+    An odd D has one sine more.
+    """
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
     wavelengths = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = pos / wavelengths  # (L, ceil(D / 2)), divided as Hugging Face divides
@@ -268,8 +280,10 @@ def _halves_table(d_model: int, max_len: int) -> torch.Tensor:
 
 
 class Residual(nn.Module):
-    """Residual connection around a sublayer, with LayerNorm after (post-norm, the paper) or
-    before (pre-norm, the Annotated Transformer; trains more stably in deep stacks):
+    """Residual connection around a sublayer, with its LayerNorm after or before it.
+
+    After: post-norm, the paper's; before: pre-norm, the Annotated Transformer's (trains more
+    stably in deep stacks):
 
         post-norm: norm(x + dropout(sublayer(x)))      pre-norm: x + dropout(sublayer(norm(x)))
 
@@ -295,28 +309,37 @@ class Residual(nn.Module):
         return x if self.pre_norm else self.norm(x)
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention, then feed-forward, each inside a :class:`Residual`."""
+def _attention_block(cfg: ModelConfig, *, cross: bool) -> MultiHeadAttention:
+    """An attention sublayer of the model ``cfg`` (self-attention, or cross-attention)."""
+    return MultiHeadAttention(cfg.d_model, cfg.n_head, drop_prob=cfg.attn_drop_prob, cross=cross)
 
-    def __init__(
-        self,
-        *,
-        d_model: int,
-        n_head: int,
-        ffn_hidden: int,
-        drop_prob: float,
-        pre_norm: bool,
-        attn_drop_prob: float = 0.0,
-        ffn_drop_prob: float = 0.0,
-        activation: str = "relu",
-    ) -> None:
+
+def _feed_forward(cfg: ModelConfig) -> FeedForward:
+    """The feed-forward sublayer of the model ``cfg``."""
+    return FeedForward(
+        cfg.d_model, cfg.ffn_hidden, drop_prob=cfg.ffn_drop_prob, activation=cfg.activation
+    )
+
+
+def _residual(cfg: ModelConfig) -> Residual:
+    """A residual connection of the model ``cfg`` (its residual dropout and norm placement)."""
+    return Residual(cfg.d_model, drop_prob=cfg.drop_prob, pre_norm=cfg.pre_norm)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each inside a :class:`Residual`.
+
+    Sized and set by the model's settings ``cfg``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         # Registration order = parameter order (optimizer state in checkpoints is indexed by it)
         # and init order (random draws): attention, feed-forward, then the residual norms.
-        self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob)
-        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob, activation=activation)
-        self.self_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
-        self.ffn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
+        self.self_attn = _attention_block(cfg, cross=False)
+        self.ffn = _feed_forward(cfg)
+        self.self_attn_residual = _residual(cfg)
+        self.ffn_residual = _residual(cfg)
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """``x`` (B, S, D) with the source pad mask (B, 1, 1, S) -> (B, S, D)."""
@@ -327,29 +350,20 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention to the encoder memory, then feed-forward, each
-    inside a :class:`Residual`."""
+    """Masked self-attention, cross-attention to the memory, then feed-forward.
 
-    def __init__(
-        self,
-        *,
-        d_model: int,
-        n_head: int,
-        ffn_hidden: int,
-        drop_prob: float,
-        pre_norm: bool,
-        attn_drop_prob: float = 0.0,
-        ffn_drop_prob: float = 0.0,
-        activation: str = "relu",
-    ) -> None:
+    Each inside a :class:`Residual`, sized and set by the model's settings ``cfg``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         # Registration order = parameter order and init order, as in EncoderLayer.
-        self.self_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob)
-        self.cross_attn = MultiHeadAttention(d_model, n_head, drop_prob=attn_drop_prob, cross=True)
-        self.ffn = FeedForward(d_model, ffn_hidden, drop_prob=ffn_drop_prob, activation=activation)
-        self.self_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
-        self.cross_attn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
-        self.ffn_residual = Residual(d_model, drop_prob=drop_prob, pre_norm=pre_norm)
+        self.self_attn = _attention_block(cfg, cross=False)
+        self.cross_attn = _attention_block(cfg, cross=True)
+        self.ffn = _feed_forward(cfg)
+        self.self_attn_residual = _residual(cfg)
+        self.cross_attn_residual = _residual(cfg)
+        self.ffn_residual = _residual(cfg)
 
     def forward(
         self,
@@ -362,9 +376,11 @@ class DecoderLayer(nn.Module):
         *,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``x`` (B, T, D) attending to itself (``trg_mask``) and to ``memory`` (B, S, D)
-        (``src_mask``) -> (B, T, D), and with ``need_weights`` the cross-attention weights
-        (B, H, T, S), else None. The caches are given in incremental decoding."""
+        """Decode ``x`` (B, T, D) against itself and ``memory`` (B, S, D) -> (B, T, D).
+
+        ``x`` attends to itself under ``trg_mask`` and to ``memory`` under ``src_mask``; with
+        ``need_weights`` the cross-attention weights (B, H, T, S), else None. The caches are given
+        in incremental decoding."""
         y, _ = self.self_attn(self.self_attn_residual.sublayer_input(x), trg_mask, cache=self_cache)
         x = self.self_attn_residual.add(x, y)
         y, weights = self.cross_attn(

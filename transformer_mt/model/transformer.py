@@ -1,17 +1,19 @@
-"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), built from its config.
 
-Keyword names follow hyunwoongko/transformer (``src_pad_idx``, ``trg_pad_idx``, ``trg_sos_idx``,
-``enc_voc_size``, ``dec_voc_size``, ``d_model``, ``n_head``, ``max_len``, ``ffn_hidden``,
-``n_layers``, ``drop_prob``), without ``device``: move the module with ``.to(device)``.
+``Transformer(config)`` takes a :class:`~transformer_mt.model.transformer_config.TransformerConfig`
+(the run's ModelConfig and what its vocabularies decide). The seeds' constructor stays as the
+other entry: ``Transformer(src_pad_idx, trg_pad_idx, trg_sos_idx, enc_voc_size, dec_voc_size,
+d_model, n_head, max_len, ffn_hidden, n_layers, drop_prob, **settings)`` (hyunwoongko/transformer's
+names, without ``device``: move the module with ``.to(device)``), the keywords of a checkpoint's
+``model_args``.
 
 The model knows nothing of losses, optimizers, DDP, AMP or files: it maps token ids to logits.
 """
 
-import inspect
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import nn
@@ -21,6 +23,7 @@ from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.dropout import Dropout
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
 from transformer_mt.model.masks import make_pad_mask, make_trg_mask
+from transformer_mt.model.transformer_config import TransformerConfig
 
 
 def model_args(
@@ -31,45 +34,15 @@ def model_args(
     pad_idx: int,
     bos_idx: int,
 ) -> dict[str, Any]:
-    """The :class:`Transformer`'s keyword arguments for the shape ``model_cfg``: the one place
-    where a ModelConfig becomes a model. Checkpoints store this dict to rebuild the model (and a
-    resumed run requires it unchanged but for the dropout rates). With ``share_embeddings`` both sides get the larger
-    vocabulary size (a joint vocabulary)."""
-    if model_cfg.share_embeddings:
-        src_vocab_size = trg_vocab_size = max(src_vocab_size, trg_vocab_size)
-    # The options of imported models appear only where they differ from the Transformer's
-    # defaults: the arguments of every model trained here stay as they always were (a resumed
-    # run compares them with its checkpoint's).
-    defaults = inspect.signature(Transformer).parameters
-    imported = {
-        key: getattr(model_cfg, key)
-        for key in IMPORT_OPTIONS
-        if getattr(model_cfg, key) != defaults[key].default
-    }
-    return dict(
-        src_pad_idx=pad_idx,
-        trg_pad_idx=pad_idx,
-        trg_sos_idx=bos_idx,
-        enc_voc_size=src_vocab_size,
-        dec_voc_size=trg_vocab_size,
-        d_model=model_cfg.d_model,
-        n_head=model_cfg.n_head,
-        max_len=model_cfg.max_len,
-        ffn_hidden=model_cfg.ffn_hidden,
-        n_layers=model_cfg.n_layers,
-        drop_prob=model_cfg.drop_prob,
-        n_dec_layers=model_cfg.n_dec_layers,
-        pre_norm=model_cfg.pre_norm,
-        attn_drop_prob=model_cfg.attn_drop_prob,
-        ffn_drop_prob=model_cfg.ffn_drop_prob,
-        tie_embeddings=model_cfg.tie_embeddings,
-        share_embeddings=model_cfg.share_embeddings,
-        **imported,
+    """The seeds' keyword arguments of the model ``model_cfg`` builds over these vocabularies.
+
+    As checkpoints store them: :meth:`TransformerConfig.build`, then
+    :meth:`TransformerConfig.to_args`.
+    """
+    config = TransformerConfig.build(
+        model_cfg, src_vocab_size, trg_vocab_size, pad_idx=pad_idx, bos_idx=bos_idx
     )
-
-
-# The Transformer's options for what imported (Marian) models compute differently.
-IMPORT_OPTIONS = ("scale_embeddings", "position_layout", "activation", "logits_bias")
+    return config.to_args()
 
 
 # Module names of the checkpoints written before the residual blocks were named by what they wrap.
@@ -84,8 +57,9 @@ _OLD_NAMES = (
 
 
 def upgrade_state_dict(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A copy of a Transformer's ``state_dict`` with the key names of older checkpoints renamed
-    to the current ones; current keys pass unchanged, in their order.
+    """A copy of a Transformer's ``state_dict`` with older checkpoints' key names renamed.
+
+    The current names replace the old ones; current keys pass unchanged, in their order.
 
     The old names: ``encoder.N.attn`` (now ``self_attn``), ``encoder.N.sub1``/``sub2`` (now
     ``self_attn_residual``/``ffn_residual``), ``decoder.N.sub1``/``sub2``/``sub3`` (now
@@ -106,34 +80,26 @@ def upgrade_state_dict(state_dict: Mapping[str, Any], prefix: str = "") -> dict[
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer.
+    """Encoder-decoder Transformer, built from a :class:`TransformerConfig`.
 
-    Args:
-        src_pad_idx, trg_pad_idx: padding ids of the source and target vocabularies.
-        trg_sos_idx: the id that starts every target sequence (BOS); used by search.
-        enc_voc_size, dec_voc_size: vocabulary sizes.
-        d_model: model width. n_head: attention heads. ffn_hidden: feed-forward width.
-        max_len: longest sequence the position table covers.
-        n_layers: encoder layers (and decoder layers unless ``n_dec_layers`` is given).
-        drop_prob: dropout on the embeddings and on each sublayer's output (the paper's residual
-            dropout).
-        attn_drop_prob: dropout on attention weights (not in the paper; off by default).
-        ffn_drop_prob: dropout inside the feed-forward sublayer (not in the paper; off by default).
-        pre_norm: LayerNorm before each sublayer (plus a final norm) instead of after it.
-        tie_embeddings: share the decoder's input embedding with the output projection.
-        share_embeddings: share source and target embeddings (needs a joint vocabulary).
-        scale_embeddings: multiply embeddings by sqrt(d_model) (the paper's); off, they are
-            added to the positions as they are.
-        position_layout: the sinusoid table's columns: ``interleaved`` (the paper's) or
-            ``halves`` (Marian's; see :class:`SinusoidalPositions`).
-        activation: the feed-forward activation: ``relu``, ``gelu`` or ``swish``.
-        logits_bias: the output projection has a bias (Marian's ``final_logits_bias``), zero
-            at init.
+    Two entries build the same model: ``Transformer(config)``, and the seeds' constructor
+    ``Transformer(src_pad_idx, trg_pad_idx, trg_sos_idx, enc_voc_size, dec_voc_size, d_model,
+    n_head, max_len, ffn_hidden, n_layers, drop_prob, **settings)`` whose arguments (positional
+    or by name; a checkpoint's ``model_args``) :meth:`TransformerConfig.from_args` reads: the
+    data's five are required, every other setting is a ModelConfig field under its own name,
+    with its default there (``share_embeddings`` false).
 
-    The defaults of the last four are what every model trained here is; imported models
-    (Marian / OPUS-MT) set them to compute what their original computes.
+    What each setting does is declared with its ModelConfig field (docs/CONFIG.md). The data's:
+    ``src_pad_idx``/``trg_pad_idx`` pad each side, ``trg_sos_idx`` (BOS) starts every target
+    sequence, ``enc_voc_size``/``dec_voc_size`` are the vocabulary sizes.
     """
 
+    config: TransformerConfig
+
+    @overload
+    def __init__(self, config: TransformerConfig, /) -> None: ...
+
+    @overload
     def __init__(
         self,
         src_pad_idx: int,
@@ -141,63 +107,46 @@ class Transformer(nn.Module):
         trg_sos_idx: int,
         enc_voc_size: int,
         dec_voc_size: int,
-        d_model: int = 512,
-        n_head: int = 8,
-        max_len: int = 256,
-        ffn_hidden: int = 2048,
-        n_layers: int = 6,
-        drop_prob: float = 0.1,
-        *,
-        n_dec_layers: int | None = None,
-        pre_norm: bool = False,
-        attn_drop_prob: float = 0.0,
-        ffn_drop_prob: float = 0.0,
-        tie_embeddings: bool = True,
-        share_embeddings: bool = False,
-        scale_embeddings: bool = True,
-        position_layout: str = "interleaved",
-        activation: str = "relu",
-        logits_bias: bool = False,
-    ) -> None:
+        *settings: Any,
+        **named_settings: Any,
+    ) -> None: ...
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """``Transformer(config)``, or the seeds' arguments (see the class)."""
         super().__init__()
-        if share_embeddings and enc_voc_size != dec_voc_size:
-            raise ValueError("share_embeddings needs enc_voc_size == dec_voc_size (a joint vocab)")
-        self.src_pad_idx = src_pad_idx
-        self.trg_pad_idx = trg_pad_idx
-        self.trg_sos_idx = trg_sos_idx
+        if len(args) == 1 and not kwargs and isinstance(args[0], TransformerConfig):
+            config = args[0]
+        else:
+            config = TransformerConfig.from_args(*args, **kwargs)
+        self.config = config
+        cfg = config.model  # the settings
+        self.src_pad_idx = config.src_pad_idx
+        self.trg_pad_idx = config.trg_pad_idx
+        self.trg_sos_idx = config.trg_sos_idx
         # Target ids that search must never emit besides PAD and BOS (a multilingual model's
         # language tags): set by whoever knows them, read by decoding's ModelState.
         self.never_emit: tuple[int, ...] = ()
-        self.d_model = d_model
-        self.emb_scale = math.sqrt(d_model) if scale_embeddings else 1.0
-        self.activation = activation  # the feed-forward's (exporters read it)
+        self.d_model = cfg.d_model
+        self.emb_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.activation = cfg.activation  # the feed-forward's (exporters read it)
 
-        self.src_emb = nn.Embedding(enc_voc_size, d_model, padding_idx=src_pad_idx)
-        if share_embeddings:
+        self.src_emb = nn.Embedding(config.enc_voc_size, cfg.d_model, padding_idx=self.src_pad_idx)
+        if cfg.share_embeddings:
             self.trg_emb = self.src_emb
         else:
-            self.trg_emb = nn.Embedding(dec_voc_size, d_model, padding_idx=trg_pad_idx)
-        self.positions = SinusoidalPositions(d_model, max_len, position_layout)
-        self.dropout = Dropout(drop_prob)
-        n_dec = n_layers if n_dec_layers is None else n_dec_layers
-        layer_args = dict(
-            d_model=d_model,
-            n_head=n_head,
-            ffn_hidden=ffn_hidden,
-            drop_prob=drop_prob,
-            pre_norm=pre_norm,
-            attn_drop_prob=attn_drop_prob,
-            ffn_drop_prob=ffn_drop_prob,
-            activation=activation,
-        )
-        self.encoder = nn.ModuleList(EncoderLayer(**layer_args) for _ in range(n_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(**layer_args) for _ in range(n_dec))
+            self.trg_emb = nn.Embedding(
+                config.dec_voc_size, cfg.d_model, padding_idx=self.trg_pad_idx
+            )
+        self.positions = SinusoidalPositions(cfg.d_model, cfg.max_len, cfg.position_layout)
+        self.dropout = Dropout(cfg.drop_prob)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(config.n_dec_layers))
         # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes each stack.
-        self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.out = nn.Linear(d_model, dec_voc_size, bias=logits_bias)
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.out = nn.Linear(cfg.d_model, config.dec_voc_size, bias=cfg.logits_bias)
         self._init_weights()
-        if tie_embeddings:
+        if cfg.tie_embeddings:
             self.out.weight = self.trg_emb.weight
         # Checkpoints written before the residual blocks were renamed load as they are.
         self.register_load_state_dict_pre_hook(_upgrade_old_keys)
@@ -213,8 +162,8 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        # Embeddings are multiplied by sqrt(d_model); std d_model^-0.5 keeps their scale near 1, which
-        # also suits a tied output projection.
+        # Embeddings are multiplied by sqrt(d_model); std d_model^-0.5 keeps their scale near 1,
+        # which also suits a tied output projection.
         for emb, pad in ((self.src_emb, self.src_pad_idx), (self.trg_emb, self.trg_pad_idx)):
             nn.init.normal_(emb.weight, mean=0.0, std=self.d_model**-0.5)
             with torch.no_grad():
@@ -244,9 +193,10 @@ class Transformer(nn.Module):
         cache: DecoderCache | None = None,
         features_only: bool = False,
     ) -> torch.Tensor:
-        """Target ids (B, T) and memory (M, S, D) to logits (B, T, dec_voc_size), or with
-        ``features_only`` to the decoder states (B, T, D) that the output projection ``out`` maps
-        to logits (a trainer can fuse that projection into its loss).
+        """Target ids (B, T) and memory (M, S, D) to logits (B, T, dec_voc_size).
+
+        With ``features_only``: to the decoder states (B, T, D) that the output projection ``out``
+        maps to logits (a trainer can fuse that projection into its loss).
 
         Usually M = B. Beam search passes one memory row (and ``src_mask`` row) per sentence for
         its K beams: B = M * K, rows i*K .. i*K + K-1 reading memory row i.
@@ -262,8 +212,9 @@ class Transformer(nn.Module):
     def decode_with_attention(
         self, trg: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like :meth:`decode` (whole prefix, no cache), and also returns the cross-attention
-        weights (n_dec_layers, B, H, T, S). The weights take an explicit attention path, slower
+        """Like :meth:`decode` (whole prefix, no cache), with the cross-attention weights.
+
+        The weights are (n_dec_layers, B, H, T, S); they take an explicit attention path, slower
         than the fused kernel that :meth:`decode` uses; the logits agree up to rounding."""
         x, weights = self._decoder_stack(trg, memory, src_mask, None, need_weights=True)
         return self.out(self.dec_norm(x)), torch.stack(weights)  # (L, B, H, T, S)
@@ -277,8 +228,11 @@ class Transformer(nn.Module):
         *,
         need_weights: bool,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Embeddings and decoder layers: states (B, T, D) before the final norm, and with
-        ``need_weights`` each layer's cross-attention weights (B, H, T, S)."""
+        """Embeddings and decoder layers: states (B, T, D) before the final norm.
+
+        With ``need_weights``, also each layer's cross-attention weights (B, H, T, S).
+        """
+        trg_mask: torch.Tensor | None
         if cache is None:
             trg_mask = make_trg_mask(trg, self.trg_pad_idx)  # (B, 1, T, T)
             x = self._embed(self.trg_emb, trg)
@@ -321,8 +275,10 @@ class Transformer(nn.Module):
     def forward(
         self, src: torch.Tensor, trg: torch.Tensor, features_only: bool = False
     ) -> torch.Tensor:
-        """Teacher-forced logits: src (B, S), trg (B, T) -> (B, T, dec_voc_size); with
-        ``features_only``, the decoder states (B, T, D) before the output projection."""
+        """Teacher-forced logits: src (B, S), trg (B, T) -> (B, T, dec_voc_size).
+
+        With ``features_only``, the decoder states (B, T, D) before the output projection.
+        """
         memory, src_mask = self.encode(src)
         return self.decode(trg, memory, src_mask, features_only=features_only)
 

@@ -54,7 +54,10 @@ class BatchStream:
         self.batch_tokens, self.seed = cfg.train.batch_tokens, cfg.train.seed
         self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
         self._loaded_epoch: int | None = None  # the epoch whose pairs and batches are in hand
-        self._pairs: BinarizedPair | EpochPairs | MixedEpoch | MixedCorpus = data
+        # The pairs the loaded epoch reads: a MixedCorpus only through its sampler's epochs.
+        self._pairs: BinarizedPair | EpochPairs | MixedEpoch | None = (
+            None if isinstance(data, MixedCorpus) else data
+        )
         self._batches: list[np.ndarray] = []
 
     @property
@@ -63,11 +66,14 @@ class BatchStream:
         return self.epoch, self.batch_in_epoch
 
     def _load_epoch(self) -> None:
-        if self.sampler is not None:
-            self._pairs = self.sampler.epoch(self.epoch)
-        trg_lens = self._pairs.trg_lengths + 1  # + BOS (input) / EOS (output)
+        """Read the current epoch's pairs and this rank's batches of them."""
+        pairs = self.sampler.epoch(self.epoch) if self.sampler is not None else self._pairs
+        if pairs is None:
+            raise ValueError("a MixedCorpus is read through its epochs: pass it as the sampler too")
+        self._pairs = pairs
+        trg_lens = pairs.trg_lengths + 1  # + BOS (input) / EOS (output)
         batches = make_batches(
-            self._pairs.src_lengths, trg_lens, self.batch_tokens, seed=self.seed, epoch=self.epoch
+            pairs.src_lengths, trg_lens, self.batch_tokens, seed=self.seed, epoch=self.epoch
         )
         self._batches = shard_batches(batches, self.info.rank, self.info.world_size)
         self._loaded_epoch = self.epoch
@@ -84,4 +90,5 @@ class BatchStream:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             return next(self)
         self.batch_in_epoch += 1
+        assert self._pairs is not None  # set by _load_epoch
         return collate(self._pairs, self._batches[self.batch_in_epoch - 1])

@@ -1,4 +1,6 @@
-"""Where and at what precision training runs: the device, the process's place in the job, the
+"""Where and at what precision training runs.
+
+Where and at what precision training runs: the device, the process's place in the job, the
 CPU memory settings, and autocast."""
 
 import statistics
@@ -38,7 +40,9 @@ def setup_process(train_cfg: TrainConfig) -> tuple[torch.device, distributed.Dis
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``train.precision`` (None for fp32), after checking that autocast
+    """The autocast dtype of ``train.precision``, checked on ``device``.
+
+    The autocast dtype of ``train.precision`` (None for fp32), after checking that autocast
     runs it on ``device``.
 
     torch does not raise for an unsupported autocast dtype: it warns and runs in fp32, which would
@@ -68,7 +72,9 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContext
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 products natively (AVX512-BF16 or AMX), as Linux's
+    """Whether this CPU computes bf16 products natively.
+
+    Whether this CPU computes bf16 products natively (AVX512-BF16 or AMX), as Linux's
     /proc/cpuinfo says; False where it cannot tell. Without them bf16 runs on a slow path (about
     2.5x slower than fp32 on a 2-core Xeon, docs/BENCHMARKS.md)."""
     try:
@@ -85,7 +91,9 @@ BF16_MARGIN = 1.15  # bf16 is chosen only this much faster: a noisy probe must n
 
 
 def probe_bf16_speedup(device: torch.device, d_model: int, ffn_hidden: int, rows: int) -> float:
-    """How many times faster a product at the model's shapes ((rows, d_model) x (d_model,
+    """How many times faster a product at the model's shapes runs in bf16 than in fp32.
+
+    How many times faster a product at the model's shapes ((rows, d_model) x (d_model,
     ffn_hidden), forward, as autocast runs it) runs in bf16 than in fp32: the median of 5 ratios,
     each of an fp32 and a bf16 timing taken one after the other (so that a busy machine slows
     both alike), each timing repeating the product for about 2 ms. Some tens of milliseconds."""
@@ -112,7 +120,9 @@ def probe_bf16_speedup(device: torch.device, d_model: int, ffn_hidden: int, rows
 def choose_precision(
     device: torch.device, d_model: int, ffn_hidden: int, rows: int
 ) -> tuple[str, str]:
-    """``train.precision: auto``: bf16 where the device runs it natively and a short probe at
+    """Choose the precision of ``train.precision: auto``.
+
+    ``train.precision: auto``: bf16 where the device runs it natively and a short probe at
     the model's shapes measures it faster than fp32 (by ``BF16_MARGIN``), else fp32; (the
     choice, why)."""
     if device.type == "cuda":

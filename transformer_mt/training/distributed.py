@@ -113,7 +113,9 @@ _COMM_ERROR = re.compile(
 
 
 def is_communication_error(error: BaseException) -> bool:
-    """Whether ``error`` came from the process group (a peer timed out, stopped or died) rather
+    """Whether ``error`` came from the process group rather than the computation.
+
+    Whether ``error`` came from the process group (a peer timed out, stopped or died) rather
     than from the computation: torch's DistError family, or gloo's / NCCL's RuntimeErrors."""
     dist_error = getattr(dist, "DistError", None)
     if dist_error is not None and isinstance(error, dist_error):
@@ -123,7 +125,9 @@ def is_communication_error(error: BaseException) -> bool:
 
 @contextmanager
 def lockstep(what: str, info: DistInfo) -> Iterator[None]:
-    """Run a lockstep collective; a communication failure (a rank that did not answer within
+    """Run a lockstep collective; a communication failure becomes a one-line error.
+
+    Run a lockstep collective; a communication failure (a rank that did not answer within
     ``train.collective_timeout_s``, or one whose connection closed) becomes a one-line
     :class:`MTError` naming the rank(s) that did not answer, where the backend can tell (gloo),
     else the operation and the timeout."""
@@ -204,7 +208,9 @@ _TIMED_OUT = "transformer_mt/timed_out/"  # store keys of the ranks that saw a c
 
 @contextmanager
 def _stop_signals_noted() -> Iterator[list[int]]:
-    """The SIGTERM / SIGINT received inside the block, in a list; each is passed on to the
+    """Note the SIGTERM / SIGINT received inside the block.
+
+    The SIGTERM / SIGINT received inside the block, in a list; each is passed on to the
     handler that was in place (the trainer's stop flag), or, where that was the default
     action, delivered again after the block. Outside the main thread: nothing is noted."""
     noted: list[int] = []
@@ -221,15 +227,17 @@ def _stop_signals_noted() -> Iterator[list[int]]:
     try:
         yield noted
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        for number, handler in old.items():
+            signal.signal(number, handler)
         for signum in noted:
             if old.get(signum) == signal.SIG_DFL:
                 signal.raise_signal(signum)
 
 
 def _store() -> Any:
-    """The default process group's key-value store (torchrun's), or None where torch does not
+    """The default process group's key-value store, or None.
+
+    The default process group's key-value store (torchrun's), or None where torch does not
     expose it."""
     try:
         return dist.distributed_c10d._get_default_store()
@@ -269,17 +277,15 @@ def main_first(fn: Callable[[], T], info: DistInfo, others: Callable[[], T] | No
     wait, then the others read what it built. If rank 0 fails, every rank raises (see
     :func:`agree_on_error`) instead of the others waiting at a barrier until a timeout.
     """
-    result: T | None = None
+    built: list[T] = []  # rank 0's result
     error: BaseException | None = None
     if info.is_main:
         try:
-            result = fn()
+            built.append(fn())
         except Exception as err:  # handed to every rank below, then re-raised here
             error = err
     agree_on_error(error, info)
-    if not info.is_main:
-        result = (others or fn)()
-    return result  # type: ignore[return-value]
+    return built[0] if info.is_main else (others or fn)()
 
 
 def barrier(info: DistInfo) -> None:

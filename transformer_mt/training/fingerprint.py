@@ -35,7 +35,9 @@ _NOT_DATA = {"cache_dir"}
 
 
 def data_fingerprint(data: PreparedData) -> dict[str, str]:
-    """Hashes of the tokenizer models and of the binarized splits' token ids: what the model
+    """Hashes of the tokenizer models and of the binarized splits' token ids.
+
+    Hashes of the tokenizer models and of the binarized splits' token ids: what the model
     reads, whatever the corpus files, cleaning or limits were, and independent of the cache's
     own key (which also changes with the cache layout, not only with the data)."""
     return {
@@ -51,7 +53,9 @@ def data_fingerprint(data: PreparedData) -> dict[str, str]:
 
 
 def _ids_digest(pair: BinarizedPair | MixedCorpus) -> str:
-    """SHA-256 of every sentence's ids, both sides, streamed from the memory-mapped cache; of
+    """SHA-256 of every sentence's ids, both sides.
+
+    SHA-256 of every sentence's ids, both sides, streamed from the memory-mapped cache; of
     several sources, each source's digest with its weight (a new weight is other data)."""
     if isinstance(pair, MixedCorpus):
         parts = [f"{_ids_digest(p)}x{w!r}" for p, w in zip(pair.parts, pair.weights, strict=True)]
@@ -67,7 +71,9 @@ def _ids_digest(pair: BinarizedPair | MixedCorpus) -> str:
 def check_fingerprint(
     path: Path, ckpt: dict[str, Any], current: dict[str, str], cfg: Config, allow_change: bool
 ) -> bool:
-    """Raise an MTError when ``ckpt`` was trained on other data than ``current`` describes (or
+    """Check that ``ckpt`` was trained on the data ``current`` describes.
+
+    Raise an MTError when ``ckpt`` was trained on other data than ``current`` describes (or
     warn, with ``allow_change``, and return True); a checkpoint from before fingerprints resumes
     with a note. False: the same data, as far as the checkpoint tells."""
     saved = ckpt.get("train_state", {}).get("data_fingerprint")
@@ -94,7 +100,9 @@ def check_fingerprint(
 
 
 def _config_changes(saved: dict[str, Any], cfg: Config) -> str:
-    """The data and tokenizer config keys that differ from the checkpoint's, e.g.
+    """The data and tokenizer config keys that differ from the checkpoint's.
+
+    The data and tokenizer config keys that differ from the checkpoint's, e.g.
     "data.toy_seed 1 -> 2": most changed fingerprints are explained by one of them."""
     now = cfg.to_dict()
     changes = []

@@ -51,8 +51,10 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def keep_freed_memory(trim_threshold_bytes: int = 1 << 30, top_pad_bytes: int = 64 << 20) -> bool:
-    """Tell glibc's malloc to keep freed memory for reuse. Returns True when it was applied, False
-    where it does not apply (not Linux, not glibc); it is process-wide and cannot be undone."""
+    """Tell glibc's malloc to keep freed memory for reuse.
+
+    Returns True when it was applied, False where it does not apply (not Linux, not glibc); it is
+    process-wide and cannot be undone."""
     libc = _glibc()
     if libc is None:
         return False
@@ -64,7 +66,9 @@ def keep_freed_memory(trim_threshold_bytes: int = 1 << 30, top_pad_bytes: int = 
 
 
 def release_freed_memory() -> bool:
-    """Return the free pages of every malloc heap to the kernel (``malloc_trim(0)``), live blocks
+    """Return the free pages of every malloc heap to the kernel.
+
+    Return the free pages of every malloc heap to the kernel (``malloc_trim(0)``), live blocks
     untouched. Returns True when glibc released something, False otherwise or where it does not
     apply."""
     libc = _glibc()
@@ -85,7 +89,9 @@ def resident_mib() -> float | None:
 
 
 def bound_kernel_caches(capacity: int = 64) -> None:
-    """Cap oneDNN's two per-shape kernel caches at ``capacity`` entries each, unless the user set
+    """Cap oneDNN's two per-shape kernel caches at ``capacity`` entries each.
+
+    Cap oneDNN's two per-shape kernel caches at ``capacity`` entries each, unless the user set
     the variables. They are read when the first oneDNN kernel is built, so call this first."""
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(capacity))

@@ -18,8 +18,6 @@ and tags): ``train.init_from`` is not read again.
 """
 
 import dataclasses
-import hashlib
-import inspect
 import json
 import logging
 from collections.abc import Mapping
@@ -31,34 +29,25 @@ import torch
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, ModelConfig, config_from_dict, validate
+from transformer_mt.data.download import sha256_of
 from transformer_mt.data.languages import training_pairs
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.errors import MTError
-from transformer_mt.model import Transformer
+from transformer_mt.model import TransformerConfig
+from transformer_mt.model.transformer_config import stated_settings
 
 log = logging.getLogger(__name__)
 
-# ModelConfig keys that size a parameter or change what one means: fixed by the checkpoint.
-SHAPE_KEYS = (
-    "d_model",
-    "n_head",
-    "ffn_hidden",
-    "n_layers",
-    "n_dec_layers",
-    "max_len",
-    "pre_norm",
-    "tie_embeddings",
-    "share_embeddings",
-    # what an imported (Marian) model computes differently: fixed by the checkpoint as well
-    "scale_embeddings",
-    "position_layout",
-    "activation",
-    "logits_bias",
+# The model settings that set no parameter's shape, the dropout rates (ModelConfig's fields named
+# *drop_prob): a run may change them (a resumed run, or a fine-tuning run that drops more or less
+# than the model was trained with).
+DROPOUT_ARGS = tuple(
+    f.name for f in dataclasses.fields(ModelConfig) if f.name.endswith("drop_prob")
 )
-# The Transformer's arguments that set no parameter's shape: a run may change them (a resumed
-# run, or a fine-tuning run that drops more or less than the model was trained with).
-DROPOUT_ARGS = ("drop_prob", "attn_drop_prob", "ffn_drop_prob")
+# Every other ModelConfig key sizes a parameter or changes what one means (the options of
+# imported Marian models included): fixed by the checkpoint.
+SHAPE_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in DROPOUT_ARGS)
 # The tokenizer settings that describe a trained vocabulary (``joint`` is read from the bytes).
 _VOCABULARY_KEYS = ("vocab_size", "model_type", "character_coverage")
 
@@ -70,7 +59,7 @@ class Start:
     cfg: Config  # the run's config: the checkpoint's shape and tokenizer settings, its dropout
     src_tok: Tokenizer  # the checkpoint's tokenizers: they encode the new data
     trg_tok: Tokenizer
-    model_args: dict[str, Any]  # the checkpoint's Transformer arguments, the config's dropout
+    model_config: TransformerConfig  # the checkpoint's model, with the config's dropout rates
     record: dict[str, Any]  # train_state["init_from"]: {"path", "sha256", "step"}
     lang_tags: dict[str, str] | None  # target language -> its tag piece; None: one language
     weights: dict[str, torch.Tensor] | None  # the weights to load; None: a resume (last.pt's)
@@ -102,7 +91,7 @@ def find_start(cfg: Config, last: Mapping[str, Any] | None, last_path: Path) -> 
         return None
     path = Path(cfg.train.init_from).expanduser()
     ckpt = load_checkpoint(path)  # a missing file or not a checkpoint: a one-line MTError
-    record = {"path": str(path.resolve()), "sha256": file_sha256(path), "step": ckpt.get("step")}
+    record = {"path": str(path.resolve()), "sha256": sha256_of(path), "step": ckpt.get("step")}
     start = _start(cfg, ckpt, path, record, ckpt["model"])
     log.info(
         f"fine-tuning {path} (step {record['step']}): its weights, tokenizers and shape, a new "
@@ -127,8 +116,9 @@ def _check_record(record: Any, path: Path) -> None:
 
 
 def _note_resume(cfg: Config, record: Mapping[str, Any], last_path: Path) -> None:
-    """Log that a resumed fine-tuning run continues from its own last.pt, and that a
-    ``train.init_from`` given now is not read (a warning when it names another file)."""
+    """Log that a resumed fine-tuning run continues from its own last.pt.
+
+    Also that a ``train.init_from`` given now is not read (a warning when it names another file)."""
     given = cfg.train.init_from
     if given is None:
         return
@@ -154,16 +144,31 @@ def _start(
     src_tok, trg_tok = _tokenizers(ckpt, path)
     check_languages(cfg, ckpt, path)
     run_cfg = _adopt(cfg, ckpt, path)
-    dropout = {k: getattr(cfg.model, k) for k in DROPOUT_ARGS}
+    # The run's model section is the checkpoint's shape with the config's dropout (_adopt).
+    model = dataclasses.replace(run_cfg.model)  # a copy
+    model_config = dataclasses.replace(_saved_model(saved_args, path), model=model)
     lang_tags = ckpt.get("lang_tags") or None
-    return Start(run_cfg, src_tok, trg_tok, {**saved_args, **dropout}, record, lang_tags, weights)
+    return Start(run_cfg, src_tok, trg_tok, model_config, record, lang_tags, weights)
+
+
+def _saved_model(saved_args: Mapping[str, Any], path: Path) -> TransformerConfig:
+    """The model a checkpoint's arguments describe, or a one-line MTError naming ``path``."""
+    try:
+        return TransformerConfig.from_args(**saved_args)
+    except (MTError, TypeError, ValueError) as err:
+        raise MTError(
+            f"damaged checkpoint {path}: its model arguments describe no model ({err}); use "
+            "another checkpoint"
+        ) from None
 
 
 def saved_shape(saved_args: Mapping[str, Any]) -> dict[str, Any]:
-    """The :data:`SHAPE_KEYS` of a checkpoint's model arguments; a key that an older checkpoint
-    lacks has the value the Transformer gives it by default (the value it was built with)."""
-    params = inspect.signature(Transformer).parameters
-    return {k: saved_args.get(k, params[k].default) for k in SHAPE_KEYS}
+    """The :data:`SHAPE_KEYS` of a checkpoint's model arguments.
+
+    A key that an older checkpoint lacks has the value it was built with
+    (:func:`stated_settings`)."""
+    settings = stated_settings(saved_args)
+    return {k: settings[k] for k in SHAPE_KEYS}
 
 
 def check_shape(model_cfg: ModelConfig, saved_args: Mapping[str, Any], path: Path) -> None:
@@ -200,8 +205,9 @@ def _show(value: Any) -> str:
 
 
 def _tokenizers(ckpt: Mapping[str, Any], path: Path) -> tuple[Tokenizer, Tokenizer]:
-    """The checkpoint's (source, target) tokenizers, one object when they are one model; each
-    must fit the embedding it indexes."""
+    """The checkpoint's (source, target) tokenizers, one object when they are one model.
+
+    Each must fit the embedding it indexes."""
     try:
         src_tok = Tokenizer(ckpt["src_spm"])
         trg_tok = src_tok if ckpt["trg_spm"] == ckpt["src_spm"] else Tokenizer(ckpt["trg_spm"])
@@ -222,8 +228,9 @@ def _tokenizers(ckpt: Mapping[str, Any], path: Path) -> tuple[Tokenizer, Tokeniz
 
 
 def _adopt(cfg: Config, ckpt: Mapping[str, Any], path: Path) -> Config:
-    """``cfg`` with the checkpoint's shape and tokenizer settings (so that config.yaml says what
-    the run trains), checked again; what changed is logged once."""
+    """``cfg`` with the checkpoint's shape and tokenizer settings, checked again.
+
+    So that config.yaml says what the run trains; what changed is logged once."""
     shape = saved_shape(ckpt["model_args"])
     max_len = shape["max_len"]
     if cfg.data.max_tokens_per_side > max_len:
@@ -301,7 +308,7 @@ def _is_piece(tok: Tokenizer, piece: str) -> bool:
 
 
 def load_weights(model: torch.nn.Module, start: Start) -> None:
-    """Load the start's weights into ``model`` (built from ``start.model_args``)."""
+    """Load the start's weights into ``model`` (built from ``start.model_config``)."""
     if start.weights is None:
         return
     try:
@@ -316,17 +323,12 @@ def load_weights(model: torch.nn.Module, start: Start) -> None:
 
 
 def check_data(start: Start, data: PreparedData) -> None:
-    """Refuse prepared data (given to the trainer) that another tokenizer than the start's
-    encoded: the model's ids would mean other pieces."""
+    """Refuse prepared data (given to the trainer) that another tokenizer encoded.
+
+    Another than the start's: the model's ids would mean other pieces."""
     for given, own in ((data.src_tok, start.src_tok), (data.trg_tok, start.trg_tok)):
         if given.model_proto != own.model_proto:
             raise MTError(
                 f"the prepared data was encoded with another tokenizer than {start.record['path']}"
                 "'s; prepare it with prepare(cfg, tokenizers=...) of that checkpoint's tokenizers"
             )
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, read in blocks (a checkpoint can be gigabytes)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -73,7 +73,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, pad_idx: int, epsilon: float, dtype):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, target, pad_idx: int, epsilon: float, dtype):
         """Loss and NLL of the rows, with the gradients of ``hidden``, ``weight`` and ``bias``.
 
         Length: one loop over the blocks, whose buffers are reused from block to block; split
@@ -102,7 +102,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
             # One set of block buffers for all blocks (fresh memory costs page faults on a CPU).
             full = min(rows, len(h))
             low = h.dtype in (torch.float16, torch.bfloat16)
-            z_low = h.new_empty((full, vocab)) if low else None  # the product in dtype
+            z_low = h.new_empty((full if low else 0, vocab))  # the product in dtype (when low)
             z_buf = h.new_empty((full, vocab), dtype=torch.float32 if low else h.dtype)
             p_buf = torch.empty_like(z_buf)
             for i in range(0, len(h), rows):
@@ -123,7 +123,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                     lse[lost] = torch.logsumexp(z[lost], dim=-1)
                 nll += (lse - z_y).sum()
                 smooth += (lse - z.mean(dim=-1)).sum()
-                if need_grad:
+                if grad_h is not None and uniform_h is not None:  # need_grad
                     # softmax - q, without the epsilon / V of q (rank-one terms below and above)
                     p.scatter_add_(1, tc, p.new_full(tc.shape, epsilon - 1.0))
                     # d(loss sum) / d(logits) + epsilon / V, (rows, V), in the product's buffer
@@ -132,7 +132,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                     grad_w += (g.T @ hc).float()
                     if grad_b is not None:
                         grad_b += g.float().sum(0)
-            if need_grad:
+            if grad_h is not None:  # need_grad
                 grad_w -= (epsilon / vocab) * h.float().sum(0)  # the uniform part of q, all rows
                 if grad_b is not None:
                     grad_b -= (epsilon / vocab) * len(h)
@@ -143,7 +143,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
         return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_nll):  # type: ignore[override]
+    def backward(ctx, grad_loss, _grad_nll):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         h_dtype, w_dtype, b_dtype = ctx.dtypes
         return (  # scaled in fp32: grad_loss may carry an fp16 loss scale

@@ -98,7 +98,9 @@ class MetricsWindow:
 
 
 class MetricsLog:
-    """Appends records to RUN_DIR/metrics.jsonl (and TensorBoard when asked); a no-op on ranks
+    """Append records to RUN_DIR/metrics.jsonl (and TensorBoard when asked).
+
+    Appends records to RUN_DIR/metrics.jsonl (and TensorBoard when asked); a no-op on ranks
     other than 0, so that every rank can call it."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = False) -> None:
@@ -108,7 +110,9 @@ class MetricsLog:
         self.writer: Any = None
 
     def open(self, step: int = 0) -> None:
-        """Open the TensorBoard writer, when asked for (fails with what to do if it is missing);
+        """Open the TensorBoard writer, when asked for.
+
+        Open the TensorBoard writer, when asked for (fails with what to do if it is missing);
         a run resumed at ``step`` drops the events logged after it, as :meth:`trim` drops lines."""
         if not self.tensorboard:
             return
@@ -124,7 +128,9 @@ class MetricsLog:
         self.writer = SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=step + 1)
 
     def trim(self, last_step: int) -> None:
-        """On resume, drop the lines logged after the checkpoint: they will be logged again (and
+        """On resume, drop the lines logged after the checkpoint.
+
+        On resume, drop the lines logged after the checkpoint: they will be logged again (and
         a half-written last line, see :func:`read_records`); a fresh run starts an empty log."""
         if not (self.enabled and self.path.is_file()):
             return

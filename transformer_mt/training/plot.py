@@ -1,4 +1,6 @@
-"""`mt plot`: training loss, learning rate and validation BLEU of one run or several (overlaid,
+"""`mt plot`: a run's training curves in one PNG.
+
+`mt plot`: training loss, learning rate and validation BLEU of one run or several (overlaid,
 one colour per run), in one PNG."""
 
 import io
@@ -16,7 +18,9 @@ DRAWN = ("nll", "lr", "val_loss", "val_bleu", "time_s")  # numbers, where a line
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of RUN_DIR/metrics.jsonl, read as a resumed run reads them
+    """The records of RUN_DIR/metrics.jsonl.
+
+    The records of RUN_DIR/metrics.jsonl, read as a resumed run reads them
     (:func:`transformer_mt.training.metrics.read_records`: a half-written last line is skipped
     with a warning, a bad line elsewhere is an error naming it). A one-line MTError when there
     is nothing to draw (no metrics.jsonl yet, or not one record in it), for a bad last line
@@ -51,7 +55,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def _refuse_a_whole_bad_last_line(path: Path) -> None:
-    """A last line that is no metrics record but ends with a newline was written whole, by
+    """Refuse a bad last line that was written whole.
+
+    A last line that is no metrics record but ends with a newline was written whole, by
     something other than a killed run: an MTError naming FILE:LINE, as for a bad line elsewhere.
     (Only a last line without its newline is taken for a killed run's half line.)"""
     data = path.read_bytes()
@@ -75,7 +81,9 @@ def _refuse_a_whole_bad_last_line(path: Path) -> None:
 
 
 def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
-    """Loss, learning rate and validation BLEU against the optimizer step, and BLEU against
+    """Plot loss, learning rate and validation BLEU of one run or several.
+
+    Loss, learning rate and validation BLEU against the optimizer step, and BLEU against
     training time (minutes, when a run logged ``time_s``); returns the PNG's path, by default
     RUN_DIR/metrics.png of a single run (several runs need ``output``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

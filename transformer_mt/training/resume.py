@@ -1,5 +1,7 @@
-"""Continuing a run from its own last.pt: what must match, what the config may change, and how
-the position, the generators and the settings carried in the optimizer's state are restored.
+"""Continuing a run from its own last.pt.
+
+What must match, what the config may change, and how the position, the generators and the settings
+carried in the optimizer's state are restored.
 
 The trainer loads the weights and optimizer state (:meth:`Trainer._restore`); these functions
 decide the rest. What the data and tokenizers must be is checked by

@@ -1,4 +1,6 @@
-"""The files of one training run, written by rank 0: config.yaml, the tokenizers, checkpoints
+"""The files of one training run, and its lock.
+
+The files of one training run, written by rank 0: config.yaml, the tokenizers, checkpoints
 (last.pt, best.pt, the newest ``keep_last`` step_N.pt, average.pt) and metrics.jsonl; and the lock
 (RUN_DIR/.lock) that keeps a second `mt train` out of the directory while one runs."""
 
@@ -50,7 +52,9 @@ class RunLock:
 
     @classmethod
     def acquire(cls, run_dir: Path) -> "RunLock":
-        """Lock ``run_dir`` (created if missing) or raise an MTError naming the holder; a second
+        """Lock ``run_dir`` or raise an MTError naming the holder.
+
+        Lock ``run_dir`` (created if missing) or raise an MTError naming the holder; a second
         process touches none of the run's files."""
         run_dir = Path(run_dir)
         created = not run_dir.exists()
@@ -108,7 +112,9 @@ class RunLock:
                 self.run_dir.rmdir()  # only when empty: a run that failed before writing
 
     def remove_leftovers(self) -> None:
-        """Delete the temporary files of writes that a killed process left (under the lock, so
+        """Delete the temporary files of writes that a killed process left.
+
+        Delete the temporary files of writes that a killed process left (under the lock, so
         that no live writer owns them)."""
         removed = 0
         for p in self.run_dir.iterdir():
@@ -137,7 +143,9 @@ SETUP_FILES = ("config.yaml", "spm.src.model", "spm.trg.model", "metrics.jsonl",
 
 
 def refuse_earlier_run(path: Path) -> None:
-    """A new run (not a resume) must not start where another run left checkpoints: it would
+    """Refuse a new run where another run left checkpoints or files.
+
+    A new run (not a resume) must not start where another run left checkpoints: it would
     prune the new step files before the old ones (their steps are higher) and average the old
     run's weights into its average.pt. Nor where files it writes over are someone else's: an
     earlier run's log and tokenizers, or a config.yaml of the user's (a new run writes its
@@ -188,13 +196,17 @@ class RunDirectory:
         self.metrics.trim(step)
 
     def step_checkpoints(self) -> list[Path]:
-        """The step_N.pt files, oldest first (other names, such as a user's step_best.pt, are
+        """The step_N.pt files, oldest first.
+
+        The step_N.pt files, oldest first (other names, such as a user's step_best.pt, are
         left alone: never pruned, never averaged)."""
-        steps = {p: _STEP_FILE.fullmatch(p.name) for p in self.path.glob("step_*.pt")}
-        return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
+        steps = {p: m for p in self.path.glob("step_*.pt") if (m := _STEP_FILE.fullmatch(p.name))}
+        return sorted(steps, key=lambda p: int(steps[p].group(1)))
 
     def save(self, ckpt: dict[str, Any], step: int, best: bool, step_file: bool = True) -> None:
-        """best.pt (when ``best``), last.pt, then step_N.pt; then only the newest ``keep_last``
+        """Save best.pt, last.pt and step_N.pt, then prune old step files.
+
+        best.pt (when ``best``), last.pt, then step_N.pt; then only the newest ``keep_last``
         step files stay. In that order, a process killed between two writes leaves files that
         agree: never a last.pt that records a best whose weights best.pt lacks (a resume would
         not write it again), never a step file without the last.pt that a resume needs. Without
@@ -215,7 +227,9 @@ class RunDirectory:
             old.unlink()
 
     def restore_step_file(self, step: int) -> None:
-        """Write step_N.pt from last.pt at a validated ``step`` where it is missing: a process
+        """Write a missing step_N.pt from last.pt.
+
+        Write step_N.pt from last.pt at a validated ``step`` where it is missing: a process
         killed between the two writes of :meth:`save` left it out, and the resumed run, past that
         step, would never write it (``keep_last`` and average.pt would silently lack it)."""
         target = self.path / f"step_{step}.pt"
@@ -227,8 +241,9 @@ class RunDirectory:
         self._prune_step_files()
 
     def write_average(self, n_last: int) -> None:
-        """average.pt: the weights averaged over the newest ``n_last`` step checkpoints. Averaging
-        the last few checkpoints of a run usually adds BLEU for free."""
+        """average.pt: the weights averaged over the newest ``n_last`` step checkpoints.
+
+        Averaging the last few checkpoints of a run usually adds BLEU for free."""
         chosen = self.step_checkpoints()[-n_last:]
         target = self.path / "average.pt"
         try:  # step files of one run directory: a resume may have changed the seed

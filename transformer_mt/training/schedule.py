@@ -1,4 +1,6 @@
-"""Learning-rate schedules: the Noam schedule of "Attention Is All You Need" (section 5.3), and
+"""Learning-rate schedules: Noam, and Noam's warm-up with a linear decay.
+
+Learning-rate schedules: the Noam schedule of "Attention Is All You Need" (section 5.3), and
 the same warm-up followed by a straight line down to zero at the end of the run's budget."""
 
 
@@ -21,7 +23,9 @@ def budget_left(
     max_seconds: float = 0.0,
     warmup_seconds: float | None = None,
 ) -> float:
-    """The fraction of the post-warm-up budget not yet spent when optimizer step ``step`` (>= 1)
+    """The fraction of the post-warm-up budget not yet spent at ``step``.
+
+    The fraction of the post-warm-up budget not yet spent when optimizer step ``step`` (>= 1)
     is taken: 1 right after warm-up, falling linearly to 0 at the end of the run.
 
     The run ends at ``max_steps`` or, when ``max_seconds`` > 0, once that much wall time is spent,
@@ -38,7 +42,9 @@ def budget_left(
 def linear_decay_lr(
     step: int, d_model: int, warmup_steps: int, factor: float, left: float
 ) -> float:
-    """Noam's warm-up to its peak (``noam_lr`` at ``warmup_steps``), then peak * ``left``, where
+    """Noam's warm-up, then a straight line to zero at the end of the budget.
+
+    Noam's warm-up to its peak (``noam_lr`` at ``warmup_steps``), then peak * ``left``, where
     ``left`` is ``budget_left(...)``: a straight line to zero at the end of the budget.
 
     Annealing to zero where a fixed budget ends trains better than a schedule that does not know

@@ -1,4 +1,6 @@
-"""The resumable state of a run besides weights and optimizer: position, best value, generators,
+"""The resumable state of a run besides weights and optimizer.
+
+The resumable state of a run besides weights and optimizer: position, best value, generators,
 and the stop flag that Ctrl-C / SIGTERM raise."""
 
 import contextlib
@@ -30,8 +32,10 @@ class TrainState:
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """This process's generators. Batch order has its own seeded generator (make_batches); these
-    cover dropout and any code that draws from the global generators."""
+    """This process's generators.
+
+    Batch order has its own seeded generator (make_batches); these cover dropout and any code that
+    draws from the global generators."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if device.type == "cuda":
         # Only this rank's own GPU: get_rng_state_all would create a context on every visible GPU.
@@ -52,7 +56,9 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """Dropout seed of ``rank``: rank 0 keeps ``seed`` (a single process is unchanged); other ranks
+    """The dropout seed of ``rank``.
+
+    Dropout seed of ``rank``: rank 0 keeps ``seed`` (a single process is unchanged); other ranks
     get their own stream, or every rank would drop the same units of its different batch."""
     if rank == 0:
         return seed
@@ -60,7 +66,9 @@ def rank_seed(seed: int, rank: int) -> int:
 
 
 class StoppedBySignal(Exception):
-    """A run stopped by Ctrl-C or SIGTERM, after saving its checkpoint: not a failure, but not a
+    """A run stopped by Ctrl-C or SIGTERM, after saving its checkpoint.
+
+    A run stopped by Ctrl-C or SIGTERM, after saving its checkpoint: not a failure, but not a
     finished run either, so `mt train` exits with the shell's code for the signal (130 for
     SIGINT, 143 for SIGTERM) and `mt train && next` does not go on."""
 
@@ -74,7 +82,9 @@ class StoppedBySignal(Exception):
 
 
 class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step;
+    """The flag that Ctrl-C / SIGTERM raise to stop the loop.
+
+    Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step;
     ``signum`` remembers the first signal (for the exit code).
 
     A second signal stops at once (KeyboardInterrupt), but only once ``REPEAT_GRACE_S`` have

@@ -45,7 +45,7 @@ from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.sources import check_source
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, SPECIAL_IDS
 from transformer_mt.errors import MTError
-from transformer_mt.model import Transformer, model_args
+from transformer_mt.model import Transformer, TransformerConfig
 from transformer_mt.training import distributed
 from transformer_mt.training.batches import BatchStream
 from transformer_mt.training.device import (
@@ -200,8 +200,10 @@ class Trainer:
         self.train_model = self._wrap_for_training(self.model)
 
     def _choose_precision(self, cfg: Config, last: dict[str, Any] | None) -> tuple[str, str]:
-        """The run's precision and why: the config's, or for ``auto`` the one the run chose at
-        its start (a resume computes as the uninterrupted run did), else the device's choice
+        """The run's precision and why.
+
+        The config's, or for ``auto`` the one the run chose at its start (a resume computes as the
+        uninterrupted run did), else the device's choice
         (:func:`~transformer_mt.training.device.choose_precision`), the same on every rank."""
         precision = cfg.train.precision
         if precision != "auto":
@@ -219,9 +221,10 @@ class Trainer:
     def _read_start(
         self, last_path: Path, resume: bool
     ) -> tuple[dict[str, Any] | None, Start | None]:
-        """The run's own last.pt when it resumes, and the start of a fine-tuning run (from that
-        last.pt, or from train.init_from): read and checked before any data is prepared. A
-        failure on any rank stops every rank with its message."""
+        """The run's own last.pt when it resumes, and the start of a fine-tuning run.
+
+        The start comes from that last.pt, or from train.init_from; both are read and checked before
+        any data is prepared. A failure on any rank stops every rank with its message."""
         last: dict[str, Any] | None = None
         start: Start | None = None
         error: BaseException | None = None
@@ -235,8 +238,10 @@ class Trainer:
         return last, start
 
     def _check_ranks_prepared_alike(self) -> None:
-        """Every rank must read the same tokenizers and batches: on several machines, each
-        prepares its own copy unless data.cache_dir is shared, and copies can differ."""
+        """Every rank must read the same tokenizers and batches.
+
+        On several machines, each prepares its own copy unless data.cache_dir is shared, and copies
+        can differ."""
         fingerprints = distributed.all_gather_objects(
             self.fingerprint, self.info, lockstep_op=False
         )
@@ -248,13 +253,16 @@ class Trainer:
             )
 
     def _build_model(self, start: Start | None) -> None:
-        """The model: the config's shape with random weights, or a fine-tuning start's shape (with
-        the config's dropout rates) and weights."""
+        """Build the model, as ``Transformer(TransformerConfig)``.
+
+        The config's shape with random weights, or a fine-tuning start's shape (with the config's
+        dropout rates) and weights.
+        """
         seed, cfg = self.cfg.train.seed, self.cfg
         torch.manual_seed(seed)  # the same initial weights on every rank
         random.seed(seed)
         if start is None:
-            self.model_args = model_args(
+            model_config = TransformerConfig.build(
                 cfg.model,
                 self.data.src_tok.vocab_size,
                 self.data.trg_tok.vocab_size,
@@ -262,8 +270,9 @@ class Trainer:
                 bos_idx=BOS_ID,
             )
         else:
-            self.model_args = start.model_args
-        self.model = Transformer(**self.model_args).to(self.device)
+            model_config = start.model_config
+        self.model = Transformer(model_config).to(self.device)
+        self.model_args = model_config.to_args()  # what checkpoints store
         # Validation's search never emits a language tag, as inference's does not.
         self.model.never_emit = tag_ids(self.data.trg_tok, self.lang_tags or {})
         if start is not None:
@@ -272,7 +281,9 @@ class Trainer:
         random.seed(rank_seed(seed, self.info.rank))
 
     def _prepare_data(self, start: Start | None) -> PreparedData:
-        """Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read the
+        """Prepare the data: rank 0 first, then the others.
+
+        Rank 0 prepares (downloads, trains sentencepiece, binarizes); the others then read the
         finished caches, so no two processes build the same files. If rank 0 fails (a missing
         file, a bad download), every rank stops with its message. A fine-tuning run encodes
         the data with its checkpoint's tokenizers instead of training its own."""
@@ -285,16 +296,21 @@ class Trainer:
         )
 
     def _wrap_for_training(self, model: Transformer) -> torch.nn.Module:
-        """The module the step runs: compiled and/or wrapped in DDP; ``self.model`` stays the
-        plain model that checkpoints, validation and decoding use."""
-        wrapped: torch.nn.Module = torch.compile(model) if self.cfg.train.compile else model
+        """The module the step runs: compiled and/or wrapped in DDP.
+
+        ``self.model`` stays the plain model that checkpoints, validation and decoding use."""
+        wrapped: torch.nn.Module = model
+        if self.cfg.train.compile:
+            # torch.compile's stubs type its result as the callable given; a module's is a module
+            # (an OptimizedModule).
+            wrapped = torch.compile(model)  # type: ignore[assignment]
         if not self.info.enabled:
             return wrapped
         ids = [self.device.index] if self.device.type == "cuda" else None
         # The only buffer is the constant sinusoid table: broadcasting it before every forward
         # pass would cost a collective per micro-batch for nothing. (torch 2.13 renamed the
         # switch; older versions know only broadcast_buffers.)
-        no_sync = (
+        no_sync: dict[str, Any] = (
             {"forward_sync_buffers": False}
             if "forward_sync_buffers" in inspect.signature(DDP).parameters
             else {"broadcast_buffers": False}
@@ -330,16 +346,20 @@ class Trainer:
         return ckpt
 
     def _fused_adam(self) -> bool:
-        """Whether AdamW runs fused: one kernel over all parameters instead of a loop of
-        per-tensor operations (on 2 CPU cores 4-5 ms against 10-16 ms per step for the Multi30k
-        model; docs/BENCHMARKS.md). CPU and CUDA have the kernel."""
+        """Whether AdamW runs fused.
+
+        One kernel over all parameters instead of a loop of per-tensor operations (on 2 CPU cores
+        4-5 ms against 10-16 ms per step for the Multi30k model; docs/BENCHMARKS.md). CPU and CUDA
+        have the kernel."""
         return self.device.type in ("cpu", "cuda")
 
     def _check_ranks_agree(self) -> None:
-        """Every rank must resume from the same state. Each reads ``last.pt`` from its own view of
-        the run directory and only rank 0 writes it, so machines that do not share the run
-        directory would train diverged replicas, from different steps or from different runs
-        that reached the same step (their states differ: history, training time)."""
+        """Every rank must resume from the same state.
+
+        Each reads ``last.pt`` from its own view of the run directory and only rank 0 writes it, so
+        machines that do not share the run directory would train diverged replicas, from different
+        steps or from different runs that reached the same step (their states differ: history,
+        training time)."""
         states = distributed.all_gather_objects(asdict(self.state), self.info, lockstep_op=False)
         other = next((r for r, s in enumerate(states) if s != states[0]), None)
         if other is not None:
@@ -350,8 +370,10 @@ class Trainer:
             )
 
     def _restore(self, path: Path, ckpt: dict[str, Any], allow_data_change: bool) -> None:
-        """Continue the run from its own last.pt ``ckpt`` (read from ``path``): weights,
-        optimizer, scaler, state and generators, after checking that it fits this config."""
+        """Continue the run from its own last.pt ``ckpt`` (read from ``path``).
+
+        Weights, optimizer, scaler, state and generators, after checking that it fits this
+        config."""
         check_training_state(path, ckpt)
         data_changed = check_fingerprint(path, ckpt, self.fingerprint, self.cfg, allow_data_change)
         check_model_args(path, ckpt["model_args"], self.model_args)
@@ -396,9 +418,10 @@ class Trainer:
     def train_step(
         self, micro_batches: list[tuple[torch.Tensor, ...]], stop_requested: bool, seconds: float
     ) -> StepResult:
-        """One optimizer step on this rank's ``micro_batches`` (src, trg_in, trg_out), ``seconds``
-        of training time spent before it; the result is the same on every rank (sums over all
-        ranks), and so is every decision taken from it."""
+        """One optimizer step on this rank's ``micro_batches`` (src, trg_in, trg_out).
+
+        ``seconds`` of training time were spent before it; the result is the same on every rank
+        (sums over all ranks), and so is every decision taken from it."""
         train_cfg = self.cfg.train
         local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in micro_batches))
         (global_tokens,) = distributed.all_reduce_sum([local_tokens], self.info, self.device)
@@ -407,16 +430,26 @@ class Trainer:
             src, trg_in, trg_out = (x.to(self.device) for x in batch)
             last = i == len(micro_batches) - 1
             # Gradients are all-reduced once per step, on its last micro-batch.
-            sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
+            train_model = self.train_model  # a DDP module where the run is distributed
+            sync = (
+                train_model.no_sync()
+                if not last and isinstance(train_model, DDP)
+                else nullcontext()
+            )
             gradients = distributed.lockstep("the all-reduce of the gradients", self.info)
             with sync, gradients:
                 with autocast(self.device, self.autocast_dtype):
-                    hidden = self.train_model(src, trg_in, features_only=True)  # (B, T, D)
+                    hidden = train_model(src, trg_in, features_only=True)  # (B, T, D)
                 # The output projection runs inside the loss, in blocks (no (B, T, V) logits).
                 loss, nll = linear_label_smoothed_nll(
-                    hidden, self.model.out.weight, trg_out, PAD_ID, train_cfg.label_smoothing,
-                    self.autocast_dtype, bias=self.model.out.bias,
-                )  # fmt: skip
+                    hidden,
+                    self.model.out.weight,
+                    trg_out,
+                    PAD_ID,
+                    train_cfg.label_smoothing,
+                    self.autocast_dtype,
+                    bias=self.model.out.bias,
+                )
                 # DDP averages gradients over ranks; the world size turns that mean back into a
                 # sum, so the step's gradient is (sum of token losses) / (global token count).
                 self.scaler.scale(loss * (self.info.world_size / global_tokens)).backward()
@@ -469,8 +502,10 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- decisions
     def _log_due(self, step: StepResult) -> bool:
-        """A metrics line every ``log_every`` steps and for the run's last step (max_steps, the
-        time budget or a signal ends it; early stopping is known only after validation)."""
+        """Whether a metrics line is due: every ``log_every`` steps and at the last step.
+
+        The last step (max_steps, the time budget or a signal ends it; early stopping is known only
+        after validation)."""
         return (
             self.state.step % self.cfg.train.log_every == 0
             or self._at_max_steps()
@@ -479,8 +514,10 @@ class Trainer:
         )
 
     def _validation_due(self, step: StepResult) -> bool:
-        """Validate (and checkpoint) every ``valid_every`` steps, at the last step, and when the
-        time budget is spent."""
+        """Whether to validate (and checkpoint) now.
+
+        Every ``valid_every`` steps, at the last step, and when the time budget is spent.
+        """
         return (
             self.state.step % self.cfg.train.valid_every == 0
             or self._at_max_steps()
@@ -520,8 +557,9 @@ class Trainer:
         )
 
     def run(self) -> TrainState:
-        """Train until ``train.max_steps``, the time budget, early stopping, or a stop signal
-        (then ``stop_signal`` names it); returns the state. Releases the run directory."""
+        """Train until ``train.max_steps``, the time budget, early stopping, or a stop signal.
+
+        After a signal, ``stop_signal`` names it; returns the state. Releases the run directory."""
         try:
             return self._run()
         finally:
@@ -566,8 +604,9 @@ class Trainer:
                     # Validation time is not training time: the current log window (which may
                     # hold steps from before the validation) leaves it out.
                     window.pause(time.perf_counter() - valid_started)
-                reason = self._stop_reason(step, early_stop)
-                if reason is not None:
+                stopping = self._stop_reason(step, early_stop)
+                if stopping is not None:
+                    reason = stopping
                     if window.tokens:  # early stopping, at a step not logged yet
                         window = self._log_step(window, bar)
                     break
@@ -601,8 +640,10 @@ class Trainer:
         )
 
     def _begin(self) -> bool:
-        """Write the run's setup files and say what is about to happen; False when the run has
-        already ended (max_steps, early stopping or max_minutes: nothing to do)."""
+        """Write the run's setup files and say what is about to happen.
+
+        False when the run has already ended (max_steps, early stopping or max_minutes: nothing to
+        do)."""
         train_cfg, state = self.cfg.train, self.state
         average = self.run_dir.path / "average.pt"
         ended = self._ended()
@@ -633,8 +674,10 @@ class Trainer:
         return True
 
     def _ended(self) -> str:
-        """Why a resumed run has nothing left to do ("" when it goes on): each way it can end,
-        checked against the config of this invocation (raise the limit to go on)."""
+        """Why a resumed run has nothing left to do ("" when it goes on).
+
+        Each way it can end, checked against the config of this invocation (raise the limit to go
+        on)."""
         train_cfg, state = self.cfg.train, self.state
         if self._at_max_steps():
             return f"has already reached train.max_steps={train_cfg.max_steps}"
@@ -648,8 +691,9 @@ class Trainer:
         return ""
 
     def _skip_nonfinite(self) -> None:
-        """Count a step whose loss was not finite (its update was skipped); too many in a row
-        stop the run with what to do about it."""
+        """Count a step whose loss was not finite (its update was skipped).
+
+        Too many in a row stop the run with what to do about it."""
         state = self.state
         state.nonfinite_in_a_row += 1
         if self.info.is_main:
@@ -684,6 +728,7 @@ class Trainer:
 
     def _validate_and_save(self, elapsed: Callable[[], float]) -> bool:
         """Validate, log, checkpoint (best.pt when improved); returns whether to stop early.
+
         ``elapsed()`` reads the run's training clock, which the checkpoint records."""
         state, train_cfg = self.state, self.cfg.train
         result = self.validate()
@@ -714,18 +759,21 @@ class Trainer:
         return self._patience_spent()
 
     def _memory_mib(self) -> dict[str, float]:
-        """Memory for the validation record (rank 0 logs it): the peak GPU memory torch allocated
-        (``cuda_peak_mib``), or on a CPU the resident size before freed pages go back
-        (``rss_mib``)."""
+        """Memory for the validation record (rank 0 logs it).
+
+        The peak GPU memory torch allocated (``cuda_peak_mib``), or on a CPU the resident size
+        before freed pages go back (``rss_mib``)."""
         if self.device.type == "cuda":
             return {"cuda_peak_mib": round(torch.cuda.max_memory_allocated(self.device) / 2**20)}
         rss = resident_mib() if self.device.type == "cpu" else None
         return {} if rss is None else {"rss_mib": round(rss)}
 
     def _finish(self, reason: StopReason, saved: bool) -> None:
-        """The one exit of the loop. A run stopped by a signal is saved (unless this step's
-        validation just did) to be resumed, so it gets no average; every other ending says why
-        it ended and writes average.pt when asked for."""
+        """The one exit of the loop.
+
+        A run stopped by a signal is saved (unless this step's validation just did) to be resumed,
+        so it gets no average; every other ending says why it ended and writes average.pt when asked
+        for."""
         train_cfg, step = self.cfg.train, self.state.step
         if reason is StopReason.SIGNAL:
             if not saved:

@@ -1,4 +1,6 @@
-"""Validation during training: loss and perplexity on the binarized split, BLEU of greedy
+"""Validation during training: loss, perplexity and BLEU.
+
+Validation during training: loss and perplexity on the binarized split, BLEU of greedy
 translations of the validation text (translated as `mt translate --beam 1` would)."""
 
 import dataclasses
@@ -28,7 +30,9 @@ def validate(
     device: torch.device,
     autocast_dtype: torch.dtype | None,
 ) -> dict[str, float]:
-    """``val_loss`` (NLL per target token), ``val_ppl`` and, with ``train.valid_bleu``,
+    """Validate: loss, perplexity and, when asked, BLEU.
+
+    ``val_loss`` (NLL per target token), ``val_ppl`` and, with ``train.valid_bleu``,
     ``val_bleu``. A multilingual model reports them per language pair too (``val_loss/de-en``,
     ``val_bleu/de-en``), and ``val_loss`` / ``val_bleu`` are the means over its pairs, which
     ``train.best_metric`` then compares.

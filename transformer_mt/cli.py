@@ -262,7 +262,7 @@ def _translate(
 ):
     """Translate ``lines`` with the chosen engine.
 
-    Translate ``lines`` with the chosen engine: ``(results, decode settings)``; see
+    ``(results, decode settings)``; see
     :func:`_translator`."""
     quantization, target = kw.pop("quantize", None), kw.pop("target_lang", None)
     translate, decode = _translator(engine, model_paths, device, options, quantization, target)

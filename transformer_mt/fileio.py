@@ -169,7 +169,7 @@ def atomic_write(path: Path, mode: str = "w", *, durable: bool = False) -> Itera
 def _mode_for(path: Path) -> int:
     """The permissions a written file gets.
 
-    The permissions a written file gets: the old file's, or what ``open()`` would give
+    The old file's, or what ``open()`` would give
     (0666 less the umask) for a new one."""
     try:
         return stat.S_IMODE(path.stat().st_mode)
@@ -260,7 +260,7 @@ def output_file(
 ) -> Iterator[IO[Any]]:
     """Open a user-named output for writing, after :func:`check_output`.
 
-    Open a user-named output for writing, after :func:`check_output`: a regular file (or a
+    A regular file (or a
     new one) through :func:`atomic_write`, keeping its mode (new files: 0666 less the umask); a
     FIFO, a device or ``/dev/stdout`` in place. Used as ``with output_file(p, "wb") as f``."""
     target = check_output(path, inputs)

@@ -115,7 +115,7 @@ def _discard(part: Path) -> None:
 def _strong_validator(response: http.client.HTTPResponse) -> str | None:
     """What ``If-Range`` can name to ask for the same file again.
 
-    What ``If-Range`` can name to ask for the same file again: a strong ETag, else the
+    A strong ETag, else the
     Last-Modified date (a weak ETag does not qualify); None when the server gave neither."""
     etag = response.headers.get("ETag")
     if etag and not etag.startswith("W/"):

@@ -74,7 +74,7 @@ def _stem(name: str) -> str:
 def text_format(name: str) -> str:
     """How a src/trg file is read, from its name.
 
-    How a src/trg file is read, from its name: "sgm" (WMT), "iwslt" (.xml, train.tags), or
+    "sgm" (WMT), "iwslt" (.xml, train.tags), or
     "text" (one sentence a line)."""
     for suffix in _COMPRESSED:
         name = name.removesuffix(suffix)

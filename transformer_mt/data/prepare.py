@@ -109,7 +109,7 @@ def temperature_weights(
 def one_pair(cfg: Config, split: str, sources: list[SplitSource]) -> tuple[Path, Path]:
     """The text pair of a split.
 
-    The text pair of a split: its one source's, or (valid, test) its sources' pairs read
+    Its one source's, or (valid, test) its sources' pairs read
     one after the other into one pair in the cache; a train split of several gives its first."""
     if len(sources) == 1 or split == "train":
         return sources[0].files

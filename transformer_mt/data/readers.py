@@ -403,7 +403,7 @@ def iter_jsonl_pairs(
 ) -> Iterator[tuple[str, str]]:
     """Pairs from a JSON-lines file.
 
-    Pairs from a JSON-lines file: one object a line, each side at a dotted path into it
+    One object a line, each side at a dotted path into it
     (``translation.de`` is ``obj["translation"]["de"]``). Blank lines are passed over.
 
     Raises:
@@ -462,7 +462,7 @@ def iter_parquet_pairs(
 ) -> Iterator[tuple[str, str]]:
     """Pairs from a Parquet file.
 
-    Pairs from a Parquet file, read ``batch_rows`` rows at a time; each field is a column or a
+    Read ``batch_rows`` rows at a time; each field is a column or a
     dotted path into a struct column (Hugging Face's ``translation``: ``{"de": ..., "en": ...}``).
 
     Needs pyarrow (``pip install 'transformer-mt[hf]'``), imported only here.
@@ -596,7 +596,7 @@ def iter_sgm_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
 def _tagged_items(loc: Location) -> Iterator[_Item]:
     """The text lines of an IWSLT ``train.tags`` file.
 
-    The text lines of an IWSLT ``train.tags`` file: markup lines (``<url>``, ``<talkid>``,
+    Markup lines (``<url>``, ``<talkid>``,
     ``<title>``, ``<doc ...>``, ...: a line that starts with ``<``) are left out."""
     for lineno, line in _lines(loc):
         if not line.lstrip().startswith("<"):
@@ -614,7 +614,7 @@ def _is_xml(loc: Location) -> bool:
 def iter_iwslt_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
     """Pairs from IWSLT files.
 
-    Pairs from IWSLT files: ``*.xml`` (``IWSLT17.TED.dev2010.de-en.de.xml``) by their
+    ``*.xml`` (``IWSLT17.TED.dev2010.de-en.de.xml``) by their
     ``<seg id=...>`` segments, anything else (``train.tags.de-en.de``) by its text lines.
 
     In a tags file each side drops its own markup lines, as IWSLT's usual preparation scripts do
@@ -709,7 +709,7 @@ def iter_tmx_pairs(
 def _tmx_units(f: BinaryIO, langs: tuple[str, str], stats: TmxStats) -> Iterator[tuple[str, str]]:
     """The pairs of the ``<tu>`` elements of a TMX stream.
 
-    The pairs of the ``<tu>`` elements of a TMX stream; each unit is dropped from the tree
+    Each unit is dropped from the tree
     once read, so the tree never holds more than one."""
     open_elements: list[ET.Element] = []
     for event, element in ET.iterparse(f, events=("start", "end")):

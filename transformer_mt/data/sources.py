@@ -92,7 +92,7 @@ def check_source(cfg: Config) -> None:
 def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSource]]:
     """Each split's sources as text file pairs.
 
-    Each split's sources as text file pairs: ``data.train`` / ``valid`` / ``test`` when the
+    ``data.train`` / ``valid`` / ``test`` when the
     config lists sources (extracted or downloaded as needed), else ``data.corpus``'s one pair a
     split, labelled by the corpus's name. A split without sources (a local corpus's test) is
     left out."""

@@ -70,7 +70,7 @@ class Tokenizer:
     def sample_batch(self, texts: list[str], alpha: float, nbest: int = -1) -> list[list[int]]:
         """A sampled segmentation of each sentence (subword regularization).
 
-        A sampled segmentation of each sentence (subword regularization): unigram models sample
+        Unigram models sample
         among the ``nbest`` best (-1 = all) with smoothing ``alpha``; BPE drops merges with
         probability ``alpha``. Not reproducible across processes: callers cache the result."""
         return self.sp.encode(

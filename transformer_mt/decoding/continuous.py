@@ -118,7 +118,7 @@ class _Rows:
     ) -> None:
         """End one hypothesis per entry.
 
-        End one hypothesis per entry: sentence (m,), its row in ``tokens`` (m,), summed
+        Sentence (m,), its row in ``tokens`` (m,), summed
         log-probs (m,); ``finished``: it ended with EOS (not in ``tokens``)."""
         ids = self.tokens.index_select(0, rows).tolist()
         for i, row, lp in zip(sent.tolist(), ids, logp.tolist(), strict=True):

@@ -465,7 +465,7 @@ def _top_candidates(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The 2K best one-token extensions per sentence, best first.
 
-    The 2K best one-token extensions per sentence, best first, from the summed scores (n, B)
+    From the summed scores (n, B)
     of the B beams that expand (K, or 1 at step 0) and their next-token log-probs (n*B, V):
     summed scores, beam index in 0..B-1 and token, each (n, 2K)."""
     (n_act, beams), vocab = scores.shape, log_probs.size(-1)

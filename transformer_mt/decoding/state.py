@@ -41,7 +41,7 @@ class DecoderState(Protocol):
 class ModelState:
     """One Transformer's side of a search over R rows.
 
-    One Transformer's side of a search over R rows: memory (M, S, D), source mask
+    Memory (M, S, D), source mask
     (M, 1, 1, S) and, when cached, its :class:`~transformer_mt.model.DecoderCache`.
 
     Memory is kept once per sentence: after :meth:`repeat_beams` (K), R = M * K and the K beam

@@ -1,6 +1,6 @@
 """Cross-attention pictures and word alignments.
 
-Cross-attention pictures and word alignments: what the decoder looked at while writing each
+What the decoder looked at while writing each
 target piece.
 
 Pictures: one PNG heatmap per sentence, source pieces on x, target pieces on y, for one decoder
@@ -137,7 +137,7 @@ class AttentionPictures:
 def alignment(weights: np.ndarray, n_src: int, n_trg: int) -> Alignment:
     """The piece alignment of one (T, S) attention matrix.
 
-    The piece alignment of one (T, S) attention matrix: ``(i, j)`` for each target piece
+    ``(i, j)`` for each target piece
     ``j < n_trg``, ``i`` the source piece ``< n_src`` with the highest weight in row ``j``
     (the first on a tie). ``n_src``/``n_trg``: the pieces without EOS (the EOS column and the
     rows past ``n_trg`` are ignored); empty when either is 0."""

@@ -86,7 +86,7 @@ class BatchObserver:
     def batch(self, requests: int, lines: int, tokens: int) -> None:
         """A batch began decoding.
 
-        A batch began decoding: its requests, lines and source pieces (continuous batching:
+        Its requests, lines and source pieces (continuous batching:
         the requests that joined the search at one step)."""
 
     def decoded(self, seconds: float) -> None:
@@ -107,7 +107,7 @@ class Closed(Exception):
 class ClientGone(Exception):
     """The request's client left before its answer.
 
-    The request's client left before its answer; from the worker, with the number of its
+    From the worker, with the number of its
     lines left undecoded."""
 
     def __init__(self, left: int | None = None) -> None:
@@ -436,7 +436,7 @@ class Batcher:
     def _stopped(self, batch: list[_Job], left: set[int]) -> None:
         """Fail each job of a stopped engine call with :class:`ClientGone`.
 
-        Fail each job of a stopped engine call with :class:`ClientGone`, counting its lines
+        Counting its lines
         in ``left`` (indices into the call's lines)."""
         start = 0
         for job in batch:
@@ -539,7 +539,7 @@ class _ContinuousWorker:
     def _admit(self) -> None:
         """Let waiting jobs join the search, oldest first, within the token budget.
 
-        Let waiting jobs join the search, oldest first, within the token budget; a job the
+        A job the
         search cannot take waits (and keeps the later ones waiting) until it is empty, then
         starts a new search or, if no search can take it, decodes alone."""
         joined: list[_Job] = []

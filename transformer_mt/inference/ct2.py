@@ -54,7 +54,7 @@ class CT2Model:
 def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model:
     """Load a directory written by ``export_ctranslate2``.
 
-    Load a directory written by ``export_ctranslate2``; a one-line MTError for one that is not
+    A one-line MTError for one that is not
     an export, or an export that was interrupted or whose settings file is damaged."""
     directory = Path(directory)
     dev = check_device(device)

@@ -27,7 +27,7 @@ NAME = re.compile(r"[0-9a-f]{32}\.[a-z]{3,4}")
 class Stored:
     """A file kept for download.
 
-    A file kept for download: where it is, the name a client saves it as, its size, when
+    Where it is, the name a client saves it as, its size, when
     it expires (``time.monotonic()``)."""
 
     path: Path

@@ -114,7 +114,7 @@ async def form_items(
 ) -> list[tuple[str, str | UploadFile]]:
     """A multipart body's parts through Starlette's parser.
 
-    A multipart body's parts through Starlette's parser: text fields as strings, files as
+    Text fields as strings, files as
     UploadFiles (with ``text_only``, a file part is refused and the body must be UTF-8)."""
     header = request.headers.get("content-type", "")
     boundary = parse_options_header(header)[1].get(b"boundary")

@@ -192,14 +192,14 @@ class _Layout:
     def add_point(self, raw: str, at: int, glue: int) -> None:
         """Put ``raw`` at boundary ``at``.
 
-        Put ``raw`` at boundary ``at``, against the word before it (``glue`` -1), after it
+        Against the word before it (``glue`` -1), after it
         (1), or apart (0)."""
         self.points[at].append((glue, raw))
 
     def render(self, words: list[str]) -> str:
         """The words with the tags between them.
 
-        The words with the tags between them: at each boundary, the elements that end, a
+        At each boundary, the elements that end, a
         space, the points, then the elements that start."""
         out = []
         for t in range(self.n + 1):
@@ -411,7 +411,7 @@ class _Builder:
     def _flush(self) -> None:
         """End the segment being read.
 
-        End the segment being read: a :class:`Segment` when it has text to translate, else
+        A :class:`Segment` when it has text to translate, else
         its HTML as written."""
         text, raw = "".join(self.text), "".join(self.raw)
         if has_text(text):

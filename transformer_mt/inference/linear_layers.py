@@ -110,7 +110,7 @@ def _unpacked(packed: "PackedLinear") -> nn.Linear:
 class PackedLinear(nn.Linear):
     """``nn.Linear`` that multiplies on a copy of its weight packed once for oneDNN.
 
-    ``nn.Linear`` that multiplies on a copy of its weight packed once for oneDNN, where it
+    Where it
     can: CPU fp32 inputs with autograd and autocast off (inference). Anything else, training
     included, takes ``nn.Linear``'s own path.
 

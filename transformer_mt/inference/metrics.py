@@ -68,7 +68,7 @@ def process_ended(pid: int) -> None:
 class ServerMetrics(BatchObserver):
     """The server's counters, histograms and gauges, and their text for a scrape.
 
-    The server's counters, histograms and gauges, and their text for a scrape; as the decode
+    As the decode
     worker's :class:`BatchObserver`, it counts the batches."""
 
     def __init__(self, worker: int = 0) -> None:

@@ -39,7 +39,7 @@ EXTRA = "pip install 'transformer-mt[documents]'"
 def need(module: str, suffix: str) -> Any:
     """Import ``module`` (a library of the ``documents`` extra).
 
-    Import ``module`` (a library of the ``documents`` extra), or an MTError saying how to
+    Or an MTError saying how to
     install it."""
     import importlib
 
@@ -52,7 +52,7 @@ def need(module: str, suffix: str) -> Any:
 class Paragraph:
     """A paragraph's runs.
 
-    A paragraph's runs: the texts of its text nodes in order, each with how to write it back
+    The texts of its text nodes in order, each with how to write it back
     (None: a tab or a line break, kept)."""
 
     def __init__(self) -> None:

@@ -110,7 +110,7 @@ async def _read_upload(request: Request, state: ServerState) -> tuple[FileReques
 def _download_name(filename: str) -> str:
     """The name a client saves the translation as.
 
-    The name a client saves the translation as: the upload's base name, its characters
+    The upload's base name, its characters
     kept to letters, digits, ``.``, ``-`` and ``_`` (it only ever appears in a header)."""
     base = re.split(r"[\\/]", filename)[-1]
     safe = re.sub(r"[^\w.-]", "_", base, flags=re.ASCII).lstrip(".")

@@ -1,6 +1,6 @@
 """LibreTranslate's API, answered as LibreTranslate answers it.
 
-LibreTranslate's API, answered as LibreTranslate answers it: ``POST /translate``,
+``POST /translate``,
 ``GET /languages``, ``POST /detect``, ``GET /frontend/settings``, ``POST /suggest``, ``GET
 /spec`` (files: :mod:`~transformer_mt.inference.routes_files`).
 
@@ -85,7 +85,7 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
 def _checked(req: LibreRequest, state: ServerState) -> list[str]:
     """The request's texts, after LibreTranslate's checks in its order.
 
-    The request's texts, after LibreTranslate's checks in its order: the fields present,
+    The fields present,
     alternatives within bounds, languages the model has, a format it knows."""
     if not req.q:  # absent, "" or [] (an empty batch)
         raise _missing("q")

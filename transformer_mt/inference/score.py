@@ -63,7 +63,7 @@ def score_pairs(
 ) -> list[PairScore | None]:
     """Score each (source, target) pair by teacher forcing.
 
-    Score each (source, target) pair by teacher forcing; one result per pair, in order, None
+    One result per pair, in order, None
     for a pair with an empty side.
 
     Args:

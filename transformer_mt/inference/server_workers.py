@@ -53,7 +53,7 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
 class _Workers:
     """The worker processes of `mt serve --workers N`.
 
-    The worker processes of `mt serve --workers N`: started, restarted when one dies after
+    Started, restarted when one dies after
     its model was loaded, stopped together (SIGTERM to each); a worker that fails before its
     model is loaded stops them all with its error."""
 
@@ -155,7 +155,7 @@ def _worker_main(
 ) -> None:
     """One worker process of `mt serve --workers N`.
 
-    One worker process of `mt serve --workers N`: its own model, decode worker and event
+    Its own model, decode worker and event
     loop on the shared sockets; an MTError (its model did not load) goes to ``errors``."""
     # Ctrl-C reaches every process of the terminal's group; the supervisor's SIGTERM stops this
     # one (uvicorn takes SIGINT again while it serves: a second Ctrl-C stops at once).

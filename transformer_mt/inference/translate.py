@@ -1,6 +1,6 @@
 """`mt translate` as a library call.
 
-`mt translate` as a library call: lines in, n-best translations out, optional attention pictures
+Lines in, n-best translations out, optional attention pictures
 and word alignments.
 
 The line contract (one result per input line, in order; empty in, empty out; over-long lines
@@ -146,7 +146,7 @@ def format_nbest(
 ) -> Iterator[str]:
     """Output lines for n-best results.
 
-    Output lines for n-best results: K lines per input, ``translation<TAB>score``, and
+    K lines per input, ``translation<TAB>score``, and
     ``<TAB>alignment`` (Pharaoh format, possibly empty) after each when ``alignments`` (one
     list per input, as :func:`translate_lines` fills it) are given.
 
@@ -167,7 +167,7 @@ def format_best(
 ) -> Iterator[str]:
     """Output lines with the best translation only.
 
-    Output lines with the best translation only: one line per input; with ``alignments``,
+    One line per input; with ``alignments``,
     ``translation<TAB>alignment`` (an empty line gives a line holding only the tab)."""
     if alignments is None:
         for nbest in results:

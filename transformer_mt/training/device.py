@@ -1,6 +1,6 @@
 """Where and at what precision training runs.
 
-Where and at what precision training runs: the device, the process's place in the job, the
+The device, the process's place in the job, the
 CPU memory settings, and autocast."""
 
 import statistics

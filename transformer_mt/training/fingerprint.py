@@ -37,7 +37,7 @@ _NOT_DATA = {"cache_dir"}
 def data_fingerprint(data: PreparedData) -> dict[str, str]:
     """Hashes of the tokenizer models and of the binarized splits' token ids.
 
-    Hashes of the tokenizer models and of the binarized splits' token ids: what the model
+    What the model
     reads, whatever the corpus files, cleaning or limits were, and independent of the cache's
     own key (which also changes with the cache layout, not only with the data)."""
     return {
@@ -55,7 +55,7 @@ def data_fingerprint(data: PreparedData) -> dict[str, str]:
 def _ids_digest(pair: BinarizedPair | MixedCorpus) -> str:
     """SHA-256 of every sentence's ids, both sides.
 
-    SHA-256 of every sentence's ids, both sides, streamed from the memory-mapped cache; of
+    Streamed from the memory-mapped cache; of
     several sources, each source's digest with its weight (a new weight is other data)."""
     if isinstance(pair, MixedCorpus):
         parts = [f"{_ids_digest(p)}x{w!r}" for p, w in zip(pair.parts, pair.weights, strict=True)]
@@ -102,7 +102,7 @@ def check_fingerprint(
 def _config_changes(saved: dict[str, Any], cfg: Config) -> str:
     """The data and tokenizer config keys that differ from the checkpoint's.
 
-    The data and tokenizer config keys that differ from the checkpoint's, e.g.
+    E.g.
     "data.toy_seed 1 -> 2": most changed fingerprints are explained by one of them."""
     now = cfg.to_dict()
     changes = []

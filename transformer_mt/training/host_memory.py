@@ -91,7 +91,7 @@ def resident_mib() -> float | None:
 def bound_kernel_caches(capacity: int = 64) -> None:
     """Cap oneDNN's two per-shape kernel caches at ``capacity`` entries each.
 
-    Cap oneDNN's two per-shape kernel caches at ``capacity`` entries each, unless the user set
+    Unless the user set
     the variables. They are read when the first oneDNN kernel is built, so call this first."""
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(capacity))

@@ -130,7 +130,7 @@ class MetricsLog:
     def trim(self, last_step: int) -> None:
         """On resume, drop the lines logged after the checkpoint.
 
-        On resume, drop the lines logged after the checkpoint: they will be logged again (and
+        They will be logged again (and
         a half-written last line, see :func:`read_records`); a fresh run starts an empty log."""
         if not (self.enabled and self.path.is_file()):
             return

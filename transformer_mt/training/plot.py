@@ -20,7 +20,7 @@ DRAWN = ("nll", "lr", "val_loss", "val_bleu", "time_s")  # numbers, where a line
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of RUN_DIR/metrics.jsonl.
 
-    The records of RUN_DIR/metrics.jsonl, read as a resumed run reads them
+    Read as a resumed run reads them
     (:func:`transformer_mt.training.metrics.read_records`: a half-written last line is skipped
     with a warning, a bad line elsewhere is an error naming it). A one-line MTError when there
     is nothing to draw (no metrics.jsonl yet, or not one record in it), for a bad last line

@@ -1,6 +1,6 @@
 """The resumable state of a run besides weights and optimizer.
 
-The resumable state of a run besides weights and optimizer: position, best value, generators,
+Position, best value, generators,
 and the stop flag that Ctrl-C / SIGTERM raise."""
 
 import contextlib
@@ -68,7 +68,7 @@ def rank_seed(seed: int, rank: int) -> int:
 class StoppedBySignal(Exception):
     """A run stopped by Ctrl-C or SIGTERM, after saving its checkpoint.
 
-    A run stopped by Ctrl-C or SIGTERM, after saving its checkpoint: not a failure, but not a
+    Not a failure, but not a
     finished run either, so `mt train` exits with the shell's code for the signal (130 for
     SIGINT, 143 for SIGTERM) and `mt train && next` does not go on."""
 

@@ -1,9 +1,10 @@
 """A built-in synthetic corpus (English into two invented languages): `mt train` works offline.
 
-The source is a small English. Each drawn sentence is rendered into English and into two invented
-target languages, so the corpus is multi-way aligned (line i of the English is translated into
-both). Their grammars differ from English and from each other the way real languages do, so a model
-must learn more than a word-for-word lookup.
+The source is a small English, translated into two invented target languages. Each target's
+corpus translates English sentences of its own, as multilingual corpora are rarely parallel
+(:func:`generate_multi` renders one set of sentences into every target, to compare grammars).
+Their grammars differ from English and from each other the way real languages do, so a model must
+learn more than a word-for-word lookup.
 
 "trg" (the first target; the toy recipe's language) is verb-second and fusional:
 
@@ -18,11 +19,11 @@ must learn more than a word-for-word lookup.
 "trg2" (the second target) is head-final and agglutinative, one suffix per meaning:
 
 - word order: subject-object-verb in every clause (subject, then a time adverb, then a
-  postpositional phrase, then the object, then the verb); a subordinate clause comes BEFORE the
-  main clause and ends in its conjunction ("..., because he sleeps" -> "ho <sleep>po kara, ...");
+  postpositional phrase, then the object, then the verb); a subordinate clause follows the main
+  clause and ends in its conjunction ("..., because he sleeps" -> "..., ho <sleep>po kara.");
   adjectives precede their noun; postpositions follow their noun phrase;
-- no articles and no gender: a noun is stem + plural "-ri" + definite "-la" + case ("-bo"
-  accusative, "-de" oblique after a postposition; the nominative is unmarked);
+- no articles and no gender: a noun is stem + plural "-ri" + case ("-bo" accusative, "-de"
+  oblique after a postposition; the nominative is unmarked);
 - agreement: an adjective agrees with its noun in number only (stem + "-ri" if plural + "-n");
   a verb agrees with its subject in person and number (-pa/-pe/-po for the first, second and
   third person singular; plural adds "ri": -pari/-peri/-pori);
@@ -32,14 +33,13 @@ must learn more than a word-for-word lookup.
   ending; in these fixed lexicons no "trg2" word is also a "trg" word.
 
 The lexicons are fixed (their words come from constant seeds, so every corpus speaks the same
-languages); the sentences are drawn from ``random.Random(seed)``: the same seed gives the same
-corpus. Every target is rendered from the one drawn structure, so a target adds no draws.
+languages); the first target's sentences are drawn from ``random.Random(seed)``, another target's
+from a seed of the seed and its code: the same seed gives the same corpus.
 """
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 _NOUNS = (
     "dog cat man woman child teacher doctor farmer bird horse house car book apple tree river "
@@ -49,9 +49,14 @@ _NOUNS = (
     "lake field island castle church school shop market kitchen room stone card glass egg"
 ).split()
 _IRREGULAR_PLURAL = {
-    "man": "men", "woman": "women", "child": "children", "mouse": "mice", "foot": "feet",
-    "knife": "knives", "shelf": "shelves",
-}  # fmt: skip
+    "man": "men",
+    "woman": "women",
+    "child": "children",
+    "mouse": "mice",
+    "foot": "feet",
+    "knife": "knives",
+    "shelf": "shelves",
+}
 _ADJECTIVES = (
     "big small red old young happy sad green blue heavy light new beautiful quiet loud cold "
     "warm dark bright tall short fast slow clever brave poor rich strong weak clean dirty empty "
@@ -66,28 +71,47 @@ _TRANSITIVE = (
     "know:knew take:took"
 ).split()
 _INTRANSITIVE = "sleep:slept run:ran laugh:laughed sing:sang wait:waited swim:swam work:worked"
-_INTRANSITIVE_PAIRS = [tuple(v.split(":")) for v in _INTRANSITIVE.split()]
+_INTRANSITIVE_PAIRS = [(v.split(":")[0], v.split(":")[1]) for v in _INTRANSITIVE.split()]
 _PREPOSITIONS = ("in on near with under behind").split()
 _CONJUNCTIONS = ("because when while although").split()
 # Pronoun subjects: (English, person-number, English verb agreement)
 _PRONOUNS = [
-    ("I", "1sg"), ("you", "2sg"), ("he", "3sg"), ("she", "3sg"), ("we", "1pl"), ("they", "3pl"),
-]  # fmt: skip
+    ("I", "1sg"),
+    ("you", "2sg"),
+    ("he", "3sg"),
+    ("she", "3sg"),
+    ("we", "1pl"),
+    ("they", "3pl"),
+]
 _PERSON = dict(_PRONOUNS)
 
 # "trg" grammar tables.
 _GENDERS = ("m", "f", "n")
 _DEF = {  # definite article by (gender or "pl", case)
-    ("m", "nom"): "do", ("m", "acc"): "dan", ("m", "dat"): "dem",
-    ("f", "nom"): "da", ("f", "acc"): "da", ("f", "dat"): "der",
-    ("n", "nom"): "di", ("n", "acc"): "di", ("n", "dat"): "dim",
-    ("pl", "nom"): "du", ("pl", "acc"): "du", ("pl", "dat"): "dun",
-}  # fmt: skip
+    ("m", "nom"): "do",
+    ("m", "acc"): "dan",
+    ("m", "dat"): "dem",
+    ("f", "nom"): "da",
+    ("f", "acc"): "da",
+    ("f", "dat"): "der",
+    ("n", "nom"): "di",
+    ("n", "acc"): "di",
+    ("n", "dat"): "dim",
+    ("pl", "nom"): "du",
+    ("pl", "acc"): "du",
+    ("pl", "dat"): "dun",
+}
 _INDEF = {  # indefinite article (singular only; plural indefinite has none, like English "some")
-    ("m", "nom"): "en", ("m", "acc"): "enan", ("m", "dat"): "enem",
-    ("f", "nom"): "ena", ("f", "acc"): "ena", ("f", "dat"): "ener",
-    ("n", "nom"): "eni", ("n", "acc"): "eni", ("n", "dat"): "enim",
-}  # fmt: skip
+    ("m", "nom"): "en",
+    ("m", "acc"): "enan",
+    ("m", "dat"): "enem",
+    ("f", "nom"): "ena",
+    ("f", "acc"): "ena",
+    ("f", "dat"): "ener",
+    ("n", "nom"): "eni",
+    ("n", "acc"): "eni",
+    ("n", "dat"): "enim",
+}
 _PLURAL_SUFFIX = {"m": "en", "f": "as", "n": "ir"}
 _ADJ_SUFFIX = {"m": "o", "f": "a", "n": "e", "pl": "i"}
 _VERB_SUFFIX = {"1sg": "u", "2sg": "is", "3sg": "et", "1pl": "om", "2pl": "ot", "3pl": "ant"}
@@ -95,14 +119,22 @@ _PAST_INFIX = "ta"
 _NEGATION = "nek"
 _TRG_PRONOUNS = {"I": "mi", "you": "ti", "he": "lo", "she": "la", "we": "nos", "they": "los"}
 _TRG_FUNCTION = {
-    "in": "ina", "on": "supa", "near": "pres", "with": "kon", "under": "sota", "behind": "tras",
-    "because": "porke", "when": "kwan", "while": "dum", "although": "malgre",
-    "yesterday": "jeri", "today": "oje",
-}  # fmt: skip
+    "in": "ina",
+    "on": "supa",
+    "near": "pres",
+    "with": "kon",
+    "under": "sota",
+    "behind": "tras",
+    "because": "porke",
+    "when": "kwan",
+    "while": "dum",
+    "although": "malgre",
+    "yesterday": "jeri",
+    "today": "oje",
+}
 
 # "trg2" grammar tables: suffixes use only consonants that its stems never contain.
 _TRG2_PLURAL = "ri"
-_TRG2_DEFINITE = "la"
 _TRG2_CASE = {"nom": "", "acc": "bo", "obl": "de"}
 _TRG2_ADJ_FINAL = "n"
 _TRG2_NEGATION = "ze"  # a verb prefix
@@ -110,15 +142,24 @@ _TRG2_PAST = "fu"
 _TRG2_PERSON = {"1sg": "pa", "2sg": "pe", "3sg": "po", "1pl": "pari", "2pl": "peri", "3pl": "pori"}
 _TRG2_PRONOUNS = {"I": "yo", "you": "chu", "he": "ho", "she": "hi", "we": "yowa", "they": "howa"}
 _TRG2_FUNCTION = {
-    "in": "uchi", "on": "uwe", "near": "chika", "with": "tomo", "under": "shimo", "behind": "ato",
-    "because": "kara", "when": "toki", "while": "aida", "although": "demo",
-    "yesterday": "kino", "today": "kyo",
-}  # fmt: skip
+    "in": "uchi",
+    "on": "uwe",
+    "near": "chika",
+    "with": "tomo",
+    "under": "shimo",
+    "behind": "ato",
+    "because": "kara",
+    "when": "toki",
+    "while": "aida",
+    "although": "demo",
+    "yesterday": "kino",
+    "today": "kyo",
+}
 
-# The target language codes, in the order a multi-way corpus lists them; "trg" is the default.
+# The target language codes; the first ("trg") is the default and draws from the seed itself.
 TOY_TARGETS = ("trg", "trg2")
 # Bump when the generator's output changes, so cached corpora of the old version are not reused.
-TOY_VERSION = 2
+TOY_VERSION = 3
 _LEXICON_SEED = 20170612  # fixed: the target language never changes between corpora
 _LEXICON2_SEED = 20240229  # fixed, likewise, for "trg2"
 
@@ -196,8 +237,8 @@ def _build_lexicon2() -> _Lexicon:
 
 _LEX = _build_lexicon()
 _LEX2 = _build_lexicon2()
-_TRANSITIVE_PAIRS = [tuple(v.split(":")) for v in _TRANSITIVE]
-_PAST = dict(_TRANSITIVE_PAIRS + _INTRANSITIVE_PAIRS)
+_TRANSITIVE_PAIRS = [(v.split(":")[0], v.split(":")[1]) for v in _TRANSITIVE]
+_PAST = dict(_TRANSITIVE_PAIRS + _INTRANSITIVE_PAIRS)  # base form -> past
 
 
 def _en_plural(noun: str) -> str:
@@ -266,7 +307,7 @@ class _Sentence:
 class _Generator:
     """Draws sentence structures from ``random.Random(seed)``; the draw order is fixed."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int | str) -> None:
         self.rng = random.Random(seed)
 
     def noun_phrase(self) -> _NounPhrase:
@@ -407,11 +448,10 @@ def _trg_sentence(sentence: _Sentence) -> str:
 
 
 def _trg2_noun_phrase(np: _NounPhrase, case: str) -> list[str]:
-    """A "trg2" noun phrase: adjective agreeing in number, noun + number + definite + case."""
+    """A "trg2" noun phrase: adjective agreeing in number, noun + number + case (no articles)."""
     number = _TRG2_PLURAL if np.plural else ""
     words = [_LEX2.adj_stem[np.adj] + number + _TRG2_ADJ_FINAL] if np.adj else []
-    definite = _TRG2_DEFINITE if np.definite else ""
-    return [*words, _LEX2.noun_stem[np.noun] + number + definite + _TRG2_CASE[case]]
+    return [*words, _LEX2.noun_stem[np.noun] + number + _TRG2_CASE[case]]
 
 
 def _trg2_clause(clause: _Clause, adverb: str | None = None) -> list[str]:
@@ -433,12 +473,12 @@ def _trg2_clause(clause: _Clause, adverb: str | None = None) -> list[str]:
 
 
 def _trg2_sentence(sentence: _Sentence) -> str:
-    """The "trg2" side: a subordinate clause and its conjunction first, then the main clause."""
-    words: list[str] = []
+    """The "trg2" side: the main clause, then a subordinate clause that ends in its conjunction."""
+    words = _trg2_clause(sentence.main, sentence.adverb)
     if sentence.sub:
         conj, clause = sentence.sub
-        words = [*_trg2_clause(clause), _TRG2_FUNCTION[conj] + ","]
-    return _finish(words + _trg2_clause(sentence.main, sentence.adverb))
+        words = [*words[:-1], words[-1] + ",", *_trg2_clause(clause), _TRG2_FUNCTION[conj]]
+    return _finish(words)
 
 
 _RENDER: dict[str, Callable[[_Sentence], str]] = {"trg": _trg_sentence, "trg2": _trg2_sentence}
@@ -453,10 +493,15 @@ def _check_target(target: str) -> Callable[[_Sentence], str]:
     return _RENDER[target]
 
 
-def _sentences(n: int, seed: int) -> list[_Sentence]:
+def _sentences(n: int, seed: int | str) -> list[_Sentence]:
     """``n`` drawn sentence structures, deterministic for a given seed."""
     gen = _Generator(seed)
     return [gen.sentence() for _ in range(n)]
+
+
+def _target_seed(seed: int, target: str) -> int | str:
+    """The seed of a target's own English sentences: ``seed`` itself for the first target."""
+    return seed if target == TOY_TARGETS[0] else f"{seed}:{target}"
 
 
 def generate_pairs(n: int, seed: int, *, target: str = "trg") -> list[tuple[str, str]]:
@@ -465,21 +510,24 @@ def generate_pairs(n: int, seed: int, *, target: str = "trg") -> list[tuple[str,
     ``target`` is a code from TOY_TARGETS; every target of one seed has the same English lines.
     """
     render = _check_target(target)
-    return [(_en_sentence(s), render(s)) for s in _sentences(n, seed)]
+    return [(_en_sentence(s), render(s)) for s in _sentences(n, _target_seed(seed, target))]
 
 
 def generate_multi(n: int, seed: int) -> list[tuple[str, dict[str, str]]]:
-    """``n`` English sentences, each with its translation into every target of TOY_TARGETS."""
+    """``n`` English sentences, each with its translation into every target of TOY_TARGETS.
+
+    The sentences are the first target's (those of ``generate_pairs(n, seed)``), rendered into
+    every grammar; a corpus of :func:`toy_splits` gives each target sentences of its own.
+    """
     return [
         (_en_sentence(s), {code: _RENDER[code](s) for code in TOY_TARGETS})
         for s in _sentences(n, seed)
     ]
 
 
-_P = TypeVar("_P", tuple[str, str], tuple[str, dict[str, str]])
-
-
-def _split(pairs: list[_P], train_size: int, valid_size: int) -> dict[str, list[_P]]:
+def _split(
+    pairs: list[tuple[str, str]], train_size: int, valid_size: int
+) -> dict[str, list[tuple[str, str]]]:
     """Train/valid/test of pairs, less the training pairs whose English is also held out."""
     valid = pairs[train_size : train_size + valid_size]
     test = pairs[train_size + valid_size :]
@@ -493,14 +541,26 @@ def toy_splits(
 ) -> dict[str, list[tuple[str, str]]]:
     """Train/valid/test splits with no test or valid pair also in train (exact duplicates removed).
 
-    ``target`` is a code from TOY_TARGETS; the splits of every target hold the same English lines.
+    ``target`` is a code from TOY_TARGETS. Each target translates English sentences of its own
+    (multilingual corpora are rarely parallel), and no target's held-out English is in another
+    target's training split: a model of several targets is never validated on an English
+    sentence it was trained on.
     """
-    pairs = generate_pairs(train_size + valid_size + test_size, seed, target=target)
-    return _split(pairs, train_size, valid_size)
-
-
-def toy_multi_splits(
-    train_size: int, valid_size: int, test_size: int, seed: int
-) -> dict[str, list[tuple[str, dict[str, str]]]]:
-    """The splits of toy_splits with every target at once: (English, {code: translation}) items."""
-    return _split(generate_multi(train_size + valid_size + test_size, seed), train_size, valid_size)
+    if target == TOY_TARGETS[0]:
+        pairs = generate_pairs(train_size + valid_size + test_size, seed, target=target)
+        return _split(pairs, train_size, valid_size)
+    render = _check_target(target)
+    first = toy_splits(train_size, valid_size, test_size, seed)
+    first_train = {english for english, _ in first["train"]}
+    gen = _Generator(_target_seed(seed, target))
+    drawn = [gen.sentence() for _ in range(train_size)]
+    held_out = 0
+    while held_out < valid_size + test_size:  # held out: English that the first target trains on
+        sentence = gen.sentence()
+        if _en_sentence(sentence) not in first_train:
+            drawn.append(sentence)
+            held_out += 1
+    splits = _split([(_en_sentence(s), render(s)) for s in drawn], train_size, valid_size)
+    first_held_out = {english for english, _ in first["valid"] + first["test"]}
+    splits["train"] = [p for p in splits["train"] if p[0] not in first_held_out]
+    return splits

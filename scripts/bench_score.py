@@ -35,9 +35,13 @@ def main() -> None:
     parser.add_argument("--trg", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--batch-tokens", type=int, default=None, help="default: the run's")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads, here and (OMP_NUM_THREADS, MKL_NUM_THREADS) in the "
-                        "`mt score` process; 0 = default")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads, here and (OMP_NUM_THREADS, MKL_NUM_THREADS) in the "
+        "`mt score` process; 0 = default",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-cli", action="store_true", help="skip the `mt score` process runs")
     args = parser.parse_args()
@@ -54,9 +58,13 @@ def main() -> None:
     def run_library() -> tuple[float, int, int]:
         start = time.perf_counter()
         scores = score_pairs(
-            loaded.model, loaded.src_tok, loaded.trg_tok, sources, targets,
+            loaded.model,
+            loaded.src_tok,
+            loaded.trg_tok,
+            sources,
+            targets,
             batch_tokens=batch_tokens,
-        )  # fmt: skip
+        )
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -66,15 +74,30 @@ def main() -> None:
     run_library()  # warm-up: allocator, sentencepiece, kernels
     library = [run_library() for _ in range(args.runs)]
     _, pairs, tokens = library[0]
-    print(f"checkpoint {args.checkpoint}  pairs {pairs}  target tokens {tokens}  "
-          f"batch_tokens {batch_tokens}  threads {torch.get_num_threads()}  device {args.device}")  # fmt: skip
+    print(
+        f"checkpoint {args.checkpoint}  pairs {pairs}  target tokens {tokens}  "
+        f"batch_tokens {batch_tokens}  threads {torch.get_num_threads()}  device {args.device}"
+    )
     _report("score_pairs", [s for s, _, _ in library], pairs, tokens)
 
     if args.no_cli:
         return
-    command = [sys.executable, "-m", "transformer_mt", "score", "-c", str(args.checkpoint),
-               "--src", str(args.src), "--trg", str(args.trg), "--device", args.device,
-               "--batch-tokens", str(batch_tokens)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "transformer_mt",
+        "score",
+        "-c",
+        str(args.checkpoint),
+        "--src",
+        str(args.src),
+        "--trg",
+        str(args.trg),
+        "--device",
+        args.device,
+        "--batch-tokens",
+        str(batch_tokens),
+    ]
     env = dict(os.environ)
     if args.threads:  # `mt score` has no thread option: torch sizes its pool from these
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
@@ -82,8 +105,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.runs):
             start = time.perf_counter()
-            done = subprocess.run([*command, "-o", str(Path(tmp) / "scores.txt")], env=env,
-                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+            done = subprocess.run(
+                [*command, "-o", str(Path(tmp) / "scores.txt")],
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             times.append(time.perf_counter() - start)
             if done.returncode != 0:
                 tail = "\n".join(done.stderr.strip().splitlines()[-15:])
@@ -97,8 +124,10 @@ def main() -> None:
 def _report(name: str, seconds: list[float], pairs: int, tokens: int) -> None:
     median = statistics.median(seconds)
     runs = " ".join(f"{s:.3f}" for s in seconds)
-    print(f"{name:20s} median {median:.3f} s  {pairs / median:9.1f} pairs/s  "
-          f"{tokens / median:10.1f} target tokens/s  (runs: {runs})")  # fmt: skip
+    print(
+        f"{name:20s} median {median:.3f} s  {pairs / median:9.1f} pairs/s  "
+        f"{tokens / median:10.1f} target tokens/s  (runs: {runs})"
+    )
 
 
 if __name__ == "__main__":

@@ -67,19 +67,47 @@ def _wait(condition, timeout: float = 600.0, every: float = 0.02) -> float:
 def measure(args: argparse.Namespace, sig: signal.Signals, work: Path) -> dict[str, float]:
     """One run, one signal to rank 1 between checkpoints; the timings from the signal."""
     run = work / f"run-{sig.name}"
-    sets = [f"train.max_steps={args.steps}", f"train.valid_every={args.valid_every}",
-            "train.log_every=1", "train.valid_bleu=false", "train.best_metric=loss",
-            f"train.collective_timeout_s={args.collective_timeout_s}"]  # fmt: skip
+    sets = [
+        f"train.max_steps={args.steps}",
+        f"train.valid_every={args.valid_every}",
+        "train.log_every=1",
+        "train.valid_bleu=false",
+        "train.best_metric=loss",
+        f"train.collective_timeout_s={args.collective_timeout_s}",
+    ]
     port = _free_port()
-    cmd = [sys.executable, "-m", "transformer_mt.training.distributed", "--nnodes", "2",
-           "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "bench",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "1",
-           "-m", "transformer_mt", "train", "--config", args.config, "--run-dir", str(run),
-           "--no-progress", *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformer_mt.training.distributed",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-id",
+        "bench",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--max-restarts",
+        "1",
+        "-m",
+        "transformer_mt",
+        "train",
+        "--config",
+        args.config,
+        "--run-dir",
+        str(run),
+        "--no-progress",
+        *[a for s in sets for a in ("--set", s)],
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     logs = [open(work / f"agent{i}-{sig.name}.log", "w") for i in range(2)]  # noqa: SIM115
-    agents = [subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True) for log in logs]  # fmt: skip
+    agents = [
+        subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for log in logs
+    ]
     try:
         # Past the first checkpoint by a few steps: those are lost and trained again.
         ckpt = args.valid_every
@@ -90,8 +118,12 @@ def measure(args: argparse.Namespace, sig: signal.Signals, work: Path) -> dict[s
         noticed = _wait(lambda: not Path(f"/proc/{workers[0]}").exists())
         back = _wait(lambda: ckpt < max((r["step"] for r in _steps(run)), default=0) < before)
         step_s = _steps(run)[-1]["time_s"] / max(1, _steps(run)[-1]["step"])
-        return {"noticed_s": noticed - started, "back_s": back - started,
-                "redone_steps": before - ckpt, "step_s": step_s}  # fmt: skip
+        return {
+            "noticed_s": noticed - started,
+            "back_s": back - started,
+            "redone_steps": before - ckpt,
+            "step_s": step_s,
+        }
     finally:
         for agent in agents:
             with contextlib.suppress(ProcessLookupError):
@@ -108,8 +140,11 @@ def main() -> None:
     parser.add_argument("--collective-timeout-s", type=float, default=20.0)
     parser.add_argument("--signal", nargs="+", default=["KILL", "STOP"], choices=["KILL", "STOP"])
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "transformer_mt", "prepare", "--config", args.config],
-                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "transformer_mt", "prepare", "--config", args.config],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.signal:
             sig = signal.Signals[f"SIG{name}"]

@@ -38,6 +38,8 @@ PARTS = ("encoder", "decoder", "log-softmax", "cache moves", "search")
 # and surrounding underscores dropped: "aten::clamp_min_" -> "clamp_min", "aten::__and__" -> "and",
 # "mkldnn::_linear_pointwise" -> "linear_pointwise"), which must equal a pattern; a "*" in one
 # stands for any characters (fnmatch). The first family with a matching pattern wins.
+# A table: one family a line, its op names filled to the width (the formatter would put one name
+# a line, 150 lines).
 FAMILIES = (
     ("matrix products", ("addmm", "mm", "bmm", "baddbmm", "addbmm", "matmul", "linear",
                          "linear_pointwise", "linear_dynamic*", "linear_prepack*",
@@ -123,8 +125,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed runs (median)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers")
-    parser.add_argument("--no-pack", action="store_true",
-                        help="fp32 by nn.Linear's own products, not oneDNN's packed ones")  # fmt: skip
+    parser.add_argument(
+        "--no-pack",
+        action="store_true",
+        help="fp32 by nn.Linear's own products, not oneDNN's packed ones",
+    )
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)

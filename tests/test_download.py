@@ -34,6 +34,10 @@ from transformer_mt.errors import MTError
 
 M30K_RAW = "data/task1/raw"
 VERIFIED = [f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
+# fr and cs have checksums too; their files sit beside ../shared/data/multi30k, in multi30k-fr-cs.
+VERIFIED_FR_CS = [
+    f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in ("fr", "cs")
+]
 
 
 SHARED = shared_multi30k()
@@ -244,9 +248,11 @@ def test_corrupted_multi30k_file_is_rejected_and_removed(
 def test_unverified_file_that_is_missing_gives_a_clear_404(
     m30k_server: Loopback, tmp_path: Path
 ) -> None:
-    # The loopback server only has the verified files; fr is unverified and absent here.
-    with pytest.raises(MTError, match=r"train\.fr\.gz answered HTTP 404.*--base-url"):
-        download_corpus("multi30k", tmp_path / "d", m30k_server.url, only=["train.fr.gz"])
+    # The loopback server only has de and en; test_2017_flickr.fr is unverified and absent here.
+    with pytest.raises(MTError, match=r"test_2017_flickr\.fr\.gz answered HTTP 404.*--base-url"):
+        download_corpus(
+            "multi30k", tmp_path / "d", m30k_server.url, only=["test_2017_flickr.fr.gz"]
+        )
     assert len(m30k_server.state.requests) == 1  # a 404 is not retried
 
 
@@ -491,9 +497,18 @@ def test_registry_lists_multi30k_files_and_checksums() -> None:
     assert m30k.base_url == "https://github.com/multi30k/dataset/raw/master/"
     assert len(m30k.files) == 22
     assert all(f.path == f"{M30K_RAW}/{f.local_name}" for f in m30k.files)
-    assert sorted(f.local_name for f in m30k.files if f.verified) == sorted(VERIFIED)
-    if SHARED is not None:
-        assert {f.local_name: f.sha256 for f in m30k.files if f.verified} == _sums()
+    assert sorted(f.local_name for f in m30k.files if f.verified) == sorted(
+        VERIFIED + VERIFIED_FR_CS
+    )
+    known = {f.local_name: f.sha256 for f in m30k.files if f.verified}
+    for folder, names in (
+        (SHARED, VERIFIED),
+        (SHARED and SHARED.parent / "multi30k-fr-cs", VERIFIED_FR_CS),
+    ):
+        sums = folder / "SHA256SUMS" if folder is not None else None
+        if sums is not None and sums.is_file():  # the copies the checksums were taken from
+            lines = [line.split() for line in sums.read_text().splitlines() if line.strip()]
+            assert {name: known[name] for name in names} == {n: d for d, n in lines}
 
 
 def test_multi30k_split_map_lives_with_its_registry_entry() -> None:

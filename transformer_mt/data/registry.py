@@ -170,8 +170,9 @@ _M30K_SPLITS_LANGS: dict[str, tuple[str, ...]] = {
     "test_2018_flickr": ("de", "en", "fr", "cs"),
 }
 
-# Checksums of the files as github.com/multi30k/dataset serves them, taken from a byte-for-byte
-# copy (shared/data/multi30k/SHA256SUMS). Every other Multi30k file is unverified.
+# Checksums of the files as github.com/multi30k/dataset serves them, taken from byte-for-byte
+# copies (the SHA256SUMS of shared/data/multi30k and shared/data/multi30k-fr-cs). Every other
+# Multi30k file is unverified.
 _M30K_SHA256: dict[str, str] = {
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
@@ -179,6 +180,12 @@ _M30K_SHA256: dict[str, str] = {
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
     "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
 }
 
 

@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 TORCH_INDEX ?=
 RUN_DIR ?= runs/toy
-TOY_TEST := data/cache/toy-v2-seed1234-20000-500-500-src-trg/test
+TOY_TEST := data/cache/toy-v3-seed1234-20000-500-500-src-trg/test
 
 M30K_DIR ?= runs/multi30k_de_en
 M30K_MINUTES ?= 60

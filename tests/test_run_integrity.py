@@ -271,9 +271,12 @@ def test_a_stalled_rank_is_named_after_the_collective_timeout(tmp_path):
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors, result.stderr
-    # Three ranks: the two healthy ones both time out, and neither is blamed.
-    assert "error: rank 2 did not answer" in errors[0] and "collective_timeout_s" in errors[0]
-    assert not any("rank 0 did not" in e or "rank 1 did not" in e or "ranks" in e for e in errors)
+    # Three ranks: a healthy one times out naming rank 2, and neither healthy rank is blamed. The
+    # other healthy rank may see rank 2 killed first (torchrun stops the group when one rank
+    # exits): then it names rank 2 as gone, which is also rank 2.
+    timed_out = [e for e in errors if "rank 2 did not answer" in e and "collective_timeout_s" in e]
+    assert timed_out, errors
+    assert all(e.startswith("error: rank 2 ") for e in errors), errors
     assert took < 60, f"took {took:.0f} s"
 
 

@@ -190,9 +190,11 @@ def _replace_linears(model: _M, kind: type[nn.Linear], make: Callable[[Any], nn.
 def _onednn_linear_works() -> bool:
     """Whether this torch build runs oneDNN's packed linear product, and right.
 
-    Whether this torch build runs oneDNN's packed linear product, and right (checked once per
-    process). Builds without it (torch built without oneDNN, some non-x86 CPUs) lack the ops or
-    raise in them; their linear layers stay ``nn.Linear``, and the log says why."""
+    Checked once per process. Builds without it (torch built without oneDNN, some non-x86 CPUs)
+    lack the ops or raise in them; their linear layers stay ``nn.Linear``, and the log says why.
+    The probe's exceptions are its answers, not unfinished code: a missing op raises
+    AttributeError, a backend without the kernel NotImplementedError, oneDNN refusing the CPU
+    RuntimeError."""
     if not torch.backends.mkldnn.is_available():
         logger.info("fp32 linear layers run unpacked: this torch has no oneDNN")
         return False
@@ -202,8 +204,6 @@ def _onednn_linear_works() -> bool:
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w)
         y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    # The probe's answers when the build cannot: ops missing (AttributeError), no kernel for
-    # this backend (torch raises NotImplementedError), oneDNN refusing this CPU (RuntimeError).
     except (AttributeError, NotImplementedError, RuntimeError) as err:
         logger.info("fp32 linear layers run unpacked: oneDNN's packed product failed (%s)", err)
         return False

@@ -103,6 +103,7 @@ decode:
   beam_size: 2
   max_len_a: 5
   max_len_b: 1.2
+  precision: fp32
 """
 
 

@@ -128,6 +128,7 @@ QuantizeOpt = Annotated[
         "engine)."
     ),
 ]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help=option_help("precision"))]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 TargetLangOpt = Annotated[
     str | None,
@@ -265,7 +266,10 @@ def _translate(
     ``(results, decode settings)``; see
     :func:`_translator`."""
     quantization, target = kw.pop("quantize", None), kw.pop("target_lang", None)
-    translate, decode = _translator(engine, model_paths, device, options, quantization, target)
+    precision = kw.pop("precision", None)
+    translate, decode = _translator(
+        engine, model_paths, device, options, quantization, target, precision
+    )
     return translate(lines, **kw), decode
 
 
@@ -276,6 +280,7 @@ def _translator(
     options: dict,
     quantization: str | None,
     target_lang: str | None = None,
+    precision: str | None = None,
 ):
     """Load the model(s) once: ``(translate(lines, **kw) -> results, decode settings)``.
 
@@ -284,16 +289,26 @@ def _translator(
     `mt export`. ``options`` are decode options (None keeps the model's); ``kw`` of ``translate``
     goes to translate_lines (progress, attention pictures, prefixes, alignments), which the
     torch engine handles. ``target_lang``: the language a multilingual model translates into.
+    ``quantization`` and ``precision`` (None: each checkpoint's decode.precision): what the
+    linear layers multiply in (:func:`~transformer_mt.inference.load_for_inference`).
     """
     if engine == "ct2":
+        if precision is not None:
+            raise MTError("--precision needs --engine torch (checkpoints, not an export)")
         return _ct2_translator(model_paths, device, options, quantization, target_lang)
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
     from transformer_mt.inference.translate import ensemble_model
 
-    loaded = [load_for_inference(path, device, quantization) for path in model_paths]
+    loaded = [
+        load_for_inference(path, device, quantization, precision=precision) for path in model_paths
+    ]
     first = loaded[0]
+    if first.precision_why.startswith("auto"):  # a choice this machine made: say which, and why
+        logging.getLogger("transformer_mt").info(
+            f"linear layers in {first.precision} ({first.precision_why})"
+        )
     model = ensemble_model(loaded, [str(path) for path in model_paths])
     decode = _decode_settings(first.config.decode, **options)
     src_prefix = first.source_prefix(target_lang)  # a multilingual model's tag, before any work
@@ -496,6 +511,7 @@ def translate(
     ] = None,
     engine: EngineOpt = "torch",
     quantize: QuantizeOpt = None,
+    precision: PrecisionOpt = None,
     interactive: Annotated[
         bool,
         typer.Option(
@@ -533,7 +549,7 @@ def translate(
 
     Translate text in order: one output line per input line (K with --nbest K); empty in, empty
     out. A document (-i page.html, .docx, .odt, .pptx, .epub) becomes one of its format (-o)."""
-    model = _ModelOptions(checkpoints, engine, device, quantize, target_lang)
+    model = _ModelOptions(checkpoints, engine, device, quantize, target_lang, precision)
     options = _decode_options(
         beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p, seed
     )
@@ -558,13 +574,14 @@ class _ModelOptions:
     """The options that choose what translates.
 
     What translates: --checkpoint (several: an ensemble), --engine, --device, --quantize,
-    --target-lang."""
+    --target-lang, --precision."""
 
     checkpoints: list[Path]
     engine: str
     device: str
     quantize: str | None
     target_lang: str | None
+    precision: str | None = None
 
 
 @dataclasses.dataclass
@@ -628,6 +645,7 @@ def _translate_text(
         options,
         model.quantize,
         model.target_lang,
+        model.precision,
     )
     if text.interactive or at_terminal:
         _check_interactive(input, output, text.prefix_file, implied=not text.interactive)
@@ -714,7 +732,9 @@ def _translate_document(
     check_output(output, inputs)
     document = read_document_file(input)
     check_document_output(document, output)
-    engine = load_engine(model.engine, model.checkpoints[0], model.device, model.quantize)
+    engine = load_engine(
+        model.engine, model.checkpoints[0], model.device, model.quantize, model.precision
+    )
     decode = _decode_settings(engine.decode, **options)
     translate_file(engine, document, output, decode, model.target_lang, inputs=inputs)
     _note(f"wrote {output}: {len(document.segments)} segments translated")
@@ -863,6 +883,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     engine: EngineOpt = "torch",
     quantize: QuantizeOpt = None,
+    precision: PrecisionOpt = None,
     tokenize: Annotated[
         str,
         typer.Option(
@@ -885,7 +906,8 @@ def evaluate(
         raise MTError("give either --hyp FILE, or --src FILE with --checkpoint")
     if hyp is not None:
         translating = {"--checkpoint": checkpoint, "--beam": beam}
-        _refuse_with_hyp({**translating, "--len-penalty": len_penalty, "--quantize": quantize})
+        quantization = {"--quantize": quantize, "--precision": precision}
+        _refuse_with_hyp({**translating, "--len-penalty": len_penalty, **quantization})
     refs = [read_lines(r) for r in ref]
     if hyp is not None:
         hyps, hyp_name = read_lines(hyp), str(hyp)
@@ -904,6 +926,7 @@ def evaluate(
             options,
             progress=True,
             quantize=quantize,
+            precision=precision,
             target_lang=target_lang,
         )
         hyps, hyp_name = [r[0][0] for r in results], str(src)
@@ -1048,7 +1071,7 @@ def export(
     if format != "ctranslate2":
         raise MTError(f"--format {format!r}: the only export format is ctranslate2")
     check_export_output(output, [checkpoint])  # before any work; it never holds the checkpoint
-    loaded = load_for_inference(checkpoint)
+    loaded = load_for_inference(checkpoint, pack=False)  # the checkpoint's own fp32 weights
     out = export_ctranslate2(loaded, output, quantization, str(checkpoint), inputs=[checkpoint])
     _note(
         f"wrote {out} (CTranslate2, {quantization}); translate with: mt translate --engine ct2 -c {out}"
@@ -1151,6 +1174,7 @@ def serve(
     max_beam: int = _serve_option("--max-beam"),
     access_log: bool = _serve_option("--access-log"),
     quantize: str | None = _serve_option("--quantize"),
+    precision: str | None = _serve_option("--precision"),
     api_keys: Path | None = _serve_option("--api-keys"),
     require_api_key: bool = _serve_option("--require-api-key"),
     key_free_origin: str | None = _serve_option("--key-free-origin"),

@@ -716,6 +716,15 @@ class DecodeConfig:
         range=AT_LEAST_1,
         option="--batch-tokens",
     )
+    precision: str = setting(
+        "auto",
+        "the products of the linear layers when translating with a checkpoint: auto = bf16 "
+        "where the device runs it natively (a GPU from Ampere on, a CPU with AVX512-BF16 or "
+        "AMX) and a start-up probe finds it faster, else fp32; fp32; bf16 (weights rounded to "
+        "bf16 once, fp32 around the products). --quantize int8 replaces it",
+        choices=("auto", "fp32", "bf16"),
+        option="--precision",
+    )
     sampling: bool = setting(
         False,
         "draw each token instead of searching (back-translation); beam 1 only",

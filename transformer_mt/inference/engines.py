@@ -201,9 +201,13 @@ class TorchEngine(Engine):
     """Our own model and search: exactly what ``mt translate`` computes."""
 
     def __init__(
-        self, checkpoint: Path | str, device: str = "cpu", quantization: str | None = None
+        self,
+        checkpoint: Path | str,
+        device: str = "cpu",
+        quantization: str | None = None,
+        precision: str | None = None,
     ) -> None:
-        loaded = load_for_inference(checkpoint, device, quantization)
+        loaded = load_for_inference(checkpoint, device, quantization, precision=precision)
         self.model = loaded.model
         data = loaded.config.data
         super().__init__(
@@ -215,6 +219,7 @@ class TorchEngine(Engine):
             trg_lang=data.trg_lang,
             info={
                 "device": str(torch.device(device)),
+                "precision": loaded.precision,
                 "model_args": loaded.model_args,
                 "step": loaded.step,
                 "validation": validation_report(loaded),
@@ -435,28 +440,36 @@ class CT2Engine(Engine):
 
 
 def load_engine(
-    kind: str, path: Path | str, device: str = "cpu", quantize: str | None = None
+    kind: str,
+    path: Path | str,
+    device: str = "cpu",
+    quantize: str | None = None,
+    precision: str | None = None,
 ) -> Engine:
     """Load the engine ``kind`` from ``path``.
 
     ``kind`` "torch" (``path``: a checkpoint) or "ct2" (``path``: an exported directory);
-    ``quantize`` ("int8", torch only): dynamic int8 linear layers."""
-    check_engine(kind, path, quantize)
+    ``quantize`` ("int8", torch only): dynamic int8 linear layers; ``precision`` (torch only;
+    None: the checkpoint's decode.precision): see :func:`load_for_inference`."""
+    check_engine(kind, path, quantize, precision)
     if kind == "torch":
-        return TorchEngine(path, device, quantize)
+        return TorchEngine(path, device, quantize, precision)
     return CT2Engine(path, device)
 
 
-def check_engine(kind: str, path: Path | str, quantize: str | None = None) -> None:
+def check_engine(
+    kind: str, path: Path | str, quantize: str | None = None, precision: str | None = None
+) -> None:
     """The checks of :func:`load_engine` that load nothing.
 
-    The engine's name, a file or a directory for it, quantization: an MTError naming the option at
-    fault."""
-    if quantize is not None and kind != "torch":
-        raise MTError(
-            "--quantize is for --engine torch; CTranslate2 models are quantized by "
-            "`mt export --quantization`"
-        )
+    The engine's name, a file or a directory for it, quantization and precision: an MTError
+    naming the option at fault."""
+    for option, value in (("--quantize", quantize), ("--precision", precision)):
+        if value is not None and kind != "torch":
+            raise MTError(
+                f"{option} is for --engine torch; CTranslate2 models are quantized by "
+                "`mt export --quantization`"
+            )
     if kind == "torch":
         if Path(path).is_dir():
             raise MTError(

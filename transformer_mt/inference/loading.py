@@ -10,7 +10,7 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.languages import model_pairs, source_prefix, tag_ids, target_tags
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.devices import resolve_device
+from transformer_mt.devices import choose_precision, resolve_device
 from transformer_mt.errors import MTError
 
 # The linear layers live in linear_layers.py; their names stay importable from here.
@@ -21,6 +21,7 @@ from transformer_mt.inference.linear_layers import (  # noqa: F401
     _onednn_linear_works,
     pack_linear_layers,
     quantize,
+    to_bf16,
 )
 from transformer_mt.model import Transformer, TransformerConfig
 
@@ -38,6 +39,8 @@ class LoadedModel:
     validation: dict[str, Any] | None = None  # validation BLEU at its step (validation_bleu)
     lang_tags: dict[str, str] = field(default_factory=dict)  # target language -> its tag, for a
     # model with several target languages (or fine-tuned from one); empty: no tags
+    precision: str = "fp32"  # what its linear layers multiply in: fp32, bf16 or int8
+    precision_why: str = ""  # where that came from (an option, the config, auto's probe)
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
@@ -59,12 +62,17 @@ def load_for_inference(
     quantization: str | None = None,
     *,
     pack: bool = True,
+    precision: str | None = None,
 ) -> LoadedModel:
     """Rebuild the model (in eval mode, on ``device``) and tokenizers from a checkpoint.
 
-    ``quantization`` (``int8``, CPU only) quantizes the linear layers (:func:`quantize`);
-    without it, on a CPU in fp32, ``pack`` runs them on weights packed once for oneDNN
-    (:func:`pack_linear_layers`: the same products in fp32, 2-3x faster here).
+    ``quantization`` (``int8``, CPU only) quantizes the linear layers (:func:`quantize`).
+    Otherwise ``precision`` (None: the checkpoint's ``decode.precision``; fp32 for checkpoints
+    written before that key, so that they translate as they did) chooses their products:
+    ``bf16`` (:func:`to_bf16`), ``fp32``, or ``auto`` (:func:`choose_precision`, the choice and
+    its reason in :attr:`LoadedModel.precision`). In fp32 on a CPU, ``pack`` runs them on
+    weights packed once for oneDNN (:func:`pack_linear_layers`: the same products, 2-3x faster
+    here); ``pack=False`` keeps plain ``nn.Linear`` layers (fp32 whatever ``precision`` says).
 
     Loaded with ``weights_only=True``: a checkpoint from a stranger cannot run code.
     """
@@ -97,8 +105,12 @@ def load_for_inference(
             f"fit together: {first[:200]}); use another checkpoint of the run"
         ) from err
     model.to(device).eval()
+    stored = (ckpt["config"].get("decode") or {}).get("precision", "fp32")
+    chosen, why = _precision(model, quantization, precision, stored, pack)
     if quantization is not None:
         model = quantize(model, quantization)
+    elif chosen == "bf16":
+        model = to_bf16(model)
     elif pack:
         pack_linear_layers(model)
     step = int(ckpt.get("step", 0))
@@ -113,7 +125,37 @@ def load_for_inference(
         model_args=model.config.to_args(),
         validation=validation_bleu(ckpt.get("train_state"), step),
         lang_tags=lang_tags,
+        precision=chosen,
+        precision_why=why,
     )
+
+
+# Rows of the auto probe's product when translating: a beam of 4 over a batch of 32 sentences.
+_PROBE_ROWS = 128
+
+
+def _precision(
+    model: Transformer, quantization: str | None, given: str | None, stored: str, pack: bool
+) -> tuple[str, str]:
+    """What the loaded model's linear layers multiply in, and why (see load_for_inference)."""
+    if quantization is not None:
+        if given is not None:
+            raise MTError(
+                f"--precision {given} and --quantize {quantization}: choose one "
+                "(int8 layers have no other precision)"
+            )
+        return "int8", f"--quantize {quantization}"
+    if not pack:
+        return "fp32", "plain linear layers asked for"
+    precision, source = (stored, "decode.precision") if given is None else (given, "--precision")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise MTError(f"{source} {precision!r}: expected one of auto, fp32, bf16")
+    if precision != "auto":
+        return precision, source
+    cfg = model.config.model
+    device = next(model.parameters()).device
+    chosen, why = choose_precision(device, cfg.d_model, cfg.ffn_hidden, _PROBE_ROWS)
+    return chosen, f"auto: {why}"
 
 
 def validation_bleu(train_state: Any, step: int) -> dict[str, Any] | None:

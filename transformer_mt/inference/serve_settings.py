@@ -294,6 +294,13 @@ class ServeSettings:
         choices=("int8",),
         option="--quantize",
     )
+    precision: str | None = setting(
+        None,
+        "the products of the linear layers (torch engine): auto, fp32 or bf16, as "
+        "decode.precision; default: the checkpoint's decode.precision",
+        choices=("auto", "fp32", "bf16"),
+        option="--precision",
+    )
     access_log: bool = setting(False, "log every request", option="--access-log")
     shutdown_timeout_s: float = setting(
         SHUTDOWN_TIMEOUT_S,

@@ -407,7 +407,7 @@ def serve(path: Path | str, settings: ServeSettings) -> None:
     most ``settings.shutdown_timeout_s``), in ``settings.workers`` processes. The port is bound
     first: one in use is an MTError before the model loads; so are a missing keys file and a
     mistake in the options, and a model that fails to load ends the server with its error."""
-    check_engine(settings.engine, path, settings.quantize)  # a mistake in the options first
+    check_engine(settings.engine, path, settings.quantize, settings.precision)  # options first
     Access(settings.access)  # the keys file, read and checked
     sockets = bind_sockets(settings.host, settings.port)
     try:
@@ -433,7 +433,9 @@ def serve_process(
 
     Serve on the bound ``sockets`` at once, the model loading meanwhile; its load error is
     raised here once the server has stopped."""
-    load = functools.partial(load_engine, settings.engine, path, settings.device, settings.quantize)
+    load = functools.partial(
+        load_engine, settings.engine, path, settings.device, settings.quantize, settings.precision
+    )
     port = sockets[0].getsockname()[1]  # the one the system chose for port 0
     host = settings.host
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

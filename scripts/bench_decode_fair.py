@@ -8,8 +8,9 @@ The CTranslate2 models are the checkpoint's `mt export` (float32 weights; each e
 ``compute_type`` at load). Every run of every engine is a process of its own, started for that run
 and gone after it, holding nothing but its engine:
 
-- ours: ``transformer_mt`` and torch; the checkpoint loaded as `mt translate` loads it (``--quantize
-  int8`` for ours-int8), ``torch.set_num_threads(--threads)``, lines through ``translate_lines``;
+- ours: ``transformer_mt`` and torch; the checkpoint loaded as `mt translate` loads it (``--precision
+  fp32`` for ours-fp32, ``bf16`` for ours-bf16, ``--quantize int8`` for ours-int8),
+  ``torch.set_num_threads(--threads)``, lines through ``translate_lines``;
 - CTranslate2: ``ctranslate2`` and ``sentencepiece`` only (never torch, never ``transformer_mt``:
   its report lists the packages it imported), ``Translator(inter_threads=1,
   intra_threads=--threads)``, lines through ``translate_batch``.
@@ -52,6 +53,7 @@ from pathlib import Path
 # only: the whole file through one continuous search with --batch sentences in flight.
 ENGINES = {
     "ours-fp32": ("ours", "fp32"),
+    "ours-bf16": ("ours", "bf16"),
     "ours-int8": ("ours", "int8"),
     "ours-fp32-unpacked": ("ours", "unpacked"),
     "ours-continuous": ("ours", "continuous"),
@@ -61,7 +63,14 @@ ENGINES = {
     "ct2-int8_bfloat16": ("ct2", "int8_bfloat16"),
     "ct2-bfloat16": ("ct2", "bfloat16"),
 }
-DEFAULT_ENGINES = ["ours-fp32", "ours-int8", "ct2-float32", "ct2-int8", "ct2-int8_float32"]
+DEFAULT_ENGINES = [
+    "ours-fp32",
+    "ours-bf16",
+    "ours-int8",
+    "ct2-float32",
+    "ct2-int8",
+    "ct2-int8_float32",
+]
 BATCHINGS = ("chunks", "preferred")
 BASELINE = "ct2-float32"
 SCRIPT = Path(__file__).resolve()
@@ -169,6 +178,7 @@ def ours_worker(spec: dict, started: float) -> dict:
         spec["checkpoint"],
         quantization="int8" if mode == "int8" else None,
         pack=mode != "unpacked",
+        precision=None if mode == "int8" else "bf16" if mode == "bf16" else "fp32",
     )
     decode = apply_overrides(loaded.config.decode, {"beam_size": spec["beam"], "nbest": 1})
     if spec["chunks"]:  # one batch per chunk: the chunks are the batches

@@ -22,6 +22,7 @@ from transformer_mt.errors import MTError
 from transformer_mt.inference import load_for_inference, translate_lines
 from transformer_mt.inference.engines import TorchEngine
 from transformer_mt.inference.linear_layers import Bf16Linear, PackedLinear, to_bf16
+from transformer_mt.inference.loading import agreed_precision
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
@@ -77,6 +78,12 @@ def test_a_checkpoint_from_before_the_key_translates_in_fp32(tmp_path):
     again = load_for_inference(tmp_path / "bf16.pt", precision="fp32")
     assert (again.precision, again.precision_why) == ("fp32", "--precision")
     assert load_for_inference(tmp_path / "bf16.pt", pack=False).precision == "fp32"
+    # what `mt serve --workers N` decides once and hands every worker
+    assert agreed_precision(CKPT) == "fp32"
+    assert agreed_precision(tmp_path / "bf16.pt") == "bf16"
+    assert agreed_precision(tmp_path / "bf16.pt", given="fp32") == "fp32"
+    assert agreed_precision(tmp_path / "bf16.pt", quantization="int8") is None
+    assert agreed_precision(CKPT, given="auto") in ("fp32", "bf16")
 
 
 def test_auto_chooses_by_the_cpu_and_says_why():

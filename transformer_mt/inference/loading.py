@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config, ModelConfig, config_from_dict
 from transformer_mt.data.languages import model_pairs, source_prefix, tag_ids, target_tags
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import choose_precision, resolve_device
@@ -105,8 +105,8 @@ def load_for_inference(
             f"fit together: {first[:200]}); use another checkpoint of the run"
         ) from err
     model.to(device).eval()
-    stored = (ckpt["config"].get("decode") or {}).get("precision", "fp32")
-    chosen, why = _precision(model, quantization, precision, stored, pack)
+    stored = _stored_precision(ckpt)
+    chosen, why = _precision(model.config.model, device, quantization, precision, stored, pack)
     if quantization is not None:
         model = quantize(model, quantization)
     elif chosen == "bf16":
@@ -134,8 +134,37 @@ def load_for_inference(
 _PROBE_ROWS = 128
 
 
+def agreed_precision(
+    path: Path | str, device: str = "cpu", quantization: str | None = None, given: str | None = None
+) -> str | None:
+    """The precision :func:`load_for_inference` would choose for ``path``, decided once.
+
+    What `mt serve --workers N` hands every worker, so that all of them compute alike (``auto``'s
+    probe, run in each process, could land on either side of its margin). None with
+    ``quantization`` (int8 has no other precision)."""
+    if quantization is not None:
+        return None
+    ckpt = load_checkpoint(path)
+    try:
+        cfg = TransformerConfig.from_args(**ckpt["model_args"]).model
+    except (TypeError, ValueError) as err:
+        raise MTError(f"{path}: a damaged checkpoint ({err}); use another checkpoint") from err
+    on = check_device(device)
+    return _precision(cfg, on, None, given, _stored_precision(ckpt), True)[0]
+
+
+def _stored_precision(ckpt: dict[str, Any]) -> str:
+    """A checkpoint's decode.precision; fp32 for one written before the key existed."""
+    return (ckpt["config"].get("decode") or {}).get("precision", "fp32")
+
+
 def _precision(
-    model: Transformer, quantization: str | None, given: str | None, stored: str, pack: bool
+    cfg: ModelConfig,
+    device: torch.device,
+    quantization: str | None,
+    given: str | None,
+    stored: str,
+    pack: bool,
 ) -> tuple[str, str]:
     """What the loaded model's linear layers multiply in, and why (see load_for_inference)."""
     if quantization is not None:
@@ -152,8 +181,6 @@ def _precision(
         raise MTError(f"{source} {precision!r}: expected one of auto, fp32, bf16")
     if precision != "auto":
         return precision, source
-    cfg = model.config.model
-    device = next(model.parameters()).device
     chosen, why = choose_precision(device, cfg.d_model, cfg.ffn_hidden, _PROBE_ROWS)
     return chosen, f"auto: {why}"
 

@@ -39,6 +39,11 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
         settings = dataclasses.replace(
             settings, files=dataclasses.replace(settings.files, enabled=False)
         )
+    if settings.engine == "torch":  # one choice for all workers: auto's probe could differ
+        from transformer_mt.inference.loading import agreed_precision
+
+        chosen = agreed_precision(path, settings.device, settings.quantize, settings.precision)
+        settings = dataclasses.replace(settings, precision=chosen)
     previous = os.environ.get(MULTIPROC_ENV)
     with tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir:
         os.environ[MULTIPROC_ENV] = metrics_dir  # prometheus-client reads it in each worker

@@ -37,6 +37,14 @@ token passes through) plus the attention terms. At the small size on Multi30k it
 per target token. Utilization = that x tokens/s / peak (``--peak-tflops``; default: H100 bf16
 dense, 989 TFLOP/s; printed on GPUs, or on any device when the flag is given).
 
+``--compile dynamic`` or ``--compile static`` measures ours under torch.compile against ours
+eager instead of nn.Transformer: ``dynamic`` compiles one graph for every shape; ``static`` pads
+each batch's source and target lengths up to the next of ``--buckets`` (rows stay as they are,
+marked dynamic), so that one graph serves each pair of bucket lengths. Before the runs, the
+compiled model takes one step on each bucketed shape the runs will see: its compile time, printed,
+is what an hour of training would spend on it. The padded positions are PAD: tokens/s counts the
+same real target tokens for both.
+
 On a CPU without ``--peak-tflops`` the script measures the ceiling itself, in the same process:
 the rate of bare matrix products at the model's own shapes (a batch's target tokens x d_model
 into the FFN, out of it, into Q/K/V, and ~500 rows into the vocabulary), in the run's precision;
@@ -284,6 +292,22 @@ class Contender:
     rates: list[float]
     peak_bytes: int = 0
     sampler: RssSampler | None = None
+    buckets: list[int] | None = None  # --compile static: lengths padded up to these
+
+
+def bucketed(batch: Batch, buckets: list[int] | None) -> Batch:
+    """``batch`` with its source and target lengths padded (PAD) up to the next bucket length,
+    rows marked dynamic for torch.compile; unchanged without buckets."""
+    if buckets is None:
+        return batch
+    out = []
+    for x in batch:
+        length = next((b for b in buckets if b >= x.size(1)), x.size(1))
+        x = nn.functional.pad(x, (0, length - x.size(1)), value=PAD_ID)
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        out.append(x)
+    src, trg_in, trg_out = out
+    return src, trg_in, trg_out
 
 
 def make_step(
@@ -311,6 +335,22 @@ def make_step(
     return step
 
 
+def compile_steps(c: Contender, batches: list[Batch], step) -> None:
+    """One step of the compiled model on each shape class the runs will see (a graph each), timed:
+    what compiling costs a run before its steps run at the compiled speed."""
+    seen: dict[tuple[int, ...], Batch] = {}
+    for batch in batches:
+        b = bucketed(batch, c.buckets)
+        key = (b[0].size(1), b[1].size(1)) if c.buckets else (0,)
+        seen.setdefault(key, b)
+    started = time.perf_counter()
+    for b in seen.values():
+        step(c, b)
+    spent = time.perf_counter() - started
+    what = f"{len(seen)} (source, target) bucket pairs" if c.buckets else "one dynamic graph"
+    print(f"  compile: {what}, {spent:.0f} s (one step each, compiling included)", flush=True)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -324,6 +364,7 @@ def timed_run(
     would otherwise count in this model's peak)."""
     if device.type == "cpu":
         release_freed_memory()
+    warm, timed = [bucketed(b, c.buckets) for b in warm], [bucketed(b, c.buckets) for b in timed]
     for batch in warm:
         step(c, batch)
     tokens = sum(int((out != PAD_ID).sum()) for _, _, out in timed)
@@ -379,6 +420,10 @@ def main() -> None:
                         help="device peak for utilization; default on GPUs: 989 (H100 bf16 dense)")  # fmt: skip
     parser.add_argument("--only", choices=["ours", "baseline"], default=None,
                         help="measure one model only")  # fmt: skip
+    parser.add_argument("--compile", choices=["off", "dynamic", "static"], default="off",
+                        help="ours under torch.compile against ours eager (see the docstring)")  # fmt: skip
+    parser.add_argument("--buckets", default="8,16,24,32,40,48,64,96,128,256",
+                        help="--compile static: the lengths batches are padded up to")  # fmt: skip
     parser.add_argument("--cache-dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "transformer-mt-bench",
                         help="where the sentencepiece model is cached")  # fmt: skip
@@ -412,11 +457,24 @@ def main() -> None:
 
     step = make_step(device, args.precision, args.loss)
     contenders = []
-    for name, build in (("ours", ours), ("nn.Transformer", baseline)):
+    builds: tuple[tuple[str, Callable[..., nn.Module]], ...] = (
+        ("ours", ours),
+        ("nn.Transformer", baseline),
+    )
+    if args.compile != "off":
+        builds = (("ours", ours), (f"ours compiled ({args.compile})", ours))
+    for name, build in builds:
         if args.only and (name == "ours") != (args.only == "ours"):
             continue
         torch.manual_seed(0)
         model = build(args, vocab).to(device).train()
+        buckets = None
+        if name.startswith("ours compiled"):
+            model = torch.compile(model, dynamic=args.compile == "dynamic")
+            # one graph per bucket pair, not torch's default of at most 8 (then it runs eager)
+            torch._dynamo.config.recompile_limit = 256
+            if args.compile == "static":
+                buckets = sorted(int(b) for b in args.buckets.split(","))
         opt = torch.optim.AdamW(  # as `mt train` builds it (weight decay 0: Adam)
             model.parameters(),
             lr=1e-4,
@@ -426,7 +484,7 @@ def main() -> None:
             fused=device.type in ("cpu", "cuda"),
         )
         sampler = RssSampler() if device.type == "cpu" else None
-        contenders.append(Contender(name, model, opt, [], sampler=sampler))
+        contenders.append(Contender(name, model, opt, [], sampler=sampler, buckets=buckets))
 
     timed = batches[args.warmup :]
     n_sent = sum(len(b[0]) for b in timed) / len(timed)
@@ -450,6 +508,9 @@ def main() -> None:
         f"model FLOPs per target token: {flops / 1e9:.4f} GFLOP (formula: see --help / docstring)"
     )
     print(f"runs: {args.runs} x ({args.warmup} warm-up + {args.steps} timed steps)", flush=True)
+    for c in contenders:
+        if c.name.startswith("ours compiled"):
+            compile_steps(c, batches, step)
 
     for run in range(args.runs):
         for c in contenders:
@@ -475,7 +536,7 @@ def main() -> None:
         print(line)
     if len(contenders) == 2:
         ratio = statistics.median(contenders[0].rates) / statistics.median(contenders[1].rates)
-        print(f"\nours / nn.Transformer throughput: {ratio:.2f}x")
+        print(f"\n{contenders[0].name} / {contenders[1].name} throughput: {ratio:.2f}x")
     if device.type == "cpu" and not args.peak_tflops:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
         rate = matmul_rate(round(n_tok), args.d_model, args.ffn, vocab, dtype)

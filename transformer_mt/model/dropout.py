@@ -20,7 +20,7 @@ of ``x + dropout(y)`` into the same pass.
 The draws come from torch's default generator, as ``F.dropout``'s do, so ``torch.manual_seed``
 and the generator state (saved in checkpoints for an exact resume) govern them the same way; the
 masks themselves differ from ``F.dropout``'s. Elsewhere (CUDA's fused dropout is already cheap),
-and for rates of 0 or 1, this is ``F.dropout``.
+for rates of 0 or 1, and under torch.compile, this is ``F.dropout``.
 """
 
 from typing import Any
@@ -65,8 +65,11 @@ def _dropped(x: torch.Tensor, p: float) -> int | None:
     """How many of the 2^16 equally likely mask values drop.
 
     None where the cheap mask does not apply (not CPU, not floating point, a rate that rounds to 0
-    or 1)."""
+    or 1), and under torch.compile, whose code generation draws its own dropout masks inside the
+    fused kernels (this mask's bit tricks would split the graph)."""
     if x.device.type != "cpu" or not 0.0 < p < 1.0 or not x.is_floating_point():
+        return None
+    if torch.compiler.is_compiling():
         return None
     dropped = round(p * _LEVELS)
     return dropped if 0 < dropped < _LEVELS else None

@@ -181,7 +181,9 @@ def _explicit_attention(
         # A query with no key to attend to gets zeros, as from the fused kernel (softmax over
         # -inf alone is NaN); no input the CLI builds has one (every source ends with EOS).
         blind = mask.logical_not().all(dim=-1, keepdim=True)
-        if blind.any():
+        # Under torch.compile the fill runs always (a no-op without blind queries): a test of
+        # the data would split the graph.
+        if torch.compiler.is_compiling() or blind.any():
             weights = weights.masked_fill(blind, 0.0)
     return dropout(weights, drop).to(q.dtype) @ v, weights
 

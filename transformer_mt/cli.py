@@ -184,8 +184,7 @@ def _debugging() -> bool:
 def _silence_stdout() -> None:
     """Point stdout at /dev/null before a closed pipe's final flush.
 
-    Point stdout at /dev/null, so that the interpreter's final flush to a closed pipe does
-    not print an error of its own."""
+    Otherwise the interpreter's final flush to the closed pipe prints an error of its own."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -249,10 +248,10 @@ def _note(message: str) -> None:
 
 
 def _decode_settings(base, **options):
-    """The model's decode settings with the command line's changes, checked.
+    """The model's decode settings ``base`` with the command line's options applied, checked.
 
-    The model's decode settings ``base`` with the options given on the command line (None
-    keeps the model's value), checked as the config and the server's requests are."""
+    An option left out (None) keeps the model's value; the values are checked as the config's
+    and the server's requests are."""
     from transformer_mt.config import apply_overrides
 
     return apply_overrides(base, options)
@@ -452,9 +451,9 @@ def show_config(
 ) -> None:
     """Print the resolved config as YAML, with each key's help.
 
-    Print the resolved config as YAML: every key with its value (defaults included) and its
-    help as a comment, exactly what `mt train` would run with; `mt train --config` reads it back.
-    Every key is listed in docs/CONFIG.md."""
+    Every key appears with its value (defaults included) and its help as a comment: exactly what
+    `mt train` would run with, which `mt train --config` reads back. Every key is listed in
+    docs/CONFIG.md."""
     from transformer_mt.config import config_yaml
 
     typer.echo(config_yaml(_load_config(config, set_)), nl=False)
@@ -681,8 +680,8 @@ def _decode_options(
 ) -> dict:
     """The decode options of `mt translate` as changes of a model's DecodeConfig.
 
-    The decode options of `mt translate` as changes of a model's DecodeConfig (None keeps
-    the model's value); the sampling options only with --sample."""
+    An option left out (None) keeps the model's value; the sampling options are allowed only with
+    --sample."""
     if not sample:
         for option, value in (
             ("--temperature", temperature),

@@ -44,11 +44,10 @@ def resolve_device(name: str | torch.device, key: str = "--device") -> torch.dev
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 products natively.
+    """Whether this CPU computes bf16 products natively (AVX512-BF16 or AMX).
 
-    Whether this CPU computes bf16 products natively (AVX512-BF16 or AMX), as Linux's
-    /proc/cpuinfo says; False where it cannot tell. Without them bf16 runs on a slow path (about
-    2.5x slower than fp32 on a 2-core Xeon, docs/BENCHMARKS.md)."""
+    Read from Linux's /proc/cpuinfo; False where it cannot tell. Without them bf16 runs on a slow
+    path (about 2.5x slower than fp32 on a 2-core Xeon, docs/BENCHMARKS.md)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = next(
@@ -65,10 +64,10 @@ BF16_MARGIN = 1.15  # bf16 is chosen only this much faster: a noisy probe must n
 def probe_bf16_speedup(device: torch.device, d_model: int, ffn_hidden: int, rows: int) -> float:
     """How many times faster a product at the model's shapes runs in bf16 than in fp32.
 
-    How many times faster a product at the model's shapes ((rows, d_model) x (d_model,
-    ffn_hidden), forward, as autocast runs it) runs in bf16 than in fp32: the median of 5 ratios,
-    each of an fp32 and a bf16 timing taken one after the other (so that a busy machine slows
-    both alike), each timing repeating the product for about 2 ms. Some tens of milliseconds."""
+    The product is (rows, d_model) x (d_model, ffn_hidden), forward, as autocast runs it. The
+    result is the median of 5 ratios, each of an fp32 and a bf16 timing taken one after the other
+    (so that a busy machine slows both alike), each timing repeating the product for about 2 ms.
+    The probe takes some tens of milliseconds."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(rows, d_model, generator=gen).to(device)
     w = torch.randn(ffn_hidden, d_model, generator=gen).to(device)

@@ -51,9 +51,8 @@ _OS_HINTS = {
 def os_error_message(err: BaseException) -> str | None:
     """One line for an OS failure of a user's path, or None when ``err`` is not one.
 
-    One line for an OS failure of a user's path (the path, what happened, what to do), or
-    None when ``err`` is not one (a bug keeps its traceback). Disk full is recognised also when
-    a library (torch) wrapped it in another exception."""
+    The line gives the path, what happened and what to do; with None a bug keeps its traceback.
+    Disk full is recognised also when a library (torch) wrapped it in another exception."""
     for cause in _chain(err):
         if isinstance(cause, OSError) and cause.errno in _OS_HINTS:
             if cause is not err and cause.errno not in NO_SPACE:
@@ -197,9 +196,9 @@ _STREAMS = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")  # a process's o
 def _in_place(path: Path) -> bool:
     """Whether ``path`` must be written in place rather than replaced.
 
-    Whether ``path`` must be written in place: it exists and is not a regular file (a FIFO, a
-    device, a socket), or names a process's own stream (``/dev/stdout``, ``/dev/fd/1``), whose
-    link target may be a pipe or a file opened for appending."""
+    It must when it exists and is not a regular file (a FIFO, a device, a socket), or when it
+    names a process's own stream (``/dev/stdout``, ``/dev/fd/1``), whose link target may be a pipe
+    or a file opened for appending."""
     if str(path.absolute()).startswith(_STREAMS):
         return True
     try:

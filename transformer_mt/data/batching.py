@@ -18,8 +18,8 @@ def cut_batches(
 ) -> list[np.ndarray]:
     """Cut the examples in ``order`` greedily into batches within a token budget.
 
-    Cut the examples in ``order`` greedily into batches whose padded size (on each side) fits
-    ``max_tokens``; an example longer than the budget gets a batch of its own."""
+    A batch's padded size, on each side, fits ``max_tokens``; an example longer than the budget
+    gets a batch of its own."""
     batches: list[np.ndarray] = []
     start, widest = 0, 0
     for pos, i in enumerate(order):

@@ -245,11 +245,11 @@ def remove_stale_builds(parent: Path) -> list[Path]:
 
 
 def _space_needed(writers: list[_SideWriter]) -> int:
-    """The most disk space the build so far takes at once.
+    """The most disk space the build of the sentences added so far takes at once.
 
-    The most disk space the build of the sentences added so far takes at once: every side's
-    ids, and while a side's offsets are written, its lengths too (the offsets' size plus one
-    int64 and the .npy header), with the lengths of the sides not yet finished."""
+    It counts every side's ids and, while a side's offsets are written, that side's lengths too
+    (the offsets' size plus one int64 and the .npy header), with the lengths of the sides not yet
+    finished."""
     if not writers:
         return 0
     sizes = [w.sizes() for w in writers]

@@ -52,10 +52,10 @@ _OPENERS: dict[str, Callable[..., Any]] = {"gzip": gzip.open, "xz": lzma.open, "
 
 
 def compression_of(name: str, head: bytes) -> str | None:
-    """The compression of a file, by its name or its first bytes.
+    """The compression of a file called ``name`` that starts with ``head``.
 
-    The compression of a file called ``name`` that starts with ``head``: "gzip", "xz",
-    "bzip2" or None, by the name's suffix (``.gz``, ``.xz``, ``.bz2``) or else by magic bytes."""
+    One of "gzip", "xz", "bzip2" or None, by the name's suffix (``.gz``, ``.xz``, ``.bz2``) or
+    else by magic bytes."""
     suffix = PurePath(name).suffix.lower()
     if suffix in COMPRESSION_SUFFIXES:
         return COMPRESSION_SUFFIXES[suffix]
@@ -80,10 +80,9 @@ def open_compressed(source: Path | BinaryIO, kind: str | None) -> BinaryIO:
 
 
 def _compression(path: Path) -> str | None:
-    """The compression of the file ``path``.
+    """The compression of the file ``path`` (see :func:`compression_of`).
 
-    The compression of the file ``path`` (see :func:`compression_of`); its first bytes are
-    read only when its name has no compression suffix."""
+    Its first bytes are read only when its name has no compression suffix."""
     kind = compression_of(path.name, b"")
     if kind is None:
         with path.open("rb") as f:
@@ -262,8 +261,8 @@ def _decode(raw: bytes, lineno: int) -> tuple[str, bool]:
 def _utf8_error(path: Path, lineno: int, exc: UnicodeDecodeError) -> MTError:
     """The one-line error for a line that is not valid UTF-8.
 
-    The one-line error for an invalid UTF-8 line: in a damaged compressed file, the damage (a
-    corrupt deflate stream yields garbage bytes before its checksum is reached), else the line."""
+    In a damaged compressed file it names the damage (a corrupt deflate stream yields garbage bytes
+    before its checksum is reached); otherwise it names the line."""
     damage = compression_damage(path)
     if damage is not None:
         kind, why = damage

@@ -133,9 +133,8 @@ def _open(
 ):
     """The HTTP response for ``url`` from byte ``offset`` on.
 
-    The HTTP response for ``url`` from byte ``offset`` on (only if the file still matches
-    ``validator``, when given: else the whole file); failures worth another try raise
-    :class:`_RetryableError`, the others :class:`MTError`."""
+    With ``validator`` given, the response is the whole file if the file no longer matches it.
+    Failures worth another try raise :class:`_RetryableError`, the others :class:`MTError`."""
     headers = {"User-Agent": _USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"

@@ -60,10 +60,9 @@ def source_prefix(
     target: str | None,
     name: str = "--target-lang",
 ) -> list[int]:
-    """The ids that start every source asking a model for ``target``.
+    """The ids that start every source asking a model for ``target`` (``--target-lang``).
 
-    The ids that start every source asking a model for ``target`` (``--target-lang``): the
-    tag of a model that has tags, nothing for one that has none. Errors call the target
+    The tag of a model that has tags; nothing for one that has none. Errors call the target
     ``name`` (the caller's option or field).
 
     Raises:
@@ -97,9 +96,9 @@ def model_pairs(data: DataConfig, tags: dict[str, str]) -> list[Pair]:
 
 
 def tag_ids(trg_tok: Tokenizer, tags: dict[str, str]) -> tuple[int, ...]:
-    """The target-vocabulary ids of the language tags.
+    """The target-vocabulary ids of the language tags: what search must never emit.
 
-    The target-vocabulary ids of the language tags (none in a separate target vocabulary,
-    which has no tags): what search must never emit, so that no translation holds a tag."""
+    Never emitting them keeps tags out of every translation. A separate target vocabulary has no
+    tags, so it gives none."""
     ids = (trg_tok.piece_id(tag) for tag in tags.values())
     return tuple(sorted(i for i in ids if i is not None))

@@ -32,11 +32,10 @@ def lock_path(output: Path) -> Path:
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the file ``path``.
+    """Hold an exclusive lock on the file ``path``, created if missing and removed on release.
 
-    Hold an exclusive lock on the file ``path`` (created if missing, removed on release),
-    waiting for another process that holds it. Where locks cannot be taken (a file system
-    without them, a directory that cannot be written), log a warning and go on unlocked."""
+    Wait for another process that holds it. Where locks cannot be taken (a file system without
+    them, a directory that cannot be written), log a warning and go on unlocked."""
     path = Path(path)
     file = _acquire(path)
     try:

@@ -273,8 +273,8 @@ class _EncodeCount:
 def _fits(ids: list[int], max_tokens: int) -> bool:
     """Whether one side's ids make a usable side for the model.
 
-    Whether one side's ids, with the EOS (source) or BOS/EOS (target) that the model adds,
-    make a usable side: at least one piece, at most ``max_tokens`` ids."""
+    With the EOS (source) or BOS/EOS (target) that the model adds, a usable side has at least one
+    piece and at most ``max_tokens`` ids."""
     return 1 <= len(ids) <= max_tokens - 1
 
 

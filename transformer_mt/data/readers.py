@@ -295,8 +295,7 @@ def _pair_up(
 ) -> Iterator[tuple[str, str]]:
     """Pair the items of two sides in order, checking that they match.
 
-    Pair the items of two sides in order; a side that ends first, or ids that differ, is an
-    MTError naming both files and the line."""
+    A side that ends first, or ids that differ, is an MTError naming both files and the line."""
     count = 0
     try:
         while True:
@@ -550,11 +549,10 @@ def _attribute(attrs: str, name: str) -> str | None:
 
 
 def _segments(loc: Location) -> Iterator[_Item]:
-    """The ``<seg>`` segments of an SGML or XML file, with their ids.
+    """The ``<seg>`` segments of an SGML or XML file, with their document and segment ids.
 
-    The ``<seg>`` segments of an SGML or XML file, line by line, with their document and
-    segment ids. Tolerant: a bare ``&`` is text, and other markup is passed over; but a segment
-    must open and close on one line."""
+    The file is read line by line, tolerantly: a bare ``&`` is text, and other markup is passed
+    over; but a segment must open and close on one line."""
     docid: str | None = None
     for lineno, line in _lines(loc):
         if "<" not in line:
@@ -577,11 +575,9 @@ def _segments(loc: Location) -> Iterator[_Item]:
 
 
 def iter_sgm_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
-    """Pairs from WMT ``.sgm`` files.
+    """Pairs from WMT ``.sgm`` files, entities such as ``&amp;`` decoded.
 
-    Pairs from WMT ``.sgm`` files (``<srcset>``/``<refset>``, ``<doc docid=...>``,
-    ``<seg id=...>text</seg>``), entities such as ``&amp;`` decoded.
-
+    The files hold ``<srcset>``/``<refset>``, ``<doc docid=...>`` and ``<seg id=...>text</seg>``.
     Segments pair up in order; where both sides give document and segment ids, they must match.
     The files are read line by line rather than as XML: real ones are often not well-formed.
 

@@ -133,10 +133,9 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
 
 
 def _expand_tasks(cfg: Config, split: str, progress: bool) -> list[SourceConfig]:
-    """The split's sources with each task replaced by its own sources.
+    """The split's sources with each task replaced by its own sources, archives downloaded.
 
-    The split's sources with each task (``data.corpus: TASK`` or a source ``{corpus:
-    TASK}``) replaced by its own sources, their archives downloaded."""
+    A task is ``data.corpus: TASK`` or a source ``{corpus: TASK}``."""
     data = cfg.data
     listed = getattr(data, split) if data.train is not None else [SourceConfig(corpus=data.corpus)]
     out = []
@@ -282,8 +281,8 @@ def _local_split_paths(cfg: Config) -> SplitFiles:
 def _local_files(cfg: Config) -> SplitFiles:
     """The files a local corpus names, each checked now.
 
-    The files a local corpus names; all are checked now, so that a typo in ``test_src`` fails
-    before the training split is tokenized rather than later in ``mt evaluate``."""
+    Checking them all now makes a typo in ``test_src`` fail before the training split is
+    tokenized rather than later in ``mt evaluate``."""
     files = _local_split_paths(cfg)
     for split, pair in files.items():
         for side, path in zip(("src", "trg"), pair, strict=True):

@@ -203,10 +203,10 @@ def all_tasks() -> list[Task]:
 
 
 def find_mtdata_id(prefix: str, src: str, trg: str) -> str:
-    """The mtdata dataset ID that holds ``src`` and ``trg``.
+    """The mtdata dataset ID ``<prefix>-<lang>-<lang>`` that holds ``src`` and ``trg``.
 
-    The mtdata dataset ID ``<prefix>-<lang>-<lang>`` holding ``src`` and ``trg`` (in either
-    order; mtdata names languages by ISO 639-3 code, with a script where needed: ``ace_Arab``)."""
+    The languages may come in either order; mtdata names them by ISO 639-3 code, with a script
+    where needed: ``ace_Arab``."""
     try:
         from mtdata.index import INDEX
         from mtdata.iso import iso3_code

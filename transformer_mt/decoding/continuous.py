@@ -230,9 +230,8 @@ class ContinuousSearch:
     def step(self) -> list[tuple[Hashable, DecodeResult]]:
         """Advance every running sentence by one token and let the queued ones join.
 
-        Advance every running sentence by one token, then (see the class docstring) let the
-        queued ones join with their first step; returns the (tag, result) of each sentence that
-        is done, in no particular order."""
+        The queued ones join with their first step (see the class docstring). Returns the (tag,
+        result) of each sentence that is done, in no particular order."""
         done = self._running.step(self.eos_idx) if self._running is not None else []
         if self._running is not None and not self._running.sentences:
             self._running = None

@@ -217,12 +217,11 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 class LineDraws:
-    """The random numbers of sampling, one per line and step.
+    """The random numbers of sampling: one uniform draw in (0, 1] per line and step.
 
-    The random numbers of sampling: one uniform draw in (0, 1] per line and step, a hash of
-    (seed, the line's key, step). A line's sample therefore depends on its key and the seed only,
-    never on the lines decoded beside it, the batch size or their order (a shared generator's
-    draws would go to whichever rows a batch holds).
+    Each draw is a hash of (seed, the line's key, step), so a line's sample depends on its key and
+    the seed only, never on the lines decoded beside it, the batch size or their order (a shared
+    generator's draws would go to whichever rows a batch holds).
 
     The hash is the output function of the splitmix64 generator (a bijection of 64-bit words;
     the generator it finishes passes the BigCrush tests) applied to the seed, then to it combined
@@ -369,10 +368,10 @@ class _Beams:
         top_tok: torch.Tensor,
         is_eos: torch.Tensor,
     ) -> torch.Tensor:
-        """Extend the beams with the K best non-EOS candidates of this step.
+        """Extend the beams with the K best non-EOS of this step's 2K candidates (n, 2K).
 
-        Extend the beams with the K best non-EOS candidates of the 2K (n, 2K) of this step
-        (there are always K, as at most K are EOS); returns the row each new row continues."""
+        At most K of the 2K are EOS, so there are always K. Returns the row each new row
+        continues."""
         live_scores, live_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(self.k, dim=1)
         live_beam = top_beam.gather(1, live_pos)  # (n, K)
         live_tok = top_tok.gather(1, live_pos)  # (n, K)
@@ -486,11 +485,10 @@ _TOPK_BLOCK = 64
 
 
 def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest values of each row of ``x`` and their columns.
+    """The ``k`` largest values of each row of ``x`` (R, V) and their columns, each (R, k).
 
-    The ``k`` largest values of each row of ``x`` (R, V) and their columns, each (R, k), in
-    any order: what ``x.topk(k, dim=1, sorted=False)`` returns, in a half to a quarter of its time
-    on a Multi30k vocabulary.
+    They come in any order, as ``x.topk(k, dim=1, sorted=False)`` returns them, in a half to a
+    quarter of its time on a Multi30k vocabulary.
 
     ``topk`` over 8,000 columns costs about 690 us for 128 rows on 2 cores, more than the
     log-softmax before it. Ranked in two stages, a row is read once: the maximum of each block of

@@ -23,10 +23,9 @@ class DecoderState(Protocol):
         ...
 
     def repeat_beams(self, k: int) -> None:
-        """Give each row K copies in a row.
+        """Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1).
 
-        Give each row K copies in a row (sentence i -> rows i*K .. i*K + K-1), once, before
-        or after the first step."""
+        Call it once, before or after the first step."""
         ...
 
     def select(self, index: torch.Tensor) -> None:
@@ -98,11 +97,10 @@ class ModelState:
             self.cache.repeat_rows(k)
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep or reorder rows ``index``.
+        """Keep or reorder rows ``index`` (R',): the cache, and their sentences' memory and mask.
 
-        Keep or reorder rows ``index`` (R',): the cache, and the memory and mask of their
-        sentences. With beams, ``index`` keeps each sentence's K rows together (K consecutive
-        entries, all from that sentence), as beam search's gathers do."""
+        With beams, ``index`` keeps each sentence's K rows together (K consecutive entries, all from
+        that sentence), as beam search's gathers do."""
         sentences = index if self.beams == 1 else index[:: self.beams] // self.beams  # (M',)
         self.memory = self.memory.index_select(0, sentences)  # (M', S, D)
         self.src_mask = self.src_mask.index_select(0, sentences)  # (M', 1, 1, S)
@@ -118,11 +116,11 @@ class ModelState:
             self.cache.reorder_beams(index)
 
     def merge(self, other: "ModelState") -> None:
-        """Append the rows of a state whose sentences started later.
+        """Append the rows of ``other``, a state whose sentences started later: continuous batching.
 
-        Append the rows of ``other``, the state of sentences that started later (the same
-        model and beam count, both cached, each after at least one step), after this state's
-        rows: continuous batching. The shorter source is padded (and masked)."""
+        ``other``'s rows go after this state's. Both states must have the same model and beam
+        count, be cached, and be after at least one step each. The shorter source is padded (and
+        masked)."""
         if self.cache is None or other.cache is None or self.beams != other.beams:
             raise ValueError("merge needs two cached states with the same number of beams")
         width = max(self.memory.size(1), other.memory.size(1))

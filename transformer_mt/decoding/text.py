@@ -77,10 +77,10 @@ def is_link(word: str) -> bool:
 
 
 def untranslatable(lines: Sequence[str]) -> dict[int, str]:
-    """The lines with something in them but nothing to translate.
+    """The lines with something in them but nothing to translate (not :func:`has_text`).
 
-    The lines with something in them but nothing to translate (not :func:`has_text`), by
-    index: each line's text without surrounding whitespace, which is its translation."""
+    Returns them by index, each mapped to its text without surrounding whitespace, which is its
+    translation."""
     return {i: line.strip() for i, line in enumerate(lines) if line.strip() and not has_text(line)}
 
 

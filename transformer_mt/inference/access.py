@@ -105,10 +105,9 @@ def write_keys(path: Path, keys: list[ApiKey]) -> None:
 def add_key(
     path: Path, name: str, req_limit: int | None = None, char_limit: int | None = None
 ) -> str:
-    """Add a new random key named ``name`` to the keys file.
+    """Add a new random key named ``name`` to the keys file, created if absent.
 
-    Add a new random key named ``name`` to the keys file (created if absent); returns the
-    key, which is stored nowhere else."""
+    Returns the key, which is stored nowhere else."""
     keys = read_keys(path)
     if any(key.name == name for key in keys):
         raise MTError(f"{path}: a key named {name!r} exists; remove it first or choose a name")
@@ -138,8 +137,8 @@ class RateLimiter:
     def admit(self, client: str, limit: int) -> float | None:
         """Count a request of ``client`` within ``limit``, or say when it may come.
 
-        Count a request of ``client``; None when within ``limit``, otherwise the seconds
-        until it would be (the request is then not counted)."""
+        Returns None when the request is within ``limit``; otherwise the seconds until it would be,
+        and the request is not counted."""
         now = time.monotonic()
         with self._lock:
             if len(self._seen) > 10_000:  # many clients seen once: forget the quiet ones
@@ -177,11 +176,10 @@ class Access:
         self.limiter = RateLimiter()
 
     def _reload(self, strict: bool = False) -> None:
-        """Read the keys file again where it changed.
+        """Read the keys file again where it changed (`mt serve-keys` works on a running server).
 
-        Read the keys file again where it changed (`mt serve-keys` works on a running
-        server). A file that became unreadable keeps the keys read before, with one warning
-        per change; ``strict`` (at start): its MTError instead."""
+        A file that became unreadable keeps the keys read before, with one warning per change; with
+        ``strict`` (at start), its MTError is raised instead."""
         path = self.settings.api_keys
         if path is None:
             return

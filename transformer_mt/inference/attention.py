@@ -158,10 +158,9 @@ def word_indices(pieces: list[str]) -> list[int]:
 
 
 def to_words(pairs: Alignment, src_pieces: list[str], trg_pieces: list[str]) -> Alignment:
-    """A piece alignment as a word alignment.
+    """A piece alignment as a word alignment (see the module's docstring).
 
-    A piece alignment as a word alignment (see the module's docstring): each pair mapped to
-    its words, duplicates dropped, sorted by target then source word."""
+    Each pair is mapped to its words, duplicates dropped, sorted by target then source word."""
     src_word, trg_word = word_indices(src_pieces), word_indices(trg_pieces)
     words = {(src_word[i], trg_word[j]) for i, j in pairs}
     return sorted(words, key=lambda pair: (pair[1], pair[0]))

@@ -328,9 +328,8 @@ class Batcher:
     def _gather(self, pending: deque) -> bool:
         """Add queued jobs to ``pending`` until the window passes or the budget is full.
 
-        Add queued jobs to ``pending`` until the window passes without one (see the module
-        docstring) or the budget is full; returns whether the stop sign came (the jobs queued
-        before it are all taken)."""
+        The window passes when no job comes within it (see the module docstring). Returns whether
+        the stop sign came; the jobs queued before it are all taken."""
         settings = self.settings
         latest_wait = time.monotonic() + settings.max_wait_s
         budget = self.max_tokens
@@ -392,10 +391,9 @@ class Batcher:
             time.sleep(max(0.0, newest + self.settings.window_s - time.monotonic()))
 
     def _decode(self, batch: list[_Job]) -> bool:
-        """Decode the jobs of ``batch`` whose client is still there.
+        """Decode the jobs of ``batch`` whose client is still there, after :meth:`_settle`.
 
-        Decode the jobs of ``batch`` whose client is still there (after :meth:`_settle`);
-        False if none was."""
+        Returns False if no client was."""
         self._settle(batch)
         batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
         if not batch:
@@ -462,8 +460,7 @@ class Batcher:
     def _translate(self, lines: list[str], job: _Job, stop: Callable[[], bool]) -> list:
         """The engine's results for ``lines`` with ``job``'s settings.
 
-        The engine's results for ``lines`` with ``job``'s settings (the observer told how
-        long it took before any job is answered)."""
+        The observer is told how long it took before any job is answered."""
         started = time.monotonic()
         try:
             return self.engine.translate(lines, job.decode, job.attention, stop, job.target)
@@ -475,8 +472,8 @@ class Batcher:
 class _SearchEngine(Protocol):
     """An engine whose requests can join a running search (continuous batching).
 
-    An engine whose requests can join a running search (our torch model): what continuous
-    batching calls besides :class:`Engine`'s methods."""
+    Our torch model is one. These are the methods continuous batching calls besides
+    :class:`Engine`'s."""
 
     def continuous_search(self, decode: DecodeConfig) -> ContinuousSearch | None:
         """A search that requests with ``decode``'s beam can join; None where there is none."""

@@ -38,15 +38,14 @@ class CT2Model:
     def source_prefix(self, target: str | None) -> list[int]:
         """The tag ids that start every source asking for ``target``.
 
-        The tag ids that start every source asking for ``target`` (see
-        :func:`transformer_mt.data.languages.source_prefix`)."""
+        See :func:`transformer_mt.data.languages.source_prefix`."""
         return source_prefix(self.src_tok, self.lang_tags, self.pairs, target)
 
     def never_emit(self) -> list[list[str]] | None:
         """The language tags as CTranslate2's ``suppress_sequences``.
 
-        The language tags as CTranslate2's ``suppress_sequences`` (never in a translation,
-        as in our search); None where the target vocabulary has none."""
+        Suppressing them keeps tags out of every translation, as our search does; None where the
+        target vocabulary has no tags."""
         ids = tag_ids(self.trg_tok, self.lang_tags)
         return [[self.trg_tok.id_to_piece([i])[0]] for i in ids] or None
 

@@ -47,8 +47,8 @@ class Document:
     def render(self, results: list[LineResult]) -> bytes:
         """The document with each segment replaced by its translation.
 
-        The document with each segment replaced by its translation (``results`` in the order
-        of ``segments``, each with ``attention`` where markup must be placed inside a segment)."""
+        ``results`` come in the order of ``segments``, each with ``attention`` where markup must be
+        placed inside a segment."""
         if len(results) != len(self.segments):
             raise ValueError(f"{len(results)} results for {len(self.segments)} segments")
         assert self._state is not None

@@ -64,8 +64,7 @@ class FileStore:
     def get(self, name: str) -> Stored | None:
         """The file kept under ``name``, or None.
 
-        The file kept under ``name``; None for a name this store did not make, or that has
-        expired or been evicted."""
+        None for a name this store did not make, or that has expired or been evicted."""
         if not NAME.fullmatch(name):
             return None
         with self._lock:

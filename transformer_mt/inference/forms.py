@@ -46,8 +46,8 @@ class Strict(BaseModel):
 async def receive_body(request: Request, limits: Limits, max_bytes: int | None = None) -> bytes:
     """The whole request body, within the size and time limits.
 
-    The whole request body, at most ``max_bytes`` (default ``limits.max_body_bytes``: a
-    413), received within ``limits.body_timeout_s`` (a 408)."""
+    At most ``max_bytes`` (default ``limits.max_body_bytes``), else a 413; received within
+    ``limits.body_timeout_s``, else a 408."""
     limit = max_bytes or limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -168,8 +168,8 @@ def _query_pairs(request: Request) -> list[tuple[str, str]]:
 def _urlencoded_pairs(body: bytes, what: str = "the form body") -> list[tuple[str, str]]:
     """An urlencoded text's (name, value) pairs, strict UTF-8.
 
-    An urlencoded text's (name, value) pairs: the text and its %-escapes strict UTF-8 (raw
-    bytes as ``curl -d`` sends them, or escaped)."""
+    Both the text and its %-escapes must be UTF-8: raw bytes as ``curl -d`` sends them, or
+    escaped."""
     if not body:
         return []
     try:

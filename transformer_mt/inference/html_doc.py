@@ -127,8 +127,8 @@ class Segment:
 def _glue(text: str, at: int) -> int:
     """How markup at offset ``at`` of ``text`` sits against the words.
 
-    How markup at offset ``at`` of ``text`` sits: -1 against the word before it, 1 against
-    the word after it, 0 between spaces (or at an end)."""
+    Returns -1 when it sits against the word before it, 1 against the word after it, 0 between
+    spaces (or at an end)."""
     if at > 0 and not text[at - 1].isspace():
         return -1
     return 1 if at < len(text) and not text[at].isspace() else 0
@@ -172,8 +172,8 @@ class _Layout:
     ) -> tuple[int, int]:
         """Place ``element`` on target words ``span``; return its range.
 
-        Place ``element`` on target words ``span``, inside ``bounds`` (its parent's words)
-        and clear of its siblings placed before it; its range (empty: kept as a point)."""
+        The range lies inside ``bounds`` (its parent's words) and clear of its siblings placed
+        before it; an empty range keeps the element as a point."""
         t0 = min(max(span[0], bounds[0]), bounds[1])
         t1 = min(max(span[1], t0), bounds[1])
         siblings = self.taken.setdefault(id(element.parent), [])
@@ -239,8 +239,7 @@ class HtmlPage:
     def render(self, results: list[LineResult]) -> str:
         """The HTML with each segment's text replaced by its translation.
 
-        The HTML with each segment's text replaced by its translation (``results`` in the
-        order of :attr:`segments`)."""
+        ``results`` come in the order of :attr:`segments`."""
         translations = iter(results)
         return "".join(
             part if isinstance(part, str) else part.render(next(translations))
@@ -392,8 +391,8 @@ class _Builder:
     def _close(self, tag: str, raw: str) -> None:
         """End the innermost open element ``tag``.
 
-        End the innermost open element ``tag`` (and, misnested, those opened inside it: they
-        stay unclosed); an end tag with no open element is kept as a point."""
+        Misnested elements opened inside it end with it and stay unclosed; an end tag with no open
+        element is kept as a point."""
         opened = [i for i, element in enumerate(self.stack) if element.tag == tag]
         if not opened:
             self._point(raw)

@@ -30,13 +30,10 @@ QUANTIZATIONS = ("int8",)
 
 
 def quantize(model: Transformer, scheme: str) -> Transformer:
-    """A copy of the model with its linear layers in int8.
+    """A copy of the model with its linear layers in int8; the given model stays as it is.
 
-    A copy of the model with its linear layers in int8 (``int8``: :class:`Int8Linear`, CPU
-    only); the given model stays as it is.
-
-    Embeddings stay in fp32; the output projection, tied to the target embedding in training,
-    becomes an int8 copy.
+    ``scheme`` ``int8`` uses :class:`Int8Linear` and runs on the CPU only. Embeddings stay in
+    fp32; the output projection, tied to the target embedding in training, becomes an int8 copy.
     """
     if scheme not in QUANTIZATIONS:
         raise MTError(f"--quantize {scheme!r}: expected one of {', '.join(QUANTIZATIONS)}")
@@ -209,9 +206,8 @@ def to_bf16(model: Transformer) -> Transformer:
 def pack_linear_layers(model: nn.Module) -> nn.Module:
     """Turn ``model``'s ``nn.Linear`` layers into :class:`PackedLinear` where that helps.
 
-    Turn ``model``'s ``nn.Linear`` layers into :class:`PackedLinear` (in place; returns
-    ``model``) when it is an fp32 model on a CPU whose torch has oneDNN, enabled; else leave it
-    as it is."""
+    It helps for an fp32 model on a CPU whose torch has oneDNN, enabled; any other model is left as
+    it is. Works in place and returns ``model``."""
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu" or first.dtype != torch.float32:
         return model

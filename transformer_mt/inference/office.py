@@ -100,10 +100,9 @@ class Paragraphs:
 
 
 def _xml_paragraphs(root: Any, para: str, text: str, breaks: set[str]) -> Iterator[Paragraph]:
-    """Every ``para`` element under ``root``, its text elements as runs.
+    """Every ``para`` element under ``root``, its ``text`` elements as runs.
 
-    Every ``para`` element under ``root`` (nested ones on their own), its ``text``
-    elements as runs, ``breaks`` elements as kept separators."""
+    Nested ``para`` elements come on their own; ``breaks`` elements are kept as separators."""
     for p in root.iter(para):
         paragraph = Paragraph()
         _collect(p, para, text, breaks, paragraph)
@@ -209,8 +208,7 @@ def read_odt(data: bytes) -> Paragraphs:
 def _odf_paragraphs(node: Any) -> Iterator[Any]:
     """The text:p and text:h elements under ``node``, in document order.
 
-    The text:p and text:h elements under ``node``, in document order (nested ones after the
-    paragraph that holds them)."""
+    Nested ones come after the paragraph that holds them."""
     for child in node.childNodes:
         if child.nodeType == child.ELEMENT_NODE:
             if child.qname == (ODF_TEXT, "p") or child.qname == (ODF_TEXT, "h"):
@@ -221,8 +219,7 @@ def _odf_paragraphs(node: Any) -> Iterator[Any]:
 def _collect_odf(node: Any, into: Paragraph) -> None:
     """Add the text nodes under ``node`` to ``into``.
 
-    Add the text nodes under ``node`` to ``into`` (spans and links entered; notes, frames and
-    comments left to be read on their own)."""
+    Spans and links are entered; notes, frames and comments are left to be read on their own."""
     for child in node.childNodes:
         if child.nodeType == child.TEXT_NODE:
             into.add(child.data, _odf_writer(child))

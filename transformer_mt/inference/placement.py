@@ -32,10 +32,10 @@ class WordLinks:
     links: list[list[int]] | None  # per source word, its target words, sorted; None: proportional
 
     def span(self, s0: int, s1: int) -> tuple[int, int]:
-        """The target words ``[t0, t1)`` for the source words ``[s0, s1)``.
+        """The target words ``[t0, t1)`` for the non-empty source words ``[s0, s1)``.
 
-        The target words ``[t0, t1)`` for the source words ``[s0, s1)`` (non-empty): from the
-        first to the last target word aligned to any of them; in proportion where none is."""
+        They run from the first to the last target word aligned to any of them, or are placed in
+        proportion where none is."""
         if self.links is not None:
             aligned = [t for s in range(s0, s1) for t in self.links[s]]
             if aligned:
@@ -44,10 +44,9 @@ class WordLinks:
         return t0, max(t0 + 1, min(self.n_trg, round(s1 * self.n_trg / max(self.n_src, 1))))
 
     def point(self, s: int) -> int:
-        """The target boundary for the boundary before source word ``s``.
+        """The target boundary for the boundary before source word ``s`` (0..n_src).
 
-        The target boundary for the boundary before source word ``s`` (0..n_src): after the
-        target words aligned to the source word before it, else in proportion."""
+        It comes after the target words aligned to the source word before it, else in proportion."""
         if s <= 0 or self.n_trg == 0:
             return 0
         if s >= self.n_src:
@@ -58,10 +57,9 @@ class WordLinks:
 
 
 def word_links(result: LineResult, n_src: int) -> WordLinks:
-    """The word links of a translated sentence, from its attention.
+    """The word links of a translated sentence of ``n_src`` whitespace words, from its attention.
 
-    The word links of a translated sentence of ``n_src`` whitespace words, from its attention
-    (``links`` None when it has none, or its pieces do not make those words)."""
+    ``links`` is None when it has none, or its pieces do not make those words."""
     n_trg = len(result.text.split())
     attn = result.attention
     if attn is None or not attn.weights or n_src == 0 or n_trg == 0:
@@ -87,8 +85,8 @@ def _words(pieces: list[str]) -> int:
 def words_of(texts: list[str]) -> tuple[list[str], list[int]]:
     """The whitespace words of ``"".join(texts)`` and the text holding each.
 
-    The whitespace words of ``"".join(texts)`` and, for each, the index of the text holding
-    its first character (a word may run on into the next texts)."""
+    Each word comes with the index of the text holding its first character (a word may run on
+    into the next texts)."""
     words: list[str] = []
     owners: list[int] = []
     current = ""

@@ -81,8 +81,7 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
 async def _read_upload(request: Request, state: ServerState) -> tuple[FileRequest, str, bytes]:
     """The upload's fields, file name and bytes.
 
-    The upload's fields, file name and bytes (the body within ``max_file_bytes``), with
-    LibreTranslate's answers for what is missing."""
+    The body is read within ``max_file_bytes``; what is missing gets LibreTranslate's answers."""
     limit = state.settings.files.max_file_bytes
     body = await receive_body(request, state.limits, max_bytes=limit)
     if content_type(request) != MULTIPART or not body:
@@ -121,8 +120,7 @@ def _download_name(filename: str) -> str:
 async def download_file(name: str, state: ServerState = Depends(server_state)) -> Response:
     """A translated file, by the name /translate_file gave.
 
-    A translated file, by the name /translate_file gave (a server-made name: any other is
-    refused before a path is built)."""
+    Only a server-made name is accepted: any other is refused before a path is built."""
     if state.files is None:
         raise ApiError(400, DISABLED)
     if not NAME.fullmatch(name):

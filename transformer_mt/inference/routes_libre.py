@@ -40,8 +40,8 @@ LIBRE_NAMES = {"beam_size": "beam (alternatives + 1 at least)", "nbest": "altern
 class LibreRequest(Strict):
     """``POST /translate``'s fields.
 
-    ``POST /translate``'s fields (each optional here: a missing one gets LibreTranslate's
-    "Invalid request: missing ... parameter")."""
+    Each is optional here: a missing one gets LibreTranslate's "Invalid request: missing ...
+    parameter"."""
 
     q: str | list[str] | None = None  # one text, or several
     source: str | None = None  # one of the model's source languages, or "auto"
@@ -185,10 +185,7 @@ async def languages(state: ServerState = Depends(server_state)) -> list:
 
 
 def language_name(code: str) -> str:
-    """A language code's English name ("de" -> "German").
-
-    A language code's English name ("de" -> "German"); the code itself where langcodes
-    knows none."""
+    """A language code's English name ("de" -> "German"), or the code where langcodes knows none."""
     try:
         language = langcodes.Language.get(code)
     except (langcodes.LanguageTagError, ValueError):

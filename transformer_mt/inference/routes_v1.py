@@ -180,10 +180,10 @@ def _number(x: float) -> float | None:
 def translations_body(results: list[LineResult]) -> bytes:
     """``{"translations": [...]}`` as JSON bytes, encoded row by row.
 
-    ``{"translations": [...]}`` as JSON bytes (as starlette's JSONResponse encodes). Each
-    ``json.dumps`` call holds the GIL throughout, so the attention weights are rounded and
-    encoded row by row: run in a worker thread, it gives the event loop the GIL back every
-    switch interval (5 ms), where a whole answer of 8 matrices of 400 x 400 holds it ~0.8 s."""
+    The bytes are those starlette's JSONResponse encodes. Each ``json.dumps`` call holds the GIL
+    throughout, so the attention weights are rounded and encoded row by row: run in a worker
+    thread, it gives the event loop the GIL back every switch interval (5 ms), where a whole answer
+    of 8 matrices of 400 x 400 holds it ~0.8 s."""
     return b'{"translations":[' + b",".join(_line_bytes(r) for r in results) + b"]}"
 
 

@@ -175,8 +175,8 @@ class _CountRequests:
 def _route(scope) -> str:
     """The route template a request matched, or "unmatched".
 
-    The route template a request matched (``/download_file/{name}``, not the name: a
-    metric's label takes few values), or "unmatched"."""
+    A template such as ``/download_file/{name}`` is kept as it is, not filled with the name, so
+    that a metric's label takes few values."""
     return getattr(scope.get("route"), "path", None) or "unmatched"
 
 
@@ -201,8 +201,8 @@ async def _send_json_error(send, status: int, message: str) -> bool:
 class _Cors:
     """ASGI middleware: LibreTranslate's CORS headers and preflight answers.
 
-    ASGI middleware: LibreTranslate's CORS headers on every answer; a browser's preflight
-    (OPTIONS with Access-Control-Request-Method) answered at once."""
+    The headers go on every answer; a browser's preflight (OPTIONS with
+    Access-Control-Request-Method) is answered at once."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -231,11 +231,11 @@ def create_app(
     batching: BatchSettings | None = None,
     settings: ServeSettings | None = None,
 ) -> FastAPI:
-    """The FastAPI app over a loaded ``engine``.
+    """The FastAPI app over a loaded ``engine``, by ``settings``.
 
-    The FastAPI app over ``engine``, by ``settings`` (``limits`` and ``batching``, where
-    given, replace theirs); its decode worker runs while the app's lifespan does.
-    ``app.state.requests`` (:class:`RequestCounts`) says what a shutdown left unanswered."""
+    ``limits`` and ``batching``, where given, replace those of ``settings``. The app's decode
+    worker runs while its lifespan does; ``app.state.requests`` (:class:`RequestCounts`) says what
+    a shutdown left unanswered."""
     settings = settings or ServeSettings()
     settings = dataclasses.replace(
         settings, limits=limits or settings.limits, batching=batching or settings.batching
@@ -312,8 +312,7 @@ async def _lifespan(app: FastAPI):
 async def _load(app: FastAPI) -> None:
     """Load the model off the event loop, then install and start it.
 
-    Load the model off the event loop, then install and start it (or keep the error and
-    stop the server)."""
+    On failure, keep the error and stop the server."""
     try:
         engine = await _in_own_thread(app.state.load)
     except Exception as err:
@@ -401,11 +400,10 @@ async def _validation_error(_request: Request, err: RequestValidationError) -> J
 
 
 def serve(path: Path | str, settings: ServeSettings) -> None:
-    """Load the model and serve it until SIGINT/SIGTERM.
+    """Load the model and serve it in ``settings.workers`` processes until SIGINT/SIGTERM.
 
-    Load the model and serve it until SIGINT/SIGTERM (requests in flight finish first, for at
-    most ``settings.shutdown_timeout_s``), in ``settings.workers`` processes. The port is bound
-    first: one in use is an MTError before the model loads; so are a missing keys file and a
+    Requests in flight finish first, for at most ``settings.shutdown_timeout_s``. The port is
+    bound first: one in use is an MTError before the model loads; so are a missing keys file and a
     mistake in the options, and a model that fails to load ends the server with its error."""
     check_engine(settings.engine, path, settings.quantize, settings.precision)  # options first
     Access(settings.access)  # the keys file, read and checked
@@ -429,10 +427,9 @@ _BACKLOG = 2048  # as uvicorn's
 def serve_process(
     path: Path | str, settings: ServeSettings, sockets: list[socket.socket], process: ProcessState
 ) -> None:
-    """Serve on the bound ``sockets`` while the model loads.
+    """Serve on the bound ``sockets`` at once, while the model loads.
 
-    Serve on the bound ``sockets`` at once, the model loading meanwhile; its load error is
-    raised here once the server has stopped."""
+    The model's load error is raised here once the server has stopped."""
     load = functools.partial(
         load_engine, settings.engine, path, settings.device, settings.quantize, settings.precision
     )
@@ -503,8 +500,7 @@ def redact_keys(record: logging.LogRecord) -> bool:
 def _run_uvicorn(app: FastAPI, sockets: list[socket.socket], settings: ServeSettings) -> None:
     """Serve ``app`` on the bound ``sockets`` until it is told to stop.
 
-    Serve ``app`` on the bound ``sockets`` until SIGINT/SIGTERM (or ``app.state.stop()``);
-    the stop is logged once."""
+    SIGINT/SIGTERM or ``app.state.stop()`` tells it; the stop is logged once."""
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
     # handler it found: a quiet one here, so that a requested stop ends with exit code 0.
     quiet = threading.current_thread() is threading.main_thread()

@@ -85,10 +85,9 @@ class Readiness:
 
 @dataclass
 class ProcessState:
-    """What a server process has from its start, before its model loads.
+    """What a server process has from its start, before its model is loaded.
 
-    What a server process has from its start, before its model is loaded: its index among
-    the workers (0..N-1), the server's readiness, its metrics."""
+    That is its index among the workers (0..N-1), the server's readiness and its metrics."""
 
     worker: int
     readiness: Readiness
@@ -119,8 +118,8 @@ async def process_state(request: Request) -> ProcessState:
 def check_lines(lines: list[str], limits: Limits, field: str, engine: Engine) -> None:
     """A 413 naming the first limit that ``lines`` exceed.
 
-    A 413 naming the first limit ``lines`` exceed: lines per request, characters per line,
-    source pieces per line (the model's positions)."""
+    The limits, in order: lines per request, characters per line, source pieces per line (the
+    model's positions)."""
     if len(lines) > limits.max_lines:
         raise ApiError(
             413, f"{field}: {len(lines)} lines exceed max_lines={limits.max_lines} per request"
@@ -226,8 +225,7 @@ async def _decode(
 async def _left(request: Request) -> None:
     """Return once the client has closed its connection.
 
-    Return once the client has closed its connection. The body has been read: what the
-    server says next is ``http.disconnect`` (uvicorn keeps reading the socket while this waits,
-    so it sees the connection close; waiting costs nothing)."""
+    The body has been read, so what the server says next is ``http.disconnect`` (uvicorn keeps
+    reading the socket while this waits, so it sees the connection close; waiting costs nothing)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass

@@ -34,10 +34,9 @@ from transformer_mt.model import Transformer
 def ensemble_model(loaded: Sequence[LoadedModel], names: Sequence[str]) -> SearchModel:
     """The model to translate with, from one or more loaded checkpoints.
 
-    The model to translate with from one or more loaded checkpoints (``names``: their paths,
-    for messages): the model itself for one, else an :class:`Ensemble` of them all, after
-    :func:`check_ensemble` (a one-line MTError when their tokenizers or vocabularies differ).
-    Translate with the first checkpoint's tokenizers and decoding settings."""
+    The model itself for one, else an :class:`Ensemble` of them all, after :func:`check_ensemble`
+    (a one-line MTError when their tokenizers or vocabularies differ). ``names`` are their paths,
+    for messages. Translate with the first checkpoint's tokenizers and decoding settings."""
     if len(loaded) == 1:
         return loaded[0].model
     models = [one.model for one in loaded]
@@ -182,10 +181,9 @@ def _one_line(text: str) -> str:
 
 
 def is_document(path: Path) -> bool:
-    """Whether ``path`` names a document that keeps its format when translated.
+    """Whether ``path`` names a document that :func:`translate_file` keeps the format of.
 
-    Whether ``path`` names a document that :func:`translate_file` keeps the format of (an
-    HTML page or an office file, by its suffix; a .txt file is lines, as any other)."""
+    An HTML page or an office file, by its suffix; a .txt file is lines, as any other."""
     suffix = SUFFIXES.get(path.suffix.lower(), path.suffix.lower())
     return suffix in (".html", ".docx", ".odt", ".pptx", ".epub")
 

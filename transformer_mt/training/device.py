@@ -43,13 +43,11 @@ def setup_process(train_cfg: TrainConfig) -> tuple[torch.device, distributed.Dis
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``train.precision``, checked on ``device``.
+    """The autocast dtype of ``train.precision`` (None for fp32), checked on ``device``.
 
-    The autocast dtype of ``train.precision`` (None for fp32), after checking that autocast
-    runs it on ``device``.
-
-    torch does not raise for an unsupported autocast dtype: it warns and runs in fp32, which would
-    silently train at another precision than the config says.
+    The check is that autocast runs the dtype on ``device``. torch does not raise for an
+    unsupported autocast dtype: it warns and runs in fp32, which would silently train at another
+    precision than the config says.
     """
     dtype = AUTOCAST_DTYPES.get(precision)
     if dtype is None:

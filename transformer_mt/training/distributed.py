@@ -115,8 +115,8 @@ _COMM_ERROR = re.compile(
 def is_communication_error(error: BaseException) -> bool:
     """Whether ``error`` came from the process group rather than the computation.
 
-    Whether ``error`` came from the process group (a peer timed out, stopped or died) rather
-    than from the computation: torch's DistError family, or gloo's / NCCL's RuntimeErrors."""
+    That is, a peer timed out, stopped or died: torch's DistError family, or gloo's / NCCL's
+    RuntimeErrors."""
     dist_error = getattr(dist, "DistError", None)
     if dist_error is not None and isinstance(error, dist_error):
         return True
@@ -127,10 +127,9 @@ def is_communication_error(error: BaseException) -> bool:
 def lockstep(what: str, info: DistInfo) -> Iterator[None]:
     """Run a lockstep collective; a communication failure becomes a one-line error.
 
-    Run a lockstep collective; a communication failure (a rank that did not answer within
-    ``train.collective_timeout_s``, or one whose connection closed) becomes a one-line
-    :class:`MTError` naming the rank(s) that did not answer, where the backend can tell (gloo),
-    else the operation and the timeout."""
+    The failure is a rank that did not answer within ``train.collective_timeout_s``, or one whose
+    connection closed. The :class:`MTError` names the rank(s) that did not answer, where the
+    backend can tell (gloo), else the operation and the timeout."""
     with _peer_failures_named(what, info, info.timeout_s):
         yield
 
@@ -235,10 +234,9 @@ def _stop_signals_noted() -> Iterator[list[int]]:
 
 
 def _store() -> Any:
-    """The default process group's key-value store, or None.
+    """The default process group's key-value store (torchrun's), or None.
 
-    The default process group's key-value store (torchrun's), or None where torch does not
-    expose it."""
+    None where torch does not expose it."""
     try:
         return dist.distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError, ValueError):

@@ -66,11 +66,10 @@ def keep_freed_memory(trim_threshold_bytes: int = 1 << 30, top_pad_bytes: int = 
 
 
 def release_freed_memory() -> bool:
-    """Return the free pages of every malloc heap to the kernel.
+    """Return the free pages of every malloc heap to the kernel (``malloc_trim(0)``).
 
-    Return the free pages of every malloc heap to the kernel (``malloc_trim(0)``), live blocks
-    untouched. Returns True when glibc released something, False otherwise or where it does not
-    apply."""
+    Live blocks are untouched. Returns True when glibc released something, False otherwise or
+    where it does not apply."""
     libc = _glibc()
     if libc is None:
         return False

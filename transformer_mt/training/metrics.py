@@ -112,8 +112,8 @@ class MetricsLog:
     def open(self, step: int = 0) -> None:
         """Open the TensorBoard writer, when asked for.
 
-        Open the TensorBoard writer, when asked for (fails with what to do if it is missing);
-        a run resumed at ``step`` drops the events logged after it, as :meth:`trim` drops lines."""
+        Fails with what to do if the tensorboard package is missing. A run resumed at ``step`` drops
+        the events logged after it, as :meth:`trim` drops lines."""
         if not self.tensorboard:
             return
         try:

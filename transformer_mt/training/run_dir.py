@@ -114,8 +114,7 @@ class RunLock:
     def remove_leftovers(self) -> None:
         """Delete the temporary files of writes that a killed process left.
 
-        Delete the temporary files of writes that a killed process left (under the lock, so
-        that no live writer owns them)."""
+        Runs under the lock, so that no live writer owns them."""
         removed = 0
         for p in self.run_dir.iterdir():
             if _LEFTOVER.fullmatch(p.name) and p.is_file() and not p.is_symlink():
@@ -198,8 +197,7 @@ class RunDirectory:
     def step_checkpoints(self) -> list[Path]:
         """The step_N.pt files, oldest first.
 
-        The step_N.pt files, oldest first (other names, such as a user's step_best.pt, are
-        left alone: never pruned, never averaged)."""
+        Other names, such as a user's step_best.pt, are left alone: never pruned, never averaged."""
         steps = {p: m for p in self.path.glob("step_*.pt") if (m := _STEP_FILE.fullmatch(p.name))}
         return sorted(steps, key=lambda p: int(steps[p].group(1)))
 

@@ -25,8 +25,8 @@ def budget_left(
 ) -> float:
     """The fraction of the post-warm-up budget not yet spent at ``step``.
 
-    The fraction of the post-warm-up budget not yet spent when optimizer step ``step`` (>= 1)
-    is taken: 1 right after warm-up, falling linearly to 0 at the end of the run.
+    ``step`` (>= 1) is the optimizer step being taken. The fraction is 1 right after warm-up and
+    falls linearly to 0 at the end of the run.
 
     The run ends at ``max_steps`` or, when ``max_seconds`` > 0, once that much wall time is spent,
     whichever comes first; so the fraction is the smaller of the two. ``seconds`` is the time spent

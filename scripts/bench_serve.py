@@ -11,7 +11,10 @@ the mean requests per decode batch (the server's /metrics, summed over its worke
 continuous batching: per group of requests that joined the search at one step) and the cores the load
 generator itself kept busy (its CPU time / wall time: what the server did not get), medians over
 the runs, beside the offline throughput of the same engine on the same sentences (``translate_lines`` /
-``translate_lines_ct2``, one call, the model's decode settings).
+``translate_lines_ct2``, one call, the model's decode settings) and beside its ceiling: the same
+sentences decoded in this process in batches of the size the server formed (its mean requests per
+batch, in the order the clients sent them), the work the server's batches leave to do without
+HTTP, queues or tokenizing on the event loop.
 
     python scripts/bench_serve.py --checkpoint runs/toy/best.pt --src test.src \\
         --clients 32 8 --engines torch ct2 --ct2-export int8 --runs 3
@@ -170,28 +173,44 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def offline(engine: str, path: Path, sentences: list[str], runs: int, count) -> dict[str, float]:
-    """The same sentences through the library in this process, one call (median of ``runs``)."""
+def offline(
+    engine: str, path: Path, sentences: list[str], runs: int, count, batch: int = 0
+) -> dict[str, float]:
+    """The same sentences through the library in this process (median of ``runs``): one call, or
+    with ``batch`` one call per ``batch`` consecutive sentences, each call one decode batch."""
+    import dataclasses
+
     results = []
+    chunks = [sentences[i : i + batch] for i in range(0, len(sentences), batch)] if batch else None
     if engine == "torch":
         from transformer_mt.inference import load_for_inference, translate_lines
 
         loaded = load_for_inference(path)
-        decode = loaded.config.decode
-        translate = lambda: [  # noqa: E731
-            r[0][0]
-            for r in translate_lines(
-                loaded.model, loaded.src_tok, loaded.trg_tok, sentences, decode
-            )
-        ]
-    else:
-        import dataclasses
+        decode = dataclasses.replace(loaded.config.decode, nbest=1, sampling=False)
+        if batch:
+            decode = dataclasses.replace(decode, batch_tokens=10**9)
+        prefix = loaded.source_prefix(None)  # as the server: a multilingual model's one target
 
+        def lines(todo: list[str]) -> list[str]:
+            results = translate_lines(
+                loaded.model, loaded.src_tok, loaded.trg_tok, todo, decode, src_prefix=prefix
+            )
+            return [r[0][0] for r in results]
+    else:
         from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
         model = load_ct2(path)
         decode = dataclasses.replace(model.decode, nbest=1, sampling=False)
-        translate = lambda: [r[0][0] for r in translate_lines_ct2(model, sentences, decode)]  # noqa: E731
+        if batch:
+            decode = dataclasses.replace(decode, batch_tokens=10**9)
+        prefix = model.source_prefix(None)
+
+        def lines(todo: list[str]) -> list[str]:
+            return [r[0][0] for r in translate_lines_ct2(model, todo, decode, 1, prefix)]
+
+    def translate() -> list[str]:
+        return lines(sentences) if chunks is None else [t for c in chunks for t in lines(c)]
+
     translate()  # warm-up
     for _ in range(runs):
         start = time.perf_counter()
@@ -317,7 +336,7 @@ def main() -> None:
     )
     header = f"{'engine':<7}{'mode':<13}{'workers':>8}{'clients':>8}{'sent/s':>9}{'tok/s':>9}"
     header += f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'/offline':>10}{'/no-batch':>11}"
-    header += f"{'req/batch':>11}{'client CPU':>12}"
+    header += f"{'req/batch':>11}{'/same batches':>15}{'client CPU':>12}"
     figures: dict = {"sentences": len(sentences), "runs": args.runs, "results": []}
     for engine, path in engines:
         base = offline(engine, path, sentences, args.runs, count)
@@ -330,18 +349,36 @@ def main() -> None:
         figures["results"].append({"engine": engine, "mode": "offline", **base})
         modes = [m for m in args.modes if engine == "torch" or m != "continuous"]
         served = measure(engine, path, modes, args, sentences, count, log)
+        ceilings: dict[int, dict[str, float]] = {}  # batch size -> in-process figures
         for (mode, workers, clients), m in served.items():
             no_batch = served.get(("no-batching", workers, clients))
             vs_nb = f"{m['sent_s'] / no_batch['sent_s']:>10.2f}x" if no_batch else f"{'-':>11}"
+            # Continuous batching counts requests per group joining the search, not per batch:
+            # it has no batches of its own to decode in-process.
+            ceiling = None
+            if mode != "continuous":
+                size = max(1, round(m["requests_per_batch"]))
+                if size not in ceilings:
+                    ceilings[size] = offline(engine, path, sentences, args.runs, count, size)
+                ceiling = ceilings[size]["sent_s"]
+            vs_same = f"{m['sent_s'] / ceiling:>14.2f}x" if ceiling else f"{'-':>15}"
             print(
                 f"{engine:<7}{mode:<13}{workers:>8}{clients:>8}{m['sent_s']:>9.1f}"
                 f"{m['tok_s']:>9.0f}{m['p50_ms']:>9.0f}{m['p95_ms']:>9.0f}{m['p99_ms']:>9.0f}"
                 f"{m['sent_s'] / base['sent_s']:>9.2f}x{vs_nb}"
-                f"{m['requests_per_batch']:>11.1f}{m['client_cores']:>11.2f}c",
+                f"{m['requests_per_batch']:>11.1f}{vs_same}"
+                f"{m['client_cores']:>11.2f}c",
                 flush=True,
             )
             figures["results"].append(
-                {"engine": engine, "mode": mode, "workers": workers, "clients": clients, **m}
+                {
+                    "engine": engine,
+                    "mode": mode,
+                    "workers": workers,
+                    "clients": clients,
+                    **m,
+                    "same_batches_sent_s": ceiling,
+                }
             )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")

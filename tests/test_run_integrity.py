@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.config import load_config
 from transformer_mt.errors import MTError
+from transformer_mt.training.fingerprint import check_fingerprint
 from transformer_mt.training.metrics import MetricsLog, read_records
 from transformer_mt.training.run_dir import LOCK_FILE, RunLock
 from transformer_mt.training.state import StopFlag, StoppedBySignal
@@ -120,16 +121,20 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tiny_config, tmp_path,
     before = _snapshot(run)
 
     changed = load_config(tiny_config, ["train.max_steps=12", "data.toy_seed=2", *FAST])
+    caches = set(Path(changed.data.cache_dir).iterdir())
     with pytest.raises(MTError) as err:
         Trainer(changed, run, progress=False)
     message = str(err.value)
-    assert "trained on other data: the source tokenizer, the target tokenizer, the training" in (
-        message
-    )
-    assert "data.toy_seed 1234 -> 2" in message
+    assert "was trained with other data settings (data.toy_seed 1234 -> 2)" in message
     assert "new --run-dir" in message and "--allow-data-change" in message
     assert "\n" not in message
     assert _snapshot(run) == before, "a refused resume leaves the run as it was"
+    assert set(Path(changed.data.cache_dir).iterdir()) == caches, "refused before preparing"
+
+    # What the config cannot show (the files themselves) the data's fingerprint catches.
+    fingerprint = dict(last["train_state"]["data_fingerprint"], train_data="0" * 16)
+    with pytest.raises(MTError, match="trained on other data: the training data changed;"):
+        check_fingerprint(run / "last.pt", last, fingerprint, load_config(tiny_config), False)
 
     # A crash mid-write left half a metrics line: resume drops it with a warning.
     with open(run / "metrics.jsonl", "a") as f:

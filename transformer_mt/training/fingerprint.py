@@ -9,6 +9,7 @@ user accepts the change (`mt train --allow-data-change`).
 
 import hashlib
 import logging
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ WHAT = {
     "valid_data": "the validation data",
 }
 _HASH_CHUNK = 1 << 22  # token ids hashed at a time
-# Config keys that change where files live, not what they hold.
-_NOT_DATA = {"cache_dir"}
+# Config keys that change where files live or come from, not what they hold.
+_NOT_DATA = {"cache_dir", "download_dir", "base_url"}
+# Tokenizer keys of the training-time sampling of segmentations: they change no prepared data.
+_SAMPLING = {"sample_alpha", "sample_nbest", "sample_draws"}
 
 
 def data_fingerprint(data: PreparedData) -> dict[str, str]:
@@ -99,7 +102,23 @@ def check_fingerprint(
     )
 
 
-def _config_changes(saved: dict[str, Any], cfg: Config) -> str:
+def check_data_settings(path: Path, ckpt: dict[str, Any], cfg: Config, allow_change: bool) -> None:
+    """Refuse, before any data is prepared, a resume whose data or tokenizer settings changed.
+
+    The same refusal as :func:`check_fingerprint`'s, minutes earlier on a large corpus: a config
+    that names other data (another corpus, cleaning, toy seed, vocabulary) would prepare it only to
+    be refused. With ``allow_change`` nothing is refused here; the fingerprint check then warns.
+    Changes the config cannot show (the files themselves) are left to the fingerprint."""
+    changes = _config_changes(ckpt.get("config", {}), cfg, skip=_SAMPLING)
+    if changes and not allow_change:
+        raise MTError(
+            f"{path} was trained with other data settings ({changes}); use a new --run-dir, "
+            "or restore the settings it was trained with, or pass --allow-data-change to go on "
+            "with the new data"
+        )
+
+
+def _config_changes(saved: dict[str, Any], cfg: Config, skip: Collection[str] = ()) -> str:
     """The data and tokenizer config keys that differ from the checkpoint's.
 
     E.g.
@@ -109,6 +128,6 @@ def _config_changes(saved: dict[str, Any], cfg: Config) -> str:
     for section in ("data", "tokenizer"):
         before, after = saved.get(section, {}), now[section]
         for key, value in after.items():
-            if key not in _NOT_DATA and key in before and before[key] != value:
+            if key not in _NOT_DATA and key not in skip and key in before and before[key] != value:
                 changes.append(f"{section}.{key} {before[key]!r} -> {value!r}")
     return ", ".join(changes)

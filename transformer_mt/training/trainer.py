@@ -55,7 +55,11 @@ from transformer_mt.training.device import (
     choose_precision,
     setup_process,
 )
-from transformer_mt.training.fingerprint import check_fingerprint, data_fingerprint
+from transformer_mt.training.fingerprint import (
+    check_data_settings,
+    check_fingerprint,
+    data_fingerprint,
+)
 from transformer_mt.training.host_memory import release_freed_memory, resident_mib
 from transformer_mt.training.init_from import (
     Start,
@@ -163,7 +167,7 @@ class Trainer:
         data: PreparedData | None,
         allow_data_change: bool,
     ) -> None:
-        last, start = self._read_start(run_dir / "last.pt", resume)  # before any work
+        last, start = self._read_start(run_dir / "last.pt", resume, allow_data_change)
         self.precision, self.precision_why = self._choose_precision(cfg, last)
         self.autocast_dtype = autocast_dtype(self.precision, self.device)
         if start is not None:
@@ -219,12 +223,13 @@ class Trainer:
         return choices[0][0], f"auto: {choices[0][1]}"
 
     def _read_start(
-        self, last_path: Path, resume: bool
+        self, last_path: Path, resume: bool, allow_data_change: bool
     ) -> tuple[dict[str, Any] | None, Start | None]:
         """The run's own last.pt when it resumes, and the start of a fine-tuning run.
 
-        The start comes from that last.pt, or from train.init_from; both are read and checked before
-        any data is prepared. A failure on any rank stops every rank with its message."""
+        The start comes from that last.pt, or from train.init_from; both are read and checked
+        (the resumed run's data settings too) before any data is prepared. A failure on any rank
+        stops every rank with its message."""
         last: dict[str, Any] | None = None
         start: Start | None = None
         error: BaseException | None = None
@@ -232,6 +237,9 @@ class Trainer:
             if resume and last_path.is_file():
                 last = load_checkpoint(last_path, map_location=self.device)
             start = find_start(self.cfg, last, last_path)
+            if last is not None:  # a fine-tuning run trains with its start's tokenizer settings
+                cfg = start.cfg if start is not None else self.cfg
+                check_data_settings(last_path, last, cfg, allow_data_change)
         except Exception as err:  # handed to every rank, then re-raised here
             error = err
         distributed.agree_on_error(error, self.info)

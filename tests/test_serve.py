@@ -177,11 +177,16 @@ def test_libretranslate_languages_and_detect(served):
     client, _ = served
     languages = client.get("/languages")
     assert languages.status_code == 200, languages.text
-    # Names as langcodes gives them: the fixture's codes happen to be ISO 639-3 codes too.
+    # The toy corpus's own names: as ISO 639-3 codes (langcodes' names elsewhere) "src" and
+    # "trg" would be Logudorese Sardinian and Lishan Didan.
     assert languages.json() == [
-        {"code": "src", "name": "Logudorese Sardinian", "targets": ["trg"]},
-        {"code": "trg", "name": "Lishán Didán", "targets": []},
+        {"code": "src", "name": "Toy English (source)", "targets": ["trg"]},
+        {"code": "trg", "name": "Toy verb-second language", "targets": []},
     ]
+    assert client.get("/frontend/settings").json()["language"]["target"] == {
+        "code": "trg",
+        "name": "Toy verb-second language",
+    }
     form = {"content-type": "application/x-www-form-urlencoded"}
     # libretranslatepy sends its GET with a form body (the api_key)
     with_body = client.request("GET", "/languages", content=b"api_key=k", headers=form)

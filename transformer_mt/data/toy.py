@@ -158,6 +158,13 @@ _TRG2_FUNCTION = {
 
 # The target language codes; the first ("trg") is the default and draws from the seed itself.
 TOY_TARGETS = ("trg", "trg2")
+# What a server calls the toy's languages (as ISO 639-3 codes, "src" and "trg" would name two
+# real languages: Logudorese Sardinian, Lishan Didan).
+TOY_LANGUAGE_NAMES = {
+    "src": "Toy English (source)",
+    "trg": "Toy verb-second language",
+    "trg2": "Toy head-final language",
+}
 # Bump when the generator's output changes, so cached corpora of the old version are not reused.
 TOY_VERSION = 3
 _LEXICON_SEED = 20170612  # fixed: the target language never changes between corpora

@@ -17,6 +17,7 @@ with nothing to translate (emoji, punctuation, numbers, a URL) comes back unchan
 import langcodes
 from fastapi import APIRouter, Depends, Request
 
+from transformer_mt.data.toy import TOY_LANGUAGE_NAMES
 from transformer_mt.decoding.text import has_text
 from transformer_mt.errors import MTError
 from transformer_mt.inference.documents import FILE_FORMATS, html_document
@@ -179,13 +180,24 @@ async def languages(state: ServerState = Depends(server_state)) -> list:
         targets.setdefault(src, []).append(trg)
     for _, trg in state.engine.pairs:  # a client checks both ends against this list
         targets.setdefault(trg, [])
+    toy = _is_toy(state.engine.pairs)
     return [
-        {"code": code, "name": language_name(code), "targets": to} for code, to in targets.items()
+        {"code": code, "name": language_name(code, toy), "targets": to}
+        for code, to in targets.items()
     ]
 
 
-def language_name(code: str) -> str:
-    """A language code's English name ("de" -> "German"), or the code where langcodes knows none."""
+def _is_toy(pairs: list[tuple[str, str]]) -> bool:
+    """Whether every language of ``pairs`` is one of the built-in toy corpus's."""
+    return all(lang in TOY_LANGUAGE_NAMES for pair in pairs for lang in pair)
+
+
+def language_name(code: str, toy: bool = False) -> str:
+    """A language code's English name ("de" -> "German"), or the code where langcodes knows none.
+
+    ``toy``: the model speaks the built-in toy corpus's languages, named as the toy names them."""
+    if toy and code in TOY_LANGUAGE_NAMES:
+        return TOY_LANGUAGE_NAMES[code]
     try:
         language = langcodes.Language.get(code)
     except (langcodes.LanguageTagError, ValueError):
@@ -208,6 +220,7 @@ async def frontend_settings(state: ServerState = Depends(server_state)) -> dict:
     """What LibreTranslate's page and clients read first: limits, keys, files, languages."""
     access, files = state.settings.access, state.files
     source, target = state.engine.pairs[0]
+    toy = _is_toy(state.engine.pairs)
     return {
         "charLimit": access.char_limit or -1,
         "frontendTimeout": state.settings.frontend_timeout_ms,
@@ -217,8 +230,8 @@ async def frontend_settings(state: ServerState = Depends(server_state)) -> dict:
         "filesTranslation": files is not None,
         "supportedFilesFormat": list(FILE_FORMATS) if files is not None else [],
         "language": {
-            "source": {"code": source, "name": language_name(source)},
-            "target": {"code": target, "name": language_name(target)},
+            "source": {"code": source, "name": language_name(source, toy)},
+            "target": {"code": target, "name": language_name(target, toy)},
         },
     }
 

@@ -32,6 +32,7 @@ from typer.testing import CliRunner  # noqa: E402
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.decoding.text import has_text  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
+from transformer_mt.inference.access import SharedRateLimiter  # noqa: E402
 from transformer_mt.inference.engines import TorchEngine  # noqa: E402
 from transformer_mt.inference.metrics import ServerMetrics  # noqa: E402
 from transformer_mt.inference.serve_settings import ServeSettings  # noqa: E402
@@ -334,3 +335,37 @@ def test_sigterm_drains_ready_503_while_requests_are_still_answered(lines):
     assert 2.5 < took < 20, took
     assert "draining: /health/ready answers 503; stopping in 3 s" in log, log
     assert "stopped (SIGTERM); every request in flight was answered" in log, log
+
+
+def test_the_request_limit_counts_every_workers_requests(tmp_path):
+    """`--req-limit 4` with two workers: one client's fifth request in the minute gets the 429,
+    whichever worker each request reaches (each on a connection of its own); the workers share
+    their counts through one SQLite file (SharedRateLimiter). Two limiters on one file, as two
+    processes open it, admit 3 requests between them at a limit of 3, per client."""
+    shared = tmp_path / "limits.sqlite3"
+    first, second = SharedRateLimiter(shared), SharedRateLimiter(shared)
+    answers = [limiter.admit("a", 3) for limiter in (first, second, first, second)]
+    assert answers[:3] == [None, None, None] and 0 < answers[3] <= 60
+    assert second.admit("b", 3) is None, "another client counts apart"
+    quick = SharedRateLimiter(shared, window_s=0.2)
+    assert quick.admit("c", 1) is None and quick.admit("c", 1) is not None
+    time.sleep(0.3)
+    assert quick.admit("c", 1) is None, "a request leaves the count after the window"
+
+    with serving("--workers", "2", "--req-limit", "4") as (_, url):
+        codes: list[int] = []
+        answered: dict[str, float] = {}  # /translate requests answered, by worker
+        while len(codes) < 8 or len(answered) < 2:  # until both workers have answered some
+            assert len(codes) < 64, f"one worker took every connection: {answered}"
+            reply = httpx.post(f"{url}/translate", json={"q": "eni bistor .", "source": "src",
+                                                        "target": "trg"}, timeout=60)  # fmt: skip
+            codes.append(reply.status_code)
+            deadline = time.monotonic() + 10  # a worker counts a request once it has answered
+            while sum(answered.values()) < len(codes):
+                samples = scrape(url)
+                answered = {}
+                for status in ("200", "429"):
+                    for worker, n in requests_by(samples, "/translate", status).items():
+                        answered[worker] = answered.get(worker, 0.0) + n
+                assert time.monotonic() < deadline, answered
+    assert codes[:4] == [200] * 4 and set(codes[4:]) == {429}, codes

@@ -16,7 +16,8 @@ What a translating request meets, in LibreTranslate's order and with its answers
 4. a text longer than the character limit (the key's, or ``char_limit``): 400 "Invalid
    request: request (N) exceeds text limit (L)".
 
-Each check comes before any decoding.
+Each check comes before any decoding. With ``mt serve --workers N`` the request counts are the
+server's, not each worker's: the workers keep them in one SQLite file (:class:`SharedRateLimiter`).
 """
 
 import hashlib
@@ -24,8 +25,10 @@ import hmac
 import json
 import logging
 import math
+import os
 import re
 import secrets
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -39,6 +42,8 @@ from transformer_mt.inference.serve_settings import AccessSettings, ApiError
 logger = logging.getLogger(__name__)
 
 WINDOW_S = 60.0  # the request limits count the requests of the last minute
+# Set by `mt serve --workers N` for its workers: the SQLite file of the request counts they share.
+SHARED_LIMITS_ENV = "MT_SERVE_SHARED_LIMITS"
 NEED_KEY = "Please contact the server operator to get an API key"
 INVALID_KEY = "Invalid API key"
 
@@ -156,6 +161,39 @@ class RateLimiter:
             del self._seen[client]
 
 
+class SharedRateLimiter:
+    """:class:`RateLimiter`'s counts in an SQLite file that several processes open: one limit.
+
+    Each admission is one write transaction (``BEGIN IMMEDIATE``: the processes take turns), on
+    the system-wide monotonic clock. Thread-safe within a process too."""
+
+    def __init__(self, path: Path, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS hits (client TEXT NOT NULL, t REAL NOT NULL)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS hits_by_client ON hits (client, t)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS hits_by_time ON hits (t)")
+
+    def admit(self, client: str, limit: int) -> float | None:
+        """As :meth:`RateLimiter.admit`, counting every process's requests."""
+        now = time.monotonic()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM hits WHERE t <= ?", (now - self.window_s,))
+                count, first = self._db.execute(
+                    "SELECT COUNT(*), MIN(t) FROM hits WHERE client = ?", (client,)
+                ).fetchone()
+                if count >= limit:
+                    return first + self.window_s - now
+                self._db.execute("INSERT INTO hits VALUES (?, ?)", (client, now))
+                return None
+            finally:
+                self._db.execute("COMMIT")
+
+
 class Access:
     """The checks of a translating request, from :class:`AccessSettings` and its keys file."""
 
@@ -173,7 +211,10 @@ class Access:
             self._free_origin = re.compile(settings.key_free_origin or r"(?!)")  # (?!): none
         except re.error as err:
             raise MTError(f"--key-free-origin {settings.key_free_origin!r}: {err}") from None
-        self.limiter = RateLimiter()
+        shared = os.environ.get(SHARED_LIMITS_ENV)
+        self.limiter: RateLimiter | SharedRateLimiter = (
+            SharedRateLimiter(Path(shared)) if shared else RateLimiter()
+        )
 
     def _reload(self, strict: bool = False) -> None:
         """Read the keys file again where it changed (`mt serve-keys` works on a running server).

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from transformer_mt.errors import MTError
+from transformer_mt.inference.access import SHARED_LIMITS_ENV
 from transformer_mt.inference.metrics import MULTIPROC_ENV, ServerMetrics, process_ended
 from transformer_mt.inference.serve_settings import ServeSettings
 from transformer_mt.inference.server_state import ProcessState, Readiness
@@ -44,15 +45,20 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
 
         chosen = agreed_precision(path, settings.device, settings.quantize, settings.precision)
         settings = dataclasses.replace(settings, precision=chosen)
-    previous = os.environ.get(MULTIPROC_ENV)
     with tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir:
-        os.environ[MULTIPROC_ENV] = metrics_dir  # prometheus-client reads it in each worker
+        shared = {
+            MULTIPROC_ENV: metrics_dir,  # prometheus-client reads it in each worker
+            SHARED_LIMITS_ENV: os.path.join(metrics_dir, "request-limits.sqlite3"),
+        }
+        previous = {name: os.environ.get(name) for name in shared}
+        os.environ.update(shared)  # the spawned workers inherit them
         try:
             _Workers(path, settings, sockets).run()
         finally:
-            os.environ.pop(MULTIPROC_ENV)
-            if previous is not None:
-                os.environ[MULTIPROC_ENV] = previous
+            for name, value in previous.items():
+                os.environ.pop(name)
+                if value is not None:
+                    os.environ[name] = value
 
 
 class _Workers:

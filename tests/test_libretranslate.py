@@ -31,7 +31,7 @@ from transformer_mt.inference.access import (  # noqa: E402
     remove_key,
 )
 from transformer_mt.inference.engines import Engine, LineResult, TorchEngine  # noqa: E402
-from transformer_mt.inference.file_store import FileStore  # noqa: E402
+from transformer_mt.inference.file_store import NAME, FileStore  # noqa: E402
 from transformer_mt.inference.serve_settings import (  # noqa: E402
     AccessSettings,
     FileSettings,
@@ -322,9 +322,9 @@ def test_downloads_expire_and_are_bounded_in_count_and_bytes(tmp_path):
     assert store.get(first).path.read_bytes() == b"a"
     third = store.put(b"c", ".txt", "c.txt")
     assert store.get(first) is None and store.get(second) is not None
-    assert sorted(p.name for p in store.directory.iterdir()) == sorted([second, third])
+    assert _kept(store) == sorted([second, third])
     time.sleep(0.25)
-    assert store.get(second) is None and list(store.directory.iterdir()) == []
+    assert store.get(second) is None and _kept(store) == []
     small = FileStore(FileSettings(directory=tmp_path, max_total_bytes=5))
     names = [small.put(b"xx", ".txt", "x.txt") for _ in range(3)]
     assert [small.get(n) is not None for n in names] == [False, True, True]
@@ -332,6 +332,27 @@ def test_downloads_expire_and_are_bounded_in_count_and_bytes(tmp_path):
     assert small.get("f" * 32 + ".txt") is None
     small.close()
     assert not small.directory.exists()
+
+
+def _kept(store: FileStore) -> list[str]:
+    """The downloads in the store's directory (its index lives there too)."""
+    return sorted(p.name for p in store.directory.iterdir() if NAME.fullmatch(p.name))
+
+
+def test_two_stores_on_one_directory_are_one_store(tmp_path):
+    """The worker processes of one server open one directory: a file one keeps, the other
+    serves; eviction by either removes it for both; only the store that made the directory
+    removes it."""
+    first = FileStore(FileSettings(directory=tmp_path, max_files=2))
+    second = FileStore(FileSettings(directory=tmp_path, max_files=2), shared=first.directory)
+    name = first.put(b"a", ".txt", "a.txt")
+    assert second.get(name).path.read_bytes() == b"a" and second.get(name).download_name == "a.txt"
+    second.put(b"b", ".txt", "b.txt"), second.put(b"c", ".txt", "c.txt")  # over max_files
+    assert first.get(name) is None and len(_kept(first)) == 2
+    second.close()
+    assert first.directory.exists() and first.get(_kept(first)[0]) is not None
+    first.close()
+    assert not first.directory.exists()
 
 
 @pytest.fixture

@@ -369,3 +369,35 @@ def test_the_request_limit_counts_every_workers_requests(tmp_path):
                         answered[worker] = answered.get(worker, 0.0) + n
                 assert time.monotonic() < deadline, answered
     assert codes[:4] == [200] * 4 and set(codes[4:]) == {429}, codes
+
+
+def test_a_file_translated_by_one_worker_downloads_from_either(tmp_path):
+    """`--workers 2` with file translation on: /translate_file answers on one worker, and its
+    download answers 200 on fresh connections until both workers have served it (the workers
+    share one store of downloads); the store's directory is gone when the server stops."""
+    with serving("--workers", "2", "--files", "--files-dir", str(tmp_path)) as (proc, url):
+        reply = httpx.post(
+            f"{url}/translate_file",
+            data={"source": "src", "target": "trg"},
+            files={"file": ("notes.txt", b"eni bistor .\n")},
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        download = reply.json()["translatedFileUrl"]
+        served: set[str] = set()
+        for _ in range(40):  # fresh connections: the kernel picks the worker
+            before = scrape(url)
+            got = httpx.get(download, timeout=30)
+            assert got.status_code == 200, got.text
+            assert got.content.strip() and b"eni" not in got.content
+            after = scrape(url)
+            for worker, n in requests_by(after, "/download_file/{name}", "200").items():
+                if n > requests_by(before, "/download_file/{name}", "200").get(worker, 0.0):
+                    served.add(worker)
+            if len(served) == 2:
+                break
+        assert served == {"0", "1"}, served
+        assert len(list(tmp_path.iterdir())) == 1, "one store for both workers"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert list(tmp_path.iterdir()) == [], "the server removed its store"

@@ -42,6 +42,7 @@ import dataclasses
 import errno
 import functools
 import logging
+import os
 import re
 import signal
 import socket
@@ -74,7 +75,7 @@ try:
 
     from transformer_mt.inference import routes_files, routes_libre, routes_v1
     from transformer_mt.inference.access import Access
-    from transformer_mt.inference.file_store import FileStore
+    from transformer_mt.inference.file_store import SHARED_FILES_ENV, FileStore
     from transformer_mt.inference.forms import first_error, json_bytes
     from transformer_mt.inference.metrics import ServerMetrics
     from transformer_mt.inference.server_state import ProcessState, Readiness, ServerState
@@ -330,7 +331,8 @@ def _start(app: FastAPI) -> None:
     """Start the decode worker and the downloads; this worker is ready."""
     state: ServerState = app.state.server
     files = state.settings.files
-    state.files = FileStore(files) if files.enabled else None
+    shared = os.environ.get(SHARED_FILES_ENV)  # the workers of `mt serve --workers N` share one
+    state.files = FileStore(files, shared) if files.enabled else None
     state.batcher.start()
     process: ProcessState = app.state.process
     process.readiness.set_loaded(process.worker)

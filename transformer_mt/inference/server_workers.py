@@ -18,6 +18,7 @@ from pathlib import Path
 
 from transformer_mt.errors import MTError
 from transformer_mt.inference.access import SHARED_LIMITS_ENV
+from transformer_mt.inference.file_store import SHARED_FILES_ENV
 from transformer_mt.inference.metrics import MULTIPROC_ENV, ServerMetrics, process_ended
 from transformer_mt.inference.serve_settings import ServeSettings
 from transformer_mt.inference.server_state import ProcessState, Readiness
@@ -30,25 +31,22 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
 
     Run ``settings.workers`` worker processes on the bound ``sockets`` until SIGINT/SIGTERM;
     their metrics go to one temporary directory, removed when they have stopped."""
-    if settings.files.enabled:  # a download is kept by the process that translated the file
-        logger.warning(
-            "file translation (/translate_file) is off with --workers %d (a download must come "
-            "back to the worker that made it): serve files from a one-worker server; --no-files "
-            "turns it off without this warning",
-            settings.workers,
-        )
-        settings = dataclasses.replace(
-            settings, files=dataclasses.replace(settings.files, enabled=False)
-        )
     if settings.engine == "torch":  # one choice for all workers: auto's probe could differ
         from transformer_mt.inference.loading import agreed_precision
 
         chosen = agreed_precision(path, settings.device, settings.quantize, settings.precision)
         settings = dataclasses.replace(settings, precision=chosen)
-    with tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir:
+    parent = settings.files.directory
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir,
+        tempfile.TemporaryDirectory(prefix="mt-serve-files-", dir=parent) as files_dir,
+    ):
         shared = {
             MULTIPROC_ENV: metrics_dir,  # prometheus-client reads it in each worker
             SHARED_LIMITS_ENV: os.path.join(metrics_dir, "request-limits.sqlite3"),
+            SHARED_FILES_ENV: files_dir,  # one store of downloads: any worker serves a file
         }
         previous = {name: os.environ.get(name) for name in shared}
         os.environ.update(shared)  # the spawned workers inherit them

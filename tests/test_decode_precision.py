@@ -79,11 +79,12 @@ def test_a_checkpoint_from_before_the_key_translates_in_fp32(tmp_path):
     assert (again.precision, again.precision_why) == ("fp32", "--precision")
     assert load_for_inference(tmp_path / "bf16.pt", pack=False).precision == "fp32"
     # what `mt serve --workers N` decides once and hands every worker
-    assert agreed_precision(CKPT) == "fp32"
-    assert agreed_precision(tmp_path / "bf16.pt") == "bf16"
-    assert agreed_precision(tmp_path / "bf16.pt", given="fp32") == "fp32"
-    assert agreed_precision(tmp_path / "bf16.pt", quantization="int8") is None
-    assert agreed_precision(CKPT, given="auto") in ("fp32", "bf16")
+    assert agreed_precision(CKPT) == ("fp32", "decode.precision")
+    assert agreed_precision(tmp_path / "bf16.pt") == ("bf16", "decode.precision")
+    assert agreed_precision(tmp_path / "bf16.pt", given="fp32") == ("fp32", "--precision")
+    assert agreed_precision(tmp_path / "bf16.pt", quantization="int8")[0] is None
+    chosen, why = agreed_precision(CKPT, given="auto")
+    assert chosen in ("fp32", "bf16") and why.startswith("auto: ")
 
 
 def test_auto_chooses_by_the_cpu_and_says_why():

@@ -220,6 +220,7 @@ class TorchEngine(Engine):
             info={
                 "device": str(torch.device(device)),
                 "precision": loaded.precision,
+                "precision_why": loaded.precision_why,
                 "model_args": loaded.model_args,
                 "step": loaded.step,
                 "validation": validation_report(loaded),

@@ -136,21 +136,21 @@ _PROBE_ROWS = 128
 
 def agreed_precision(
     path: Path | str, device: str = "cpu", quantization: str | None = None, given: str | None = None
-) -> str | None:
-    """The precision :func:`load_for_inference` would choose for ``path``, decided once.
+) -> tuple[str | None, str]:
+    """The precision :func:`load_for_inference` would choose for ``path``, decided once, and why.
 
     What `mt serve --workers N` hands every worker, so that all of them compute alike (``auto``'s
     probe, run in each process, could land on either side of its margin). None with
     ``quantization`` (int8 has no other precision)."""
     if quantization is not None:
-        return None
+        return None, f"--quantize {quantization}"
     ckpt = load_checkpoint(path)
     try:
         cfg = TransformerConfig.from_args(**ckpt["model_args"]).model
     except (TypeError, ValueError) as err:
         raise MTError(f"{path}: a damaged checkpoint ({err}); use another checkpoint") from err
     on = check_device(device)
-    return _precision(cfg, on, None, given, _stored_precision(ckpt), True)[0]
+    return _precision(cfg, on, None, given, _stored_precision(ckpt), True)
 
 
 def _stored_precision(ckpt: dict[str, Any]) -> str:

@@ -323,8 +323,14 @@ async def _load(app: FastAPI) -> None:
     _install(app, engine)
     _start(app)
     if app.state.where:
-        message = "loaded %s -> %s (%s engine); serving on http://%s (API docs at /docs)"
-        logger.info(message, engine.src_lang, engine.trg_lang, engine.name, app.state.where)
+        kind = engine.name
+        if "precision" in engine.info:  # the torch engine: what its linear layers multiply in
+            precision, why = engine.info["precision"], engine.info["precision_why"]
+            kind += f" engine, linear layers in {precision}: {why}"
+        else:
+            kind += " engine"
+        message = "loaded %s -> %s (%s); serving on http://%s (API docs at /docs)"
+        logger.info(message, engine.src_lang, engine.trg_lang, kind, app.state.where)
 
 
 def _start(app: FastAPI) -> None:

@@ -34,7 +34,9 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
     if settings.engine == "torch":  # one choice for all workers: auto's probe could differ
         from transformer_mt.inference.loading import agreed_precision
 
-        chosen = agreed_precision(path, settings.device, settings.quantize, settings.precision)
+        chosen, why = agreed_precision(path, settings.device, settings.quantize, settings.precision)
+        if chosen is not None:
+            logger.info("every worker's linear layers in %s (%s)", chosen, why)
         settings = dataclasses.replace(settings, precision=chosen)
     parent = settings.files.directory
     if parent is not None:

@@ -86,8 +86,9 @@ class FileStore:
         return name
 
     def get(self, name: str) -> Stored | None:
-        """The file kept under ``name``; None for a name this store did not make, or that has
-        expired or been evicted."""
+        """The file kept under ``name``, or None.
+
+        None for a name this store did not make, or that has expired or been evicted."""
         if not NAME.fullmatch(name):
             return None
         with self._transaction():

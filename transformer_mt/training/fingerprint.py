@@ -108,7 +108,11 @@ def check_data_settings(path: Path, ckpt: dict[str, Any], cfg: Config, allow_cha
     The same refusal as :func:`check_fingerprint`'s, minutes earlier on a large corpus: a config
     that names other data (another corpus, cleaning, toy seed, vocabulary) would prepare it only to
     be refused. With ``allow_change`` nothing is refused here; the fingerprint check then warns.
-    Changes the config cannot show (the files themselves) are left to the fingerprint."""
+    Changes the config cannot show (the files themselves) are left to the fingerprint. A
+    checkpoint from before fingerprints is not judged here either (its version's config may
+    differ in ways that are not data): it resumes with :func:`check_fingerprint`'s note."""
+    if ckpt.get("train_state", {}).get("data_fingerprint") is None:
+        return
     changes = _config_changes(ckpt.get("config", {}), cfg, skip=_SAMPLING)
     if changes and not allow_change:
         raise MTError(

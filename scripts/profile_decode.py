@@ -126,6 +126,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers")
     parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        help="the linear layers' products (default: the checkpoint's decode.precision)",
+    )
+    parser.add_argument(
         "--no-pack",
         action="store_true",
         help="fp32 by nn.Linear's own products, not oneDNN's packed ones",
@@ -139,7 +144,9 @@ def main() -> None:
     from transformer_mt.fileio import read_lines
     from transformer_mt.inference import load_for_inference
 
-    loaded = load_for_inference(args.checkpoint, quantization=args.quantize, pack=not args.no_pack)
+    loaded = load_for_inference(
+        args.checkpoint, quantization=args.quantize, pack=not args.no_pack, precision=args.precision
+    )
     model = loaded.model
     decode = dataclasses.replace(loaded.config.decode, beam_size=args.beam, nbest=1)
     lines = read_lines(args.src)
@@ -172,7 +179,7 @@ def main() -> None:
     total = statistics.median(totals)
     print(
         f"{args.checkpoint}, {args.src} ({len(lines)} lines), beam {args.beam}, batches of "
-        f"{args.batch} lines, {'int8' if args.quantize else 'fp32'}, "
+        f"{args.batch} lines, linear layers in {loaded.precision} ({loaded.precision_why}), "
         f"{torch.get_num_threads()} threads, median of {args.runs} runs"
     )
     print(f"total {total:.2f} s, {tokens} target tokens, {tokens / total:.0f} tokens/s")

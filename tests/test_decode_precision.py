@@ -85,6 +85,12 @@ def test_a_checkpoint_from_before_the_key_translates_in_fp32(tmp_path):
     assert agreed_precision(tmp_path / "bf16.pt", quantization="int8")[0] is None
     chosen, why = agreed_precision(CKPT, given="auto")
     assert chosen in ("fp32", "bf16") and why.startswith("auto: ")
+    # mt score stays fp32 whatever the checkpoint says: scores compare across machines
+    pairs = ["--src", str(FIXTURE / "src.txt"), "--trg", str(FIXTURE / "expected.beam1.txt")]
+    scored = [
+        runner.invoke(app, ["score", "-c", str(c), *pairs]) for c in (CKPT, tmp_path / "bf16.pt")
+    ]
+    assert scored[0].exit_code == 0 and scored[0].stdout == scored[1].stdout, scored[1].output
 
 
 def test_auto_chooses_by_the_cpu_and_says_why():

@@ -292,9 +292,7 @@ def _translator(
     linear layers multiply in (:func:`~transformer_mt.inference.load_for_inference`).
     """
     if engine == "ct2":
-        if precision is not None:
-            raise MTError("--precision needs --engine torch (checkpoints, not an export)")
-        return _ct2_translator(model_paths, device, options, quantization, target_lang)
+        return _ct2_translator(model_paths, device, options, quantization, target_lang, precision)
     if engine != "torch":
         raise MTError(f"--engine {engine!r}: expected torch or ct2")
     from transformer_mt.inference import load_for_inference, translate_lines
@@ -330,12 +328,18 @@ def _translator(
 
 
 def _ct2_translator(
-    model_paths: list[Path], device: str, options: dict, quantization, target_lang: str | None
+    model_paths: list[Path],
+    device: str,
+    options: dict,
+    quantization,
+    target_lang: str | None,
+    precision: str | None = None,
 ):
     """:func:`_translator` for a CTranslate2 export."""
     from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
 
-    for option, given in (("--quantize", quantization), ("several --checkpoint", model_paths[1:])):
+    refused = (("--quantize", quantization), ("--precision", precision))
+    for option, given in (*refused, ("several --checkpoint", model_paths[1:])):
         if given:
             raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
     model = load_ct2(model_paths[0], device)
@@ -962,7 +966,8 @@ def score(
 
     A target is scored as its text tokenizes now, EOS included: an `mt translate` output may
     score otherwise than its search did when the search's pieces spell the same text another
-    way, or when it stopped at the length limit without EOS.
+    way, or when it stopped at the length limit without EOS. Scores are computed in fp32 whatever
+    the checkpoint's decode.precision, so that they compare across machines.
     """
     from transformer_mt.fileio import read_lines
     from transformer_mt.inference import load_for_inference
@@ -974,7 +979,9 @@ def score(
         check_output(output, [src, trg, *checkpoints])  # before any work
     sources, targets = read_lines(src), read_lines(trg)
     check_pairs(sources, str(src), targets, str(trg))
-    loaded = [load_for_inference(path, device) for path in checkpoints]
+    # fp32 whatever decode.precision says: a score compares across runs and machines, and auto
+    # could choose bf16 on one machine and fp32 on another.
+    loaded = [load_for_inference(path, device, precision="fp32") for path in checkpoints]
     if len(loaded) > 1:  # one vocabulary for all, or a one-line error naming the two that differ
         from transformer_mt.decoding import check_ensemble
 

@@ -74,8 +74,8 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.data.batching import make_batches, padding_fraction
 from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
+from transformer_mt.host_memory import keep_freed_memory, release_freed_memory
 from transformer_mt.model import Transformer, model_args
-from transformer_mt.training.host_memory import keep_freed_memory, release_freed_memory
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
@@ -414,7 +414,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = its default")
     parser.add_argument("--malloc-default", action="store_true",
                         help="leave glibc malloc as it is (default: keep freed memory, as `mt train` "
-                        "does on CPU; see transformer_mt/training/host_memory.py)")  # fmt: skip
+                        "does on CPU; see transformer_mt/host_memory.py)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="device peak for utilization; default on GPUs: 989 (H100 bf16 dense)")  # fmt: skip

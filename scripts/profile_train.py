@@ -40,8 +40,8 @@ from torch.autograd import profiler_util
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from transformer_mt.data.tokenizer import PAD_ID
+from transformer_mt.host_memory import keep_freed_memory
 from transformer_mt.training import loss as loss_module
-from transformer_mt.training.host_memory import keep_freed_memory
 
 FAMILIES = (
     "matrix products (linear)",

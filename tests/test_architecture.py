@@ -18,12 +18,16 @@ ALLOWED = {
     "model": BASE,
     "evaluation": BASE,
     "devices": {"errors"},
+    "host_memory": set(),
     "checkpoint": BASE | {"data", "model"},
     "decoding": BASE | {"data", "model"},
-    "inference": BASE | {"data", "model", "decoding", "checkpoint", "evaluation", "devices"},
-    "training": BASE | {"data", "model", "decoding", "checkpoint", "evaluation", "devices"},
+    "inference": BASE
+    | {"data", "model", "decoding", "checkpoint", "evaluation", "devices", "host_memory"},
+    "training": BASE
+    | {"data", "model", "decoding", "checkpoint", "evaluation", "devices", "host_memory"},
     "cli": BASE
-    | {"data", "model", "decoding", "checkpoint", "evaluation", "inference", "training", "devices"},
+    | {"data", "model", "decoding", "checkpoint", "evaluation", "inference", "training", "devices"}
+    | {"host_memory"},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -30,17 +30,20 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_a_bf16_layer_is_the_bf16_product_plus_the_fp32_bias(rows):
+def test_a_bf16_layer_computes_autocasts_bf16_linear_in_fp32(rows):
     torch.manual_seed(0)
     linear = nn.Linear(48, 80)
     x = torch.randn(3, rows, 48)
     with torch.inference_mode():
         out = Bf16Linear(linear)(x)
-        w = linear.weight.to(torch.bfloat16)
-        expected = functional.linear(x.to(torch.bfloat16), w).float() + linear.bias
+        w, b = linear.weight.to(torch.bfloat16), linear.bias.to(torch.bfloat16)
+        expected = functional.linear(x.to(torch.bfloat16), w, b).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = linear(x).float()
         exact = linear(x)
     assert out.dtype == torch.float32 and out.shape == (3, rows, 80)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out, autocast, rtol=0, atol=1e-6)
     # and it is rounded: bf16 keeps 8 bits of mantissa, so fp32's result moves by about 2^-8
     error = (out - exact).abs().max().item()
     assert 1e-4 < error < 0.1, error

@@ -1,6 +1,7 @@
 """CPU fp32 inference on oneDNN-packed weights (inference/loading.py, PackedLinear): the same
 products as nn.Linear, batch-independent rows, the same translations, and every other path
-(training, autocast, int8, copies) left as it was."""
+(training, autocast, int8, copies) left as it was; the feed-forward activation applied by the
+block's first layer, in each kind of layer, computes what the block computed."""
 
 import copy
 import dataclasses
@@ -12,12 +13,14 @@ from torch import nn
 from torch.nn import functional
 
 from transformer_mt.inference import load_for_inference, translate_lines
+from transformer_mt.inference.linear_layers import _unfuse_activations, pack_linear_layers, to_bf16
 from transformer_mt.inference.loading import (
     Int8Linear,
     PackedLinear,
     _onednn_linear_works,
     quantize,
 )
+from transformer_mt.model.layers import ACTIVATIONS, FeedForward
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 
@@ -123,3 +126,42 @@ def test_a_torch_without_the_packed_product_keeps_nn_linear_and_says_why(
     assert "run unpacked" in caplog.text and "no oneDNN kernel" in caplog.text
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert probe() is False
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_each_linear_kind_applies_its_feed_forward_blocks_activation_and_computes_the_same(
+    activation,
+):
+    """pack_linear_layers, to_bf16 and quantize move the activation into the block's first layer
+    (one pass fewer); the block computes what it computed with the activation of its own."""
+    torch.manual_seed(0)
+    block = FeedForward(32, 128, drop_prob=0.1, activation=activation).eval()
+    x = torch.randn(2, 9, 32)
+    packed = pack_linear_layers(copy.deepcopy(block))
+    assert packed.fc1.activation == activation and packed.fc2.activation is None
+    assert packed.activation is not block.activation, "the block applies none itself"
+    bf16 = to_bf16(packed)  # from the packed (fused) block: unfused, copied, fused again
+    assert bf16.fc1.activation == activation and packed.fc1.activation == activation
+    int8 = quantize(packed, "int8")
+    unfused = _unfuse_activations(quantize(packed, "int8"))  # the same rounding, unfused
+    assert int8.fc1.activation == activation and unfused.fc1.activation is None
+    assert unfused.activation is block.activation
+    with torch.inference_mode():
+        want = block(x)
+        torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(bf16(x), want, rtol=0.05, atol=0.02)  # bf16 rounding
+        assert torch.equal(int8(x), unfused(x)), "in place, the same bits"
+    y = packed(x)  # grad enabled: nn.Linear's own product, then the activation
+    assert y.grad_fn is not None
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_a_loaded_model_runs_fused_blocks_and_an_unpacked_one_its_own():
+    loaded = load_for_inference(FIXTURE / "old_last.pt")
+    blocks = [m for m in loaded.model.modules() if isinstance(m, FeedForward)]
+    assert blocks and all(b.fc1.activation == loaded.model.activation for b in blocks)
+    plain = load_for_inference(FIXTURE / "old_last.pt", pack=False)
+    own = ACTIVATIONS[plain.model.activation]
+    assert all(b.activation is own for b in plain.model.modules() if isinstance(b, FeedForward))

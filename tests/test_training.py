@@ -20,14 +20,14 @@ import torch.nn.functional as F
 from transformer_mt import checkpoint as ckpt_mod
 from transformer_mt.config import load_config
 from transformer_mt.errors import MTError
-from transformer_mt.training import loss as loss_mod
-from transformer_mt.training import trainer as trainer_mod
-from transformer_mt.training.host_memory import (
+from transformer_mt.host_memory import (
     bound_kernel_caches,
     keep_freed_memory,
     release_freed_memory,
     resident_mib,
 )
+from transformer_mt.training import loss as loss_mod
+from transformer_mt.training import trainer as trainer_mod
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 from transformer_mt.training.metrics import MetricsWindow
 from transformer_mt.training.schedule import budget_left, linear_decay_lr, noam_lr
@@ -522,7 +522,7 @@ def test_release_freed_memory_returns_the_holes_between_live_blocks():
 
 _NEW_SHAPE_EVERY_STEP = """
 import random, sys, torch
-from transformer_mt.training.host_memory import bound_kernel_caches, keep_freed_memory, resident_mib
+from transformer_mt.host_memory import bound_kernel_caches, keep_freed_memory, resident_mib
 if sys.argv[1] == "bounded":
     bound_kernel_caches(8)  # small, so that both caches are full before the measurement starts
 keep_freed_memory()

@@ -7,6 +7,11 @@ bf16 products (``--precision bf16``: :class:`Bf16Linear`) or, fp32 on a CPU,
 :func:`quantize`, :func:`to_bf16` and :func:`pack_linear_layers` swap them in for a model's
 ``nn.Linear`` layers. The packed fp32 layers keep the model's parameters, so a state dict or an
 export sees no difference; the int8 and bf16 ones hold rounded copies (a copy of the model).
+
+Each also takes over the activation of the feed-forward layer it starts (``fc1``: relu, gelu or
+swish), so that no separate pass goes over the widest activation of a decoding step: oneDNN's
+fp32 and bf16 products apply it to their result as they write it, and the bf16 layer then hands
+its bf16 result straight to the next bf16 product; the int8 layer applies it in place.
 """
 
 import copy
@@ -22,11 +27,14 @@ from torch.nn import functional
 
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
+from transformer_mt.model.layers import ACTIVATIONS, FeedForward
 
 logger = logging.getLogger(__name__)
 
 
 QUANTIZATIONS = ("int8",)
+
+_M = TypeVar("_M", bound=nn.Module)
 
 
 def quantize(model: Transformer, scheme: str) -> Transformer:
@@ -40,8 +48,8 @@ def quantize(model: Transformer, scheme: str) -> Transformer:
     if next(model.parameters()).device.type != "cpu":
         raise MTError("--quantize int8 runs on the CPU: drop --device or use --device cpu")
     # A copy, its packed layers back to the nn.Linear they are, then each one in int8.
-    model = _replace_linears(copy.deepcopy(model), PackedLinear, _unpacked)
-    return _replace_linears(model, nn.Linear, Int8Linear)
+    model = _replace_linears(_unfuse_activations(copy.deepcopy(model)), PackedLinear, _unpacked)
+    return _fuse_activations(_replace_linears(model, nn.Linear, Int8Linear))
 
 
 class Int8Linear(nn.Module):
@@ -75,6 +83,7 @@ class Int8Linear(nn.Module):
             )
         bias = linear.bias
         self.bias = None if bias is None else bias.detach().float().clone()
+        self.activation: str | None = None  # a feed-forward activation applied to the result
         self._packed: Any = None  # fbgemm's packed weight, made on first use
 
     def __getstate__(self) -> dict[str, Any]:
@@ -82,7 +91,7 @@ class Int8Linear(nn.Module):
         return {**super().__getstate__(), "_packed": None}
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        return _describe(self, "int8")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None:
@@ -96,11 +105,15 @@ class Int8Linear(nn.Module):
         scaled[n + 1].fill_(-1.0)
         out = torch.ops.quantized.linear_dynamic(scaled, self._packed, True)[:n]
         out = out.mul_(scale) if self.bias is None else torch.addcmul(self.bias, out, scale)
+        if self.activation is not None:
+            out = _activate_in_place(out, self.activation)
         return out.view(*x.shape[:-1], self.out_features)
 
 
 def _unpacked(packed: "PackedLinear") -> nn.Linear:
     """A plain ``nn.Linear`` with ``packed``'s parameters."""
+    if packed.activation is not None:
+        raise ValueError("unfuse the feed-forward activations first (_unfuse_activations)")
     plain = nn.Linear(packed.in_features, packed.out_features, device="meta")
     plain.weight, plain.bias = packed.weight, packed.bias
     return plain.train(packed.training)
@@ -131,6 +144,7 @@ class PackedLinear(nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.train(linear.training)
+        self.activation: str | None = None  # a feed-forward activation applied to the result
         # ((weight storage, weight version), packed weight), made on first use
         self._packed: tuple[tuple[int, int], torch.Tensor] | None = None
 
@@ -151,22 +165,31 @@ class PackedLinear(nn.Linear):
             or torch.is_grad_enabled()
             or torch.is_autocast_enabled("cpu")
         ):
-            return super().forward(x)
+            out = super().forward(x)
+            return out if self.activation is None else ACTIVATIONS[self.activation](out)
         key = weight.data_ptr(), weight._version
         packed = self._packed
         if packed is None or packed[0] != key:
             packed = self._packed = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        return torch.ops.mkldnn._linear_pointwise(x, packed[1], self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(
+            x, packed[1], self.bias, *_onednn_activation(self.activation)
+        )
+
+    def extra_repr(self) -> str:
+        return _describe(self, "fp32 packed")
 
 
 class Bf16Linear(nn.Module):
     """A linear layer whose product runs in bf16: the weight rounded to bf16 once, fp32 in and out.
 
-    The input is rounded to bf16, multiplied with the bf16 weight (fp32 accumulation) and the
-    result returned in fp32 with the fp32 bias added, so everything around the products (layer
-    norms, softmax, the search's scores) stays fp32, as under autocast; unlike autocast the weight
-    is not cast again on every call. On a CPU the product runs on a copy of the weight packed once
-    for oneDNN, as :class:`PackedLinear` packs fp32 (on this project's EPYC, AVX512-BF16: 1.2-1.9x
+    It computes what autocast's bf16 linear computes: input, weight and bias rounded to bf16,
+    products accumulated in fp32, the result rounded to bf16; that is returned in fp32, so
+    everything around the products (layer norms, softmax, the search's scores) stays fp32.
+    Unlike autocast the weight is not cast again on every call. With a feed-forward
+    :attr:`activation` (the first layer of a feed-forward block) the result stays bf16: the
+    activation is applied before the rounding, and the next layer, a bf16 product too, would
+    round it to bf16 anyway. On a CPU the product runs on a copy of the weight packed once for
+    oneDNN, as :class:`PackedLinear` packs fp32 (on this project's EPYC, AVX512-BF16: 1.2-1.9x
     faster than packed fp32 at decoding's shapes, one thread); elsewhere a plain bf16 product.
     """
 
@@ -175,7 +198,8 @@ class Bf16Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight.detach().to(torch.bfloat16)
         bias = linear.bias
-        self.bias = None if bias is None else bias.detach().float().clone()
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.activation: str | None = None  # a feed-forward activation applied to the result
         self._packed: Any = None  # oneDNN's packed copy of the weight, made on first use
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,24 +207,27 @@ class Bf16Linear(nn.Module):
         return {**super().__getstate__(), "_packed": None}
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bf16"
+        return _describe(self, "bf16")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.to(torch.bfloat16)
         if self.weight.device.type == "cpu" and _onednn_linear_works(torch.bfloat16):
             if self._packed is None:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
-            out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, None, "none", [], "")
+            out = torch.ops.mkldnn._linear_pointwise(
+                rows, self._packed, self.bias, *_onednn_activation(self.activation)
+            )
         else:
-            out = functional.linear(rows, self.weight)
-        out = out.float()
-        return out if self.bias is None else out.add_(self.bias)
+            out = functional.linear(rows, self.weight, self.bias)
+            if self.activation is not None:
+                out = ACTIVATIONS[self.activation](out.float()).to(torch.bfloat16)
+        return out if self.activation is not None else out.float()
 
 
 def to_bf16(model: Transformer) -> Transformer:
     """A copy of the model with its linear layers as :class:`Bf16Linear` (products in bf16)."""
-    model = _replace_linears(copy.deepcopy(model), PackedLinear, _unpacked)
-    return _replace_linears(model, nn.Linear, Bf16Linear)
+    model = _replace_linears(_unfuse_activations(copy.deepcopy(model)), PackedLinear, _unpacked)
+    return _fuse_activations(_replace_linears(model, nn.Linear, Bf16Linear))
 
 
 def pack_linear_layers(model: nn.Module) -> nn.Module:
@@ -213,10 +240,72 @@ def pack_linear_layers(model: nn.Module) -> nn.Module:
         return model
     if not torch.backends.mkldnn.enabled or not _onednn_linear_works():
         return model
-    return _replace_linears(model, nn.Linear, PackedLinear)
+    return _fuse_activations(_replace_linears(model, nn.Linear, PackedLinear))
 
 
-_M = TypeVar("_M", bound=nn.Module)
+_FUSING = (PackedLinear, Bf16Linear, Int8Linear)  # the layers that apply an activation themselves
+
+
+def _fuse_activations(model: _M) -> _M:
+    """Hand each feed-forward block's activation to its first linear layer, in place.
+
+    Where that layer is one of this module's (see the module docstring); the block itself then
+    applies none. Its inner dropout sits after the activation, so the order is kept."""
+    for block in model.modules():
+        if isinstance(block, FeedForward) and isinstance(block.fc1, _FUSING):
+            name = _activation_name(block.activation)
+            if name is not None and block.fc1.activation is None:
+                block.fc1.activation = name
+                block.activation = _no_activation
+    return model
+
+
+def _unfuse_activations(model: _M) -> _M:
+    """Give each feed-forward block its activation back from its first layer, in place."""
+    for block in model.modules():
+        fc1 = getattr(block, "fc1", None)
+        if isinstance(block, FeedForward) and isinstance(fc1, _FUSING) and fc1.activation:
+            block.activation = ACTIVATIONS[fc1.activation]
+            fc1.activation = None
+    return model
+
+
+def _no_activation(x: torch.Tensor) -> torch.Tensor:
+    """The activation of a feed-forward block whose first layer applies the real one."""
+    return x
+
+
+def _activation_name(fn: Callable[[torch.Tensor], torch.Tensor]) -> str | None:
+    """The name in ACTIVATIONS of the function ``fn``; None when it is none of them."""
+    return next((name for name, known in ACTIVATIONS.items() if known is fn), None)
+
+
+# The model's activations as oneDNN's fused post-ops (attribute, algorithm): gelu is the exact
+# (erf) one, as torch's default; swish is x * sigmoid(x).
+_ONEDNN_POST_OPS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "swish": ("swish", "")}
+
+
+def _onednn_activation(name: str | None) -> tuple[str, list[Any], str]:
+    """The (attribute, scalars, algorithm) arguments of ``_linear_pointwise`` for ``name``."""
+    if name is None:
+        return "none", [], ""
+    attr, algorithm = _ONEDNN_POST_OPS[name]
+    return attr, [], algorithm
+
+
+def _activate_in_place(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``ACTIVATIONS[name](x)``, written over ``x`` where torch can."""
+    if name == "relu":
+        return x.relu_()
+    if name == "swish":
+        return functional.silu(x, inplace=True)
+    return ACTIVATIONS[name](x)
+
+
+def _describe(layer: Any, kind: str) -> str:
+    """The ``extra_repr`` of one of this module's layers."""
+    fused = "" if layer.activation is None else f", then {layer.activation}"
+    return f"in_features={layer.in_features}, out_features={layer.out_features}, {kind}{fused}"
 
 
 def _replace_linears(model: _M, kind: type[nn.Linear], make: Callable[[Any], nn.Module]) -> _M:

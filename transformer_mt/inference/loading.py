@@ -12,6 +12,7 @@ from transformer_mt.data.languages import model_pairs, source_prefix, tag_ids, t
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.devices import choose_precision, resolve_device
 from transformer_mt.errors import MTError
+from transformer_mt.host_memory import keep_freed_memory
 
 # The linear layers live in linear_layers.py; their names stay importable from here.
 from transformer_mt.inference.linear_layers import (  # noqa: F401
@@ -74,6 +75,10 @@ def load_for_inference(
     weights packed once for oneDNN (:func:`pack_linear_layers`: the same products, 2-3x faster
     here); ``pack=False`` keeps plain ``nn.Linear`` layers (fp32 whatever ``precision`` says).
 
+    On a CPU it also tells glibc's malloc to keep freed memory for reuse (process-wide,
+    :func:`~transformer_mt.host_memory.keep_freed_memory`): every search step allocates the same
+    tensors again, and fresh pages cost about a tenth of a decoding's time.
+
     Loaded with ``weights_only=True``: a checkpoint from a stranger cannot run code.
     """
     device = check_device(device)
@@ -105,6 +110,8 @@ def load_for_inference(
             f"fit together: {first[:200]}); use another checkpoint of the run"
         ) from err
     model.to(device).eval()
+    if device.type == "cpu":
+        keep_freed_memory()
     stored = _stored_precision(ckpt)
     chosen, why = _precision(model.config.model, device, quantization, precision, stored, pack)
     if quantization is not None:

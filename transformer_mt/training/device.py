@@ -16,8 +16,8 @@ from transformer_mt.devices import (  # noqa: F401 (the precision choice, import
     resolve_device,
 )
 from transformer_mt.errors import MTError
+from transformer_mt.host_memory import bound_kernel_caches, keep_freed_memory
 from transformer_mt.training import distributed
-from transformer_mt.training.host_memory import bound_kernel_caches, keep_freed_memory
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -45,6 +45,7 @@ from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.sources import check_source
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, SPECIAL_IDS
 from transformer_mt.errors import MTError
+from transformer_mt.host_memory import release_freed_memory, resident_mib
 from transformer_mt.model import Transformer, TransformerConfig
 from transformer_mt.training import distributed
 from transformer_mt.training.batches import BatchStream
@@ -60,7 +61,6 @@ from transformer_mt.training.fingerprint import (
     check_fingerprint,
     data_fingerprint,
 )
-from transformer_mt.training.host_memory import release_freed_memory, resident_mib
 from transformer_mt.training.init_from import (
     Start,
     check_data,

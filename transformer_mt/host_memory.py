@@ -1,4 +1,4 @@
-"""Keep freed memory inside the process on Linux (glibc), for training on a CPU.
+"""Keep freed memory inside the process on Linux (glibc), for training and decoding on a CPU.
 
 glibc's malloc serves a request over its mmap threshold (128 KiB at start, raised as blocks are
 freed, up to 32 MiB) with fresh pages from the kernel and gives them back on ``free``, and it
@@ -9,7 +9,9 @@ every step, so it pays for page faults over and over: on the 2-core benchmark ma
 
 ``keep_freed_memory`` fixes the threshold at its maximum (32 MiB) and lets the heap keep up to
 ``trim_threshold_bytes`` of free memory: every activation of a step comes from memory the
-previous step freed. Larger blocks still come from (and go back to) the kernel, so the resident
+previous step freed. Decoding is alike: each search step allocates the same logits, caches and
+activations again (the Multi30k test set with beam 4, 2 threads: fp32 3.09 -> 2.90 s, bf16 2.54
+-> 2.28 s, resident size unchanged). Larger blocks still come from (and go back to) the kernel, so the resident
 size stays bounded by the largest step. It is the in-process form of ``MALLOC_MMAP_THRESHOLD_`` /
 ``MALLOC_TRIM_THRESHOLD_``; jemalloc or tcmalloc through ``LD_PRELOAD`` are the usual
 alternatives.

@@ -35,6 +35,22 @@ def test_engines_take_every_place_in_turn():
     assert runs == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
 
 
+@pytest.mark.parametrize("warm_pass", [False, True])
+def test_the_timed_pass_follows_the_warm_up_and_with_warm_pass_a_whole_untimed_pass(warm_pass):
+    bench = load_script()
+    calls = []
+
+    def translate(todo):
+        calls.append(list(todo))
+        return [text.upper() for text in todo]
+
+    spec = {"warmup": 1, "chunks": [[2, 0], [1]], "warm_pass": warm_pass}
+    report = bench.timed_run(translate, ["a", "b", "c"], spec, started=0.0)
+    one_pass = [["c", "a"], ["b"]]
+    assert calls == [["a"], *one_pass] + (one_pass if warm_pass else [])
+    assert report["outputs"] == ["A", "B", "C"]
+
+
 def test_continuous_search_runs_in_the_preferred_batching_only():
     bench = load_script()
     order = bench.schedule(["ours-fp32", "ours-continuous"], ["chunks", "preferred"], runs=2)

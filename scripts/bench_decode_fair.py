@@ -148,7 +148,8 @@ def worker_main(spec_path: str, report_path: str) -> None:
 
 def timed_run(translate, lines: list[str], spec: dict, started: float) -> dict:
     """Warm up on the first ``spec["warmup"]`` lines, then time ``translate`` over the run's
-    work (``spec["chunks"]``: one call per chunk of line indices; else one call over all)."""
+    work (``spec["chunks"]``: one call per chunk of line indices; else one call over all). With
+    ``spec["warm_pass"]`` that work runs once untimed first; ``warmup_s`` counts it."""
     loaded = time.perf_counter()
     if spec["warmup"]:
         translate(lines[: spec["warmup"]])

@@ -36,12 +36,17 @@ def test_engines_take_every_place_in_turn():
 
 
 @pytest.mark.parametrize("warm_pass", [False, True])
-def test_the_timed_pass_follows_the_warm_up_and_with_warm_pass_a_whole_untimed_pass(warm_pass):
+def test_the_timed_pass_follows_the_warm_up_and_with_warm_pass_a_whole_untimed_pass(
+    warm_pass, monkeypatch
+):
     bench = load_script()
     calls = []
+    clock = [0.0]  # each engine call takes 10 "seconds" of a fake clock
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
 
     def translate(todo):
         calls.append(list(todo))
+        clock[0] += 10.0
         return [text.upper() for text in todo]
 
     spec = {"warmup": 1, "chunks": [[2, 0], [1]], "warm_pass": warm_pass}
@@ -49,6 +54,8 @@ def test_the_timed_pass_follows_the_warm_up_and_with_warm_pass_a_whole_untimed_p
     one_pass = [["c", "a"], ["b"]]
     assert calls == [["a"], *one_pass] + (one_pass if warm_pass else [])
     assert report["outputs"] == ["A", "B", "C"]
+    assert report["seconds"] == 20.0, "one pass timed"
+    assert report["warmup_s"] == 10.0 + 20.0 * warm_pass
 
 
 def test_continuous_search_runs_in_the_preferred_batching_only():

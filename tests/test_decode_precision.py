@@ -1,6 +1,7 @@
 """``decode.precision`` / ``--precision``: what a loaded model's linear layers multiply in.
 
-bf16 products (:class:`Bf16Linear`) compute exactly the bf16 product, fp32 around it; ``auto``
+bf16 products (:class:`Bf16Linear`) compute exactly autocast's bf16 linear, fp32 around it (a
+feed-forward block's first layer hands bf16 to the second, on oneDNN and elsewhere); ``auto``
 chooses by the device and a probe and says why; checkpoints written before the key translate in
 fp32 as they did; an option that cannot apply is a one-line error."""
 
@@ -23,6 +24,7 @@ from transformer_mt.inference import load_for_inference, translate_lines
 from transformer_mt.inference.engines import TorchEngine
 from transformer_mt.inference.linear_layers import Bf16Linear, PackedLinear, to_bf16
 from transformer_mt.inference.loading import agreed_precision
+from transformer_mt.model.layers import FeedForward
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
@@ -47,6 +49,28 @@ def test_a_bf16_layer_computes_autocasts_bf16_linear_in_fp32(rows):
     # and it is rounded: bf16 keeps 8 bits of mantissa, so fp32's result moves by about 2^-8
     error = (out - exact).abs().max().item()
     assert 1e-4 < error < 0.1, error
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_a_bf16_first_feed_forward_layer_hands_bf16_to_the_second(monkeypatch, onednn):
+    import transformer_mt.inference.linear_layers as layers
+
+    if not onednn:  # the path of a GPU, or of a CPU without oneDNN's bf16 product
+        monkeypatch.setattr(layers, "_onednn_linear_works", lambda dtype=None: False)
+    torch.manual_seed(0)
+    block = FeedForward(48, 96, drop_prob=0.0, activation="relu").eval()
+    rounded = to_bf16(block)
+    x = torch.randn(7, 48)
+    with torch.inference_mode():
+        hidden = rounded.fc1(x)
+        out = rounded(x)
+        bf = {name: p.to(torch.bfloat16) for name, p in block.named_parameters()}
+        first = functional.linear(x.to(torch.bfloat16), bf["fc1.weight"], bf["fc1.bias"]).relu()
+        want = functional.linear(first, bf["fc2.weight"], bf["fc2.bias"]).float()
+    assert hidden.dtype == torch.bfloat16 and out.dtype == torch.float32
+    # oneDNN applies relu before rounding, autocast after: relu commutes with rounding
+    torch.testing.assert_close(hidden, first, rtol=0, atol=0)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
 
 
 def test_to_bf16_copies_the_model_and_keeps_its_outputs_close():

@@ -165,3 +165,31 @@ def test_a_loaded_model_runs_fused_blocks_and_an_unpacked_one_its_own():
     plain = load_for_inference(FIXTURE / "old_last.pt", pack=False)
     own = ACTIVATIONS[plain.model.activation]
     assert all(b.activation is own for b in plain.model.modules() if isinstance(b, FeedForward))
+
+
+@needs_onednn
+def test_a_training_block_keeps_dropout_after_the_activation_its_first_layer_applies():
+    torch.manual_seed(0)
+    block = FeedForward(32, 128, drop_prob=0.5, activation="relu")
+    packed = pack_linear_layers(copy.deepcopy(block))
+    assert packed.fc1.activation == "relu"
+    x = torch.randn(4, 32)
+    torch.manual_seed(1)
+    want = block(x)  # training: dropout on, grad on
+    torch.manual_seed(1)
+    got = packed(x)
+    assert torch.equal(got, want), "the same product, activation and dropout mask"
+    with torch.no_grad():
+        assert not torch.allclose(want, block.eval()(x)), "dropout ran"
+
+
+@needs_onednn
+def test_without_onednns_post_op_the_activation_is_a_pass_of_its_own(monkeypatch):
+    import transformer_mt.inference.linear_layers as layers
+
+    torch.manual_seed(0)
+    block = FeedForward(32, 128, drop_prob=0.0, activation="gelu").eval()
+    packed, x = pack_linear_layers(copy.deepcopy(block)), torch.randn(5, 32)
+    monkeypatch.setattr(layers, "_onednn_post_op_works", lambda dtype, name: False)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), block(x), rtol=1e-5, atol=1e-5)

@@ -586,6 +586,26 @@ def test_requests_coming_back_after_a_batch_join_the_waiting_ones():
     assert engine.calls == [["slow"], ["b", "c"]]
 
 
+def test_an_idle_decode_worker_hands_freed_memory_back_once_per_idle_spell(monkeypatch):
+    """Decoding keeps freed memory for reuse; after IDLE_TRIM_S without work the worker returns
+    it (malloc_trim), once, and not before any work was done."""
+    from transformer_mt.inference import batcher as batcher_module
+
+    trims = []
+    monkeypatch.setattr(batcher_module, "IDLE_TRIM_S", 0.05)
+    monkeypatch.setattr(batcher_module, "release_freed_memory", lambda: trims.append(1))
+    batcher = Batcher(FakeEngine(), BatchSettings(window_s=0.0)).start()
+    time.sleep(0.3)
+    assert trims == [], "nothing decoded yet: nothing to hand back"
+    assert [r.text for r in batcher.submit(["a"], DecodeConfig(beam_size=2)).result(10)] == ["A"]
+    deadline = time.monotonic() + 5
+    while not trims and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # idle on: no second trim
+    assert trims == [1]
+    batcher.close()
+
+
 def test_batching_off_decodes_one_request_at_a_time():
     engine = FakeEngine()
     batcher = Batcher(engine, BatchSettings(enabled=False)).start()

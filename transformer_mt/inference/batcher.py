@@ -54,6 +54,10 @@ one-line request waited behind them (scripts/bench_disconnect.py).
 Search runs in the worker thread, never on the server's event loop, so the server keeps accepting
 and answering (errors, /health) while a batch decodes. ``close()`` lets every job already submitted
 finish before the worker ends.
+
+Decoding on a CPU keeps freed memory for reuse (``host_memory``: no fresh pages for every step's
+tensors); batches of ever-changing shapes leave freed pages between live blocks, so after
+``IDLE_TRIM_S`` with nothing to do the worker hands them back to the system (``malloc_trim``).
 """
 
 import asyncio
@@ -66,15 +70,18 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.decoding.continuous import ContinuousSearch
 from transformer_mt.decoding.search import DecodeResult
+from transformer_mt.host_memory import release_freed_memory
 from transformer_mt.inference.engines import DecodeStopped, Engine, LineResult, empty_result
 from transformer_mt.inference.serve_settings import BatchSettings
 
 logger = logging.getLogger(__name__)
+
+IDLE_TRIM_S = 1.0  # seconds without work after which the worker returns freed memory
 
 
 class BatchObserver:
@@ -175,6 +182,7 @@ class Batcher:
             and (engine.continuous_search(engine.decode) is not None)
         )
         self._free_since = 0.0  # when the worker finished its last batch (monotonic clock)
+        self._trim_due = False  # work was done since the freed memory last went back
 
     def start(self) -> "Batcher":
         if self._thread is None:
@@ -305,7 +313,7 @@ class Batcher:
             if not pending:
                 if stopping:
                     return
-                item = self._queue.get()
+                item = self._next_item()
                 if item is _STOP:
                     return  # nothing pending, nothing queued before the stop
                 self._add(pending, item)
@@ -315,6 +323,20 @@ class Batcher:
             batch = self._take_batch(pending)  # none: every pending job's client left
             if batch and self._decode(batch):  # False: every client of the batch left
                 self._free_since = time.monotonic()
+
+    def _next_item(self) -> Any:
+        """The next queued item, waiting as long as it takes.
+
+        After ``IDLE_TRIM_S`` of waiting, when work was done since the last time, the freed
+        memory of that work goes back to the system first."""
+        item: Any
+        try:
+            item = self._queue.get(timeout=IDLE_TRIM_S) if self._trim_due else self._queue.get()
+        except queue.Empty:
+            release_freed_memory()
+            item = self._queue.get()
+        self._trim_due = True
+        return item
 
     def _add(self, pending: deque, job: _Job) -> None:
         if job.future.cancelled():
@@ -503,7 +525,7 @@ class _ContinuousWorker:
             if not self.flights and not self.waiting:
                 if stopping:
                     return
-                item = self.batcher._queue.get()
+                item = self.batcher._next_item()
                 if item is _STOP:
                     return
                 self.batcher._add(self.waiting, item)

@@ -64,6 +64,7 @@ def load_for_inference(
     *,
     pack: bool = True,
     precision: str | None = None,
+    reuse_freed_memory: bool = True,
 ) -> LoadedModel:
     """Rebuild the model (in eval mode, on ``device``) and tokenizers from a checkpoint.
 
@@ -75,9 +76,10 @@ def load_for_inference(
     weights packed once for oneDNN (:func:`pack_linear_layers`: the same products, 2-3x faster
     here); ``pack=False`` keeps plain ``nn.Linear`` layers (fp32 whatever ``precision`` says).
 
-    On a CPU it also tells glibc's malloc to keep freed memory for reuse (process-wide,
-    :func:`~transformer_mt.host_memory.keep_freed_memory`): every search step allocates the same
-    tensors again, and fresh pages cost about a tenth of a decoding's time.
+    On a CPU, with ``reuse_freed_memory``, it also tells glibc's malloc to keep freed memory for
+    reuse (process-wide, :func:`~transformer_mt.host_memory.keep_freed_memory`): every search step
+    allocates the same tensors again, and fresh pages cost about a tenth of a decoding's time. A
+    long-running process hands the pages back when idle (the server's batcher does).
 
     Loaded with ``weights_only=True``: a checkpoint from a stranger cannot run code.
     """
@@ -110,7 +112,7 @@ def load_for_inference(
             f"fit together: {first[:200]}); use another checkpoint of the run"
         ) from err
     model.to(device).eval()
-    if device.type == "cpu":
+    if device.type == "cpu" and reuse_freed_memory:
         keep_freed_memory()
     stored = _stored_precision(ckpt)
     chosen, why = _precision(model.config.model, device, quantization, precision, stored, pack)

@@ -11,15 +11,16 @@ every step, so it pays for page faults over and over: on the 2-core benchmark ma
 ``trim_threshold_bytes`` of free memory: every activation of a step comes from memory the
 previous step freed. Decoding is alike: each search step allocates the same logits, caches and
 activations again (the Multi30k test set with beam 4, 2 threads: fp32 3.09 -> 2.90 s, bf16 2.54
--> 2.28 s, resident size unchanged). Larger blocks still come from (and go back to) the kernel, so the resident
-size stays bounded by the largest step. It is the in-process form of ``MALLOC_MMAP_THRESHOLD_`` /
-``MALLOC_TRIM_THRESHOLD_``; jemalloc or tcmalloc through ``LD_PRELOAD`` are the usual
-alternatives.
+-> 2.28 s, resident size unchanged). Larger blocks still come from (and go back to) the kernel,
+so the resident size stays bounded by the largest step. It is the in-process form of
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``; jemalloc or tcmalloc through
+``LD_PRELOAD`` are the usual alternatives.
 
 The price is fragmentation: validation decodes batches of ever-changing shapes, and the free
 pages they leave between live blocks stay resident. ``release_freed_memory`` (glibc's
 ``malloc_trim``) hands those pages back; the trainer calls it after each validation, so the next
-training step pays its page faults once per validation instead of once per step.
+training step pays its page faults once per validation instead of once per step, and the
+server's decode worker after a second without work.
 
 The other grower is oneDNN, which runs bf16 matrix products on a CPU. It caches a compiled
 kernel for every new shape, twice: in its primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,

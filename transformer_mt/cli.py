@@ -979,8 +979,7 @@ def score(
         check_output(output, [src, trg, *checkpoints])  # before any work
     sources, targets = read_lines(src), read_lines(trg)
     check_pairs(sources, str(src), targets, str(trg))
-    # fp32 whatever decode.precision says: a score compares across runs and machines, and auto
-    # could choose bf16 on one machine and fp32 on another.
+    # fp32: `auto` could choose bf16 on one machine and fp32 on another (see the docstring)
     loaded = [load_for_inference(path, device, precision="fp32") for path in checkpoints]
     if len(loaded) > 1:  # one vocabulary for all, or a one-line error naming the two that differ
         from transformer_mt.decoding import check_ensemble

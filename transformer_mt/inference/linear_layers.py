@@ -47,9 +47,7 @@ def quantize(model: Transformer, scheme: str) -> Transformer:
         raise MTError(f"--quantize {scheme!r}: expected one of {', '.join(QUANTIZATIONS)}")
     if next(model.parameters()).device.type != "cpu":
         raise MTError("--quantize int8 runs on the CPU: drop --device or use --device cpu")
-    # A copy, its packed layers back to the nn.Linear they are, then each one in int8.
-    model = _replace_linears(_unfuse_activations(copy.deepcopy(model)), PackedLinear, _unpacked)
-    return _fuse_activations(_replace_linears(model, nn.Linear, Int8Linear))
+    return _converted(model, Int8Linear)
 
 
 class Int8Linear(nn.Module):
@@ -223,8 +221,16 @@ class Bf16Linear(nn.Module):
 
 def to_bf16(model: Transformer) -> Transformer:
     """A copy of the model with its linear layers as :class:`Bf16Linear` (products in bf16)."""
+    return _converted(model, Bf16Linear)
+
+
+def _converted(model: Transformer, make: Callable[[nn.Linear], nn.Module]) -> Transformer:
+    """A copy of the model whose linear layers are ``make(layer)``; the model stays as it is.
+
+    The copy's packed layers first go back to the ``nn.Linear`` they are (activations handed back
+    to their blocks); the new layers then take the activations over again."""
     model = _replace_linears(_unfuse_activations(copy.deepcopy(model)), PackedLinear, _unpacked)
-    return _fuse_activations(_replace_linears(model, nn.Linear, Bf16Linear))
+    return _fuse_activations(_replace_linears(model, nn.Linear, make))
 
 
 def pack_linear_layers(model: nn.Module) -> nn.Module:

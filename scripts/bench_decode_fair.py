@@ -28,8 +28,9 @@ Two batchings, each its own table:
 - chunks: the same chunks for every engine: lines sorted by source length (pieces), --batch lines a
   chunk, one call per chunk;
 - preferred: each engine as its users run it on a file: ours with the checkpoint's
-  ``decode.batch_tokens`` (our batcher, as `mt translate`), CTranslate2 with one ``translate_batch``
-  over the whole file, ``max_batch_size`` --ct2-batch-tokens and ``batch_type="tokens"``.
+  ``decode.batch_tokens`` or --batch-tokens (our batcher, as `mt translate`), CTranslate2 with one
+  ``translate_batch`` over the whole file, ``max_batch_size`` --ct2-batch-tokens (default: ours)
+  and ``batch_type="tokens"``. Run it at a few sizes to find each engine's best.
 
 Our length penalty is the checkpoint's ``decode.len_penalty`` (GNMT's); CTranslate2's is ``length **
 alpha``, so the same alpha means other lengths: its alpha is the best BLEU of CTranslate2 float32
@@ -93,10 +94,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--beam", type=int, default=4, help="beam size (default 4)")
     add("--batch", type=int, default=32, help="lines per chunk in the chunks batching")
     add(
+        "--batch-tokens",
+        type=int,
+        help="preferred batching: our decode.batch_tokens (default: the checkpoint's)",
+    )
+    add(
         "--ct2-batch-tokens",
         type=int,
-        help="preferred batching: CTranslate2's max_batch_size "
-        "in tokens (default: the checkpoint's decode.batch_tokens)",
+        help="preferred batching: CTranslate2's max_batch_size in tokens (default: our batch_tokens)",
     )
     add("--threads", type=int, default=2, help="threads per engine (default 2)")
     add("--runs", type=int, default=3, help="timed runs per engine and batching (median)")
@@ -123,8 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "ctranslate2 is not installed: pip install 'transformer-mt[ct2]' (in a checkout: "
             "pip install -e '.[ct2]'), or leave the ct2-* engines out of --engines"
         )
-    for flag in ("beam", "batch", "threads", "runs"):
-        if getattr(args, flag) < 1:
+    for flag in ("beam", "batch", "threads", "runs", "batch_tokens", "ct2_batch_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag} {getattr(args, flag)}: expected 1 or more")
     return args
 
@@ -187,7 +192,8 @@ def ours_worker(spec: dict, started: float) -> dict:
         pack=mode != "unpacked",
         precision=None if mode == "int8" else "bf16" if mode == "bf16" else "fp32",
     )
-    decode = apply_overrides(loaded.config.decode, {"beam_size": spec["beam"], "nbest": 1})
+    settings = {"beam_size": spec["beam"], "nbest": 1, "batch_tokens": spec["batch_tokens"]}
+    decode = apply_overrides(loaded.config.decode, settings)
     if spec["chunks"]:  # one batch per chunk: the chunks are the batches
         decode = dataclasses.replace(decode, batch_tokens=10**9)
     lines = read_plain_lines(spec["src"])
@@ -201,6 +207,7 @@ def ours_worker(spec: dict, started: float) -> dict:
     report = timed_run(translate, lines, spec, started)
     report["version"] = f"torch {torch.__version__}"
     report["threads"] = torch.get_num_threads()
+    report["batch_tokens"] = decode.batch_tokens
     return report
 
 
@@ -359,6 +366,8 @@ class Bench:
         )
         self.decode = prepared["decode"]
         self.files = prepared["files"]
+        if args.batch_tokens:
+            self.decode["batch_tokens"] = args.batch_tokens
         self.batch_tokens = args.ct2_batch_tokens or int(self.decode["batch_tokens"])
 
     def chunks(self, path: Path) -> list[list[int]]:
@@ -385,7 +394,8 @@ class Bench:
             "chunks": self.chunks(src) if batching == "chunks" else None,
         }
         if kind == "ours":
-            return spec | {"checkpoint": str(args.checkpoint), "in_flight": args.batch}
+            ours = {"batch_tokens": int(self.decode["batch_tokens"]), "in_flight": args.batch}
+            return spec | ours | {"checkpoint": str(args.checkpoint)}
         blank = self.files[str(src)]["blank"]
         return spec | {
             "model": str(self.export),

@@ -116,6 +116,8 @@ def test_each_engine_runs_alone_and_greedy_outputs_agree(tmp_path):
         "1",
         "--pause",
         "0",
+        "--batch-tokens",
+        "7",
         "--engines",
         "ours-fp32",
         "ct2-float32",
@@ -128,6 +130,9 @@ def test_each_engine_runs_alone_and_greedy_outputs_agree(tmp_path):
 
     for batching in ("chunks", "preferred"):
         check_reports(result["reports"][batching], lines)
+    # --batch-tokens sets ours' batches in the preferred batching, and CTranslate2's by default.
+    assert result["reports"]["preferred"]["ours-fp32"][0]["batch_tokens"] == 7
+    assert "ours decode.batch_tokens 7; CTranslate2 max_batch_size 7," in done.stdout
 
     grid = {float(alpha): bleu for alpha, bleu in result["len_penalty_grid"].items()}
     assert set(grid) == {0.6, 2.0}

@@ -3,8 +3,10 @@
     python scripts/profile_decode.py --checkpoint runs/m30k40/last.pt \
         --src data/multi30k/test_2016_flickr.de --beam 4 --batch 32 --threads 2
 
-Translates the source file in batches of ``--batch`` lines with our beam search (the search `mt
-translate` runs; tokenization excluded), timing each part of a run with a wall clock:
+Translates the source file in batches of ``--batch`` lines in file order, or with
+``--batch-tokens`` in the batches `mt translate` makes (sorted by length, a budget of padded source
+tokens), with our beam search (tokenization excluded), timing each part of a run with a wall
+clock:
 
 - encoder: ``ModelState.start`` (embeddings and encoder layers, once per batch);
 - decoder: ``Transformer.decode`` inside each step (layers, cache appends, output projection);
@@ -121,7 +123,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--src", type=Path, required=True, help="source file, one line each")
     parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=32, help="lines per batch")
+    parser.add_argument("--batch", type=int, default=32, help="lines per batch, in file order")
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        help="batches as `mt translate` makes them instead: sorted by length, this many padded "
+        "source tokens each (the checkpoint's decode.batch_tokens: 4,096 in the recipes)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="timed runs (median)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers")
@@ -139,7 +147,7 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
-    from transformer_mt.data.batching import pad_batch
+    from transformer_mt.data.batching import longest_first_batches, pad_batch
     from transformer_mt.decoding.text import encode_sources
     from transformer_mt.fileio import read_lines
     from transformer_mt.inference import load_for_inference
@@ -151,10 +159,17 @@ def main() -> None:
     decode = dataclasses.replace(loaded.config.decode, beam_size=args.beam, nbest=1)
     lines = read_lines(args.src)
     sources = list(encode_sources(loaded.src_tok, lines, model.positions.max_len).values())
-    batches = [
-        pad_batch(sources[i : i + args.batch], model.src_pad_idx)
-        for i in range(0, len(sources), args.batch)
-    ]
+    if args.batch_tokens:
+        lengths = [len(ids) for ids in sources]
+        order = [b.tolist() for b in longest_first_batches(lengths, args.batch_tokens)]
+        how = f"batches of {args.batch_tokens} source tokens, sorted by length"
+    else:
+        order = [
+            list(range(i, min(i + args.batch, len(sources))))
+            for i in range(0, len(sources), args.batch)
+        ]
+        how = f"batches of {args.batch} lines in file order"
+    batches = [pad_batch([sources[i] for i in rows], model.src_pad_idx) for rows in order]
 
     def run() -> int:
         tokens = 0
@@ -178,8 +193,8 @@ def main() -> None:
         splits.append(split)
     total = statistics.median(totals)
     print(
-        f"{args.checkpoint}, {args.src} ({len(lines)} lines), beam {args.beam}, batches of "
-        f"{args.batch} lines, linear layers in {loaded.precision} ({loaded.precision_why}), "
+        f"{args.checkpoint}, {args.src} ({len(lines)} lines), beam {args.beam}, {how}, "
+        f"linear layers in {loaded.precision} ({loaded.precision_why}), "
         f"{torch.get_num_threads()} threads, median of {args.runs} runs"
     )
     print(f"total {total:.2f} s, {tokens} target tokens, {tokens / total:.0f} tokens/s")

@@ -6,6 +6,7 @@ the requests and, with `--workers 2`, are summed over the processes), and `--wor
 Skipped where the serve extra (FastAPI, uvicorn, httpx, prometheus-client) is missing.
 """
 
+import multiprocessing
 import os
 import signal
 import socket
@@ -32,12 +33,14 @@ from typer.testing import CliRunner  # noqa: E402
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.decoding.text import has_text  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
-from transformer_mt.inference.access import SharedRateLimiter  # noqa: E402
+from transformer_mt.inference.access import SHARED_LIMITS_ENV, SharedRateLimiter  # noqa: E402
 from transformer_mt.inference.engines import TorchEngine  # noqa: E402
+from transformer_mt.inference.file_store import SHARED_FILES_ENV, FileStore  # noqa: E402
 from transformer_mt.inference.metrics import ServerMetrics  # noqa: E402
-from transformer_mt.inference.serve_settings import ServeSettings  # noqa: E402
+from transformer_mt.inference.serve_settings import FileSettings, ServeSettings  # noqa: E402
 from transformer_mt.inference.server import create_app, create_loading_app  # noqa: E402
 from transformer_mt.inference.server_state import LOADING, ProcessState, Readiness  # noqa: E402
+from transformer_mt.inference.server_workers import shared_environment  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
@@ -150,6 +153,55 @@ def test_a_model_that_fails_to_load_ends_the_server_with_its_one_line_error(tmp_
         TorchEngine(damaged)
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_files_dir_that_cannot_be_made_ends_the_server_with_its_one_line_error(tmp_path, workers):
+    """--files-dir under a plain file: the server (one process, or the supervisor of two) ends
+    with one line naming --files-dir and exit code 1, instead of answering "loading" for ever."""
+    (tmp_path / "plain").write_text("a file, not a directory\n")
+    files_dir = tmp_path / "plain" / "downloads"
+    result = CliRunner().invoke(
+        cli_app,
+        ["serve", "-c", str(CKPT), "--port", "0", "--workers", workers, "--files",
+         "--files-dir", str(files_dir)],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: --files-dir {files_dir}: cannot keep"), result.output
+
+
+def _open_shared_files(environment: dict[str, str], barrier, outcomes) -> None:
+    """What each worker process opens of the shared files, all at one moment."""
+    barrier.wait()
+    try:
+        SharedRateLimiter(Path(environment[SHARED_LIMITS_ENV]))
+        FileStore(FileSettings(), shared=environment[SHARED_FILES_ENV]).close()
+        outcomes.put("opened")
+    except Exception as err:  # the outcome is the test's subject
+        outcomes.put(repr(err))
+
+
+def test_workers_opening_the_shared_files_at_once_all_open_them(tmp_path):
+    """The supervisor makes the workers' SQLite files before it starts them: four processes
+    that open them at the same moment all succeed. (Two processes that make a new file's WAL
+    mode at once fail about half the time with "database is locked", whatever their timeout:
+    a worker then never became ready.)"""
+    context = multiprocessing.get_context("fork")  # quick to start: the race needs no torch
+    for trial in range(10):
+        metrics_dir, files_dir = tmp_path / f"metrics{trial}", tmp_path / f"files{trial}"
+        metrics_dir.mkdir(), files_dir.mkdir()
+        environment = shared_environment(metrics_dir, files_dir)
+        barrier, outcomes = context.Barrier(4), context.SimpleQueue()
+        processes = [
+            context.Process(target=_open_shared_files, args=(environment, barrier, outcomes))
+            for _ in range(4)
+        ]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(60)
+        assert [outcomes.get() for _ in processes] == ["opened"] * 4, trial
+
+
 def test_metrics_parse_and_move_with_requests(engine, lines):
     app = create_app(engine)
     with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
@@ -226,7 +278,9 @@ def wait_ready(proc: subprocess.Popen, url: str, workers: int | None = None) -> 
                 return reply.json()
         except httpx.TransportError:
             pass
-        assert time.monotonic() < deadline, "the server did not become ready"
+        if time.monotonic() > deadline:  # stop it, to show what it printed
+            proc.terminate()
+            raise AssertionError(f"the server did not become ready:\n{proc.communicate(30)[0]}")
         time.sleep(0.1)
 
 

@@ -28,7 +28,6 @@ import math
 import os
 import re
 import secrets
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import atomic_write
+from transformer_mt.inference import shared_sqlite
 from transformer_mt.inference.serve_settings import AccessSettings, ApiError
 
 logger = logging.getLogger(__name__)
@@ -167,14 +167,16 @@ class SharedRateLimiter:
     Each admission is one write transaction (``BEGIN IMMEDIATE``: the processes take turns), on
     the system-wide monotonic clock. Thread-safe within a process too."""
 
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS hits (client TEXT NOT NULL, t REAL NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS hits_by_client ON hits (client, t)",
+        "CREATE INDEX IF NOT EXISTS hits_by_time ON hits (t)",
+    )
+
     def __init__(self, path: Path, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS hits (client TEXT NOT NULL, t REAL NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS hits_by_client ON hits (client, t)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS hits_by_time ON hits (t)")
+        self._db = shared_sqlite.connect(path, self.SCHEMA)
 
     def admit(self, client: str, limit: int) -> float | None:
         """As :meth:`RateLimiter.admit`, counting every process's requests."""

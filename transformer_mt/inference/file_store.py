@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer_mt.errors import MTError
 from transformer_mt.fileio import atomic_write
+from transformer_mt.inference import shared_sqlite
 from transformer_mt.inference.serve_settings import FileSettings
 
 # A name this store makes: what GET /download_file/NAME may ask for.
@@ -30,6 +32,26 @@ NAME = re.compile(r"[0-9a-f]{32}\.[a-z]{3,4}")
 # Set by `mt serve --workers N` for its workers: the directory of the store they share.
 SHARED_FILES_ENV = "MT_SERVE_SHARED_FILES"
 _INDEX = "index.sqlite3"  # never a NAME: no download reaches it
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, download_name TEXT NOT NULL, "
+    "size INTEGER NOT NULL, expires REAL NOT NULL)",
+)
+
+
+def new_directory(settings: FileSettings) -> Path:
+    """A new directory for a store, under ``settings.directory`` (made if missing) or the
+    system's temporary one; an MTError naming --files-dir if it cannot be made there."""
+    parent = settings.directory
+    try:
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="mt-serve-files-", dir=parent))
+    except OSError as err:
+        where = f"--files-dir {parent}" if parent is not None else "the temporary directory"
+        raise MTError(
+            f"{where}: cannot keep translated files there ({err.strerror or err}); "
+            "pass --files-dir a writable directory, or --no-files"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -53,23 +75,16 @@ class FileStore:
 
     def __init__(self, settings: FileSettings, shared: Path | str | None = None) -> None:
         self.settings = settings
-        if shared is None:
-            parent = settings.directory
-            if parent is not None:
-                parent.mkdir(parents=True, exist_ok=True)
-            self.directory = Path(tempfile.mkdtemp(prefix="mt-serve-files-", dir=parent))
-        else:
-            self.directory = Path(shared)
+        self.directory = new_directory(settings) if shared is None else Path(shared)
         self._owner = shared is None
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            self.directory / _INDEX, timeout=30, isolation_level=None, check_same_thread=False
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, download_name TEXT NOT "
-            "NULL, size INTEGER NOT NULL, expires REAL NOT NULL)"
-        )
+        self._db = self.open_index(self.directory)
+
+    @staticmethod
+    def open_index(directory: Path | str) -> sqlite3.Connection:
+        """The index of the store in ``directory``, made if new (the supervisor of
+        `mt serve --workers N` makes it before its workers open it: see ``shared_sqlite``)."""
+        return shared_sqlite.connect(Path(directory) / _INDEX, _SCHEMA)
 
     def put(self, data: bytes, suffix: str, download_name: str) -> str:
         """Keep ``data`` (a translated file) for download; its name, made here."""

@@ -316,12 +316,12 @@ async def _load(app: FastAPI) -> None:
     On failure, keep the error and stop the server."""
     try:
         engine = await _in_own_thread(app.state.load)
-    except Exception as err:
+        _install(app, engine)
+        _start(app)
+    except Exception as err:  # not "loading" for ever: the server stops with the error
         app.state.load_error = err
         app.state.stop()
         return
-    _install(app, engine)
-    _start(app)
     if app.state.where:
         kind = engine.name
         if "precision" in engine.info:  # the torch engine: what its linear layers multiply in

@@ -10,15 +10,19 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformer_mt.errors import MTError
-from transformer_mt.inference.access import SHARED_LIMITS_ENV
-from transformer_mt.inference.file_store import SHARED_FILES_ENV
+from transformer_mt.inference import shared_sqlite
+from transformer_mt.inference.access import SHARED_LIMITS_ENV, SharedRateLimiter
+from transformer_mt.inference.file_store import SHARED_FILES_ENV, FileStore, new_directory
 from transformer_mt.inference.metrics import MULTIPROC_ENV, ServerMetrics, process_ended
 from transformer_mt.inference.serve_settings import ServeSettings
 from transformer_mt.inference.server_state import ProcessState, Readiness
@@ -30,7 +34,8 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
     """Run the worker processes on the bound ``sockets`` until SIGINT/SIGTERM.
 
     Run ``settings.workers`` worker processes on the bound ``sockets`` until SIGINT/SIGTERM;
-    their metrics go to one temporary directory, removed when they have stopped."""
+    their metrics, request counts and downloads go to temporary directories, removed when
+    they have stopped."""
     if settings.engine == "torch":  # one choice for all workers: auto's probe could differ
         from transformer_mt.inference.loading import agreed_precision
 
@@ -38,27 +43,47 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
         if chosen is not None:
             logger.info("every worker's linear layers in %s (%s)", chosen, why)
         settings = dataclasses.replace(settings, precision=chosen)
-    parent = settings.files.directory
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir,
-        tempfile.TemporaryDirectory(prefix="mt-serve-files-", dir=parent) as files_dir,
-    ):
-        shared = {
-            MULTIPROC_ENV: metrics_dir,  # prometheus-client reads it in each worker
-            SHARED_LIMITS_ENV: os.path.join(metrics_dir, "request-limits.sqlite3"),
-            SHARED_FILES_ENV: files_dir,  # one store of downloads: any worker serves a file
-        }
-        previous = {name: os.environ.get(name) for name in shared}
-        os.environ.update(shared)  # the spawned workers inherit them
-        try:
+    files_dir = new_directory(settings.files)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir,
+            _environment(
+                shared_environment(Path(metrics_dir), files_dir)
+            ),  # the workers inherit it
+        ):
             _Workers(path, settings, sockets).run()
-        finally:
-            for name, value in previous.items():
-                os.environ.pop(name)
-                if value is not None:
-                    os.environ[name] = value
+    finally:
+        shutil.rmtree(files_dir, ignore_errors=True)
+
+
+def shared_environment(metrics_dir: Path, files_dir: Path) -> dict[str, str]:
+    """The environment that points each worker at what the workers share, made ready for them.
+
+    The workers' metrics, request counts and downloads: the two SQLite files among them are
+    made here, before any worker opens them (two workers making one at once can fail:
+    ``shared_sqlite``)."""
+    limits = metrics_dir / "request-limits.sqlite3"
+    shared_sqlite.connect(limits, SharedRateLimiter.SCHEMA).close()
+    FileStore.open_index(files_dir).close()
+    return {
+        MULTIPROC_ENV: str(metrics_dir),  # prometheus-client reads it in each worker
+        SHARED_LIMITS_ENV: str(limits),
+        SHARED_FILES_ENV: str(files_dir),  # one store of downloads: any worker serves a file
+    }
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set, as it was afterwards."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            os.environ.pop(name)
+            if value is not None:
+                os.environ[name] = value
 
 
 class _Workers:

@@ -39,8 +39,9 @@ _SCHEMA = (
 
 
 def new_directory(settings: FileSettings) -> Path:
-    """A new directory for a store, under ``settings.directory`` (made if missing) or the
-    system's temporary one; an MTError naming --files-dir if it cannot be made there."""
+    """A new directory for a store; an MTError naming --files-dir if it cannot be made.
+
+    It is made under ``settings.directory`` (made if missing) or the system's temporary one."""
     parent = settings.directory
     try:
         if parent is not None:
@@ -82,8 +83,10 @@ class FileStore:
 
     @staticmethod
     def open_index(directory: Path | str) -> sqlite3.Connection:
-        """The index of the store in ``directory``, made if new (the supervisor of
-        `mt serve --workers N` makes it before its workers open it: see ``shared_sqlite``)."""
+        """The index of the store in ``directory``, made if new.
+
+        The supervisor of `mt serve --workers N` makes it before its workers open it (see
+        ``shared_sqlite``)."""
         return shared_sqlite.connect(Path(directory) / _INDEX, _SCHEMA)
 
     def put(self, data: bytes, suffix: str, download_name: str) -> str:

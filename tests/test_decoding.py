@@ -8,6 +8,7 @@ to reverse sequences (so that beam search really ends hypotheses with EOS)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -30,6 +31,9 @@ from transformer_mt.decoding import (
 from transformer_mt.decoding.search import LineDraws, draw_tokens
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
+
+# The module (the package's name "search" is the function).
+search_module = importlib.import_module("transformer_mt.decoding.search")
 
 VOCAB = 16  # 4 specials + 12 symbols
 MAX_SYMBOLS = 7
@@ -185,8 +189,54 @@ def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
         hook.remove()
     assert greedy_rows[0] == 24 and greedy_rows[-1] < 24
     assert greedy_rows == sorted(greedy_rows, reverse=True)
-    # Step 0 runs one row per sentence (its 3 beams are still the same BOS), then 3 per sentence.
-    assert rows[0] == 24 and rows[1] == 24 * 3 and rows[-1] < 24 * 3 and rows[-1] % 3 == 0
+    # Step 0 runs one row per sentence (its 3 beams are still the same BOS), then 3 per sentence;
+    # beam search drops finished sentences ROW_BLOCK // 3 at a time, so after the first drop the
+    # rows are whole blocks.
+    block = search_module.ROW_BLOCK // 3 * 3
+    assert rows[0] == 24 and rows[1] == 24 * 3 and rows[-1] < 24 * 3
+    assert rows[1:] == sorted(rows[1:], reverse=True)
+    assert all(r == 24 * 3 or r % block == 0 for r in rows[1:]), rows
+
+
+@pytest.mark.parametrize("beam", [1, 4, 5])
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_retired_sentences_change_no_result(
+    monkeypatch, which, beam, random_model, reverse_model, random_src, reverse_src
+):
+    """Finished sentences kept in the batch until a block of them can go (ROW_BLOCK 16) give
+    the same n-best, scores and all, as dropping each at once (ROW_BLOCK 1), in row counts
+    that are whole blocks (and never more of them); a retired sentence never ends another hypothesis (the trained model's end with
+    EOS, the random model's mostly at their length limit)."""
+
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+
+    def run(block: int) -> tuple[list[DecodeResult], set[int], list[tuple[int, ...]]]:
+        monkeypatch.setattr(search_module, "ROW_BLOCK", block)
+        rows: set[int] = set()
+        hook = model.decoder[0].register_forward_hook(lambda m, a, out: rows.add(len(a[0])))
+        ended: list[tuple[int, ...]] = []  # every hypothesis ended: (sentence, *tokens)
+
+        def end(into, sentences, logp, ids, finished, alpha):
+            ended.extend((s, *t) for s, t in zip(sentences.tolist(), ids.tolist(), strict=True))
+            end_hypotheses(into, sentences, logp, ids, finished, alpha)
+
+        monkeypatch.setattr(search_module, "_end_hypotheses", end)
+        try:
+            return beam_search(model, src, _beam(beam, beam)), rows, sorted(ended)
+        finally:
+            hook.remove()
+
+    end_hypotheses = search_module._end_hypotheses
+    (blocked, blocked_rows, blocked_ended), (each, each_rows, each_ended) = run(16), run(1)
+    assert blocked_ended == each_ended, "a retired sentence ended a hypothesis"
+    assert _toks(blocked) == _toks(each)
+    for a, b in zip(blocked, each, strict=True):
+        assert [h.score for h in a.nbest] == pytest.approx([h.score for h in b.nbest], abs=1e-5)
+        assert [h.finished for h in a.nbest] == [h.finished for h in b.nbest]
+    block = 16 // beam * beam  # rows of 16 // K whole sentences
+    n = len(src)
+    assert all(r in (n, n * beam) or r % block == 0 for r in blocked_rows), blocked_rows
+    assert len(blocked_rows) <= len(each_rows), (blocked_rows, each_rows)
 
 
 def test_max_length_respected(random_model, random_src):

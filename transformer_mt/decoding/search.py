@@ -315,8 +315,8 @@ def sample(
 # multiple of this, where the beam allows (32 // K sentences at a time; K > 32: each at once).
 # Each new row count costs oneDNN a product kernel per layer shape (about 0.6 ms each on the
 # EPYC): dropping each sentence at once, a fresh process's first pass over test_2016_flickr met
-# 356 shapes and ran 0.3-0.5 s slower than its second; with blocks of 32 rows, 206 shapes and
-# 0.1-0.2 s (blocks of 16: 261; of 64: 160, no faster). A retired sentence costs its rows'
+# 356 shapes and ran 0.25-0.53 s slower than its second; with blocks of 32 rows, 206 shapes and
+# 0.11-0.20 s (blocks of 16: 261; of 64: 160, no faster). A retired sentence costs its rows'
 # compute until its block is dropped.
 ROW_BLOCK = 32
 

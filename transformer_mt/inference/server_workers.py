@@ -45,13 +45,10 @@ def supervise(path: Path | str, settings: ServeSettings, sockets: list[socket.so
         settings = dataclasses.replace(settings, precision=chosen)
     files_dir = new_directory(settings.files)
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir,
-            _environment(
-                shared_environment(Path(metrics_dir), files_dir)
-            ),  # the workers inherit it
-        ):
-            _Workers(path, settings, sockets).run()
+        with tempfile.TemporaryDirectory(prefix="mt-serve-metrics-") as metrics_dir:
+            shared = shared_environment(Path(metrics_dir), files_dir)
+            with _environment(shared):  # the spawned workers inherit it
+                _Workers(path, settings, sockets).run()
     finally:
         shutil.rmtree(files_dir, ignore_errors=True)
 

@@ -175,8 +175,10 @@ def test_trained_model_beam_reverses_and_ends_with_eos(reverse_model):
     assert sum(h.finished for r in results for h in r.nbest) > 32
 
 
-def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
-    """Rows fed to the decoder shrink as sentences end (not masked and kept)."""
+def test_finished_sentences_leave_the_batch(monkeypatch, reverse_model, reverse_src):
+    """Rows fed to the decoder shrink as sentences end (not masked and kept), a block of
+    ROW_BLOCK rows at a time (8 here: the fixture's 24 sentences fit in one block of 32)."""
+    monkeypatch.setattr(search_module, "ROW_BLOCK", 8)
     rows: list[int] = []
     hook = reverse_model.decoder[0].register_forward_hook(
         lambda m, a, out: rows.append(a[0].size(0))
@@ -189,13 +191,23 @@ def test_finished_sentences_leave_the_batch(reverse_model, reverse_src):
         hook.remove()
     assert greedy_rows[0] == 24 and greedy_rows[-1] < 24
     assert greedy_rows == sorted(greedy_rows, reverse=True)
+    assert all(r % 8 == 0 for r in greedy_rows), greedy_rows
     # Step 0 runs one row per sentence (its 3 beams are still the same BOS), then 3 per sentence;
-    # beam search drops finished sentences ROW_BLOCK // 3 at a time, so after the first drop the
-    # rows are whole blocks.
-    block = search_module.ROW_BLOCK // 3 * 3
+    # beam search drops finished sentences 8 // 3 = 2 at a time, so the rows are whole blocks.
     assert rows[0] == 24 and rows[1] == 24 * 3 and rows[-1] < 24 * 3
     assert rows[1:] == sorted(rows[1:], reverse=True)
-    assert all(r == 24 * 3 or r % block == 0 for r in rows[1:]), rows
+    assert all(r % 6 == 0 for r in rows[1:]), rows
+
+
+def _rows_and_results(monkeypatch, block: int, model: Transformer, run) -> tuple[set[int], list]:
+    """``run()``'s results with ROW_BLOCK = ``block``, and the row counts its decoder saw."""
+    monkeypatch.setattr(search_module, "ROW_BLOCK", block)
+    rows: set[int] = set()
+    hook = model.decoder[0].register_forward_hook(lambda m, a, out: rows.add(len(a[0])))
+    try:
+        return rows, run()
+    finally:
+        hook.remove()
 
 
 @pytest.mark.parametrize("beam", [1, 4, 5])
@@ -204,16 +216,13 @@ def test_retired_sentences_change_no_result(
     monkeypatch, which, beam, random_model, reverse_model, random_src, reverse_src
 ):
     """Finished sentences kept in the batch until a block of them can go (ROW_BLOCK 16) give
-    the same n-best, scores and all, as dropping each at once (ROW_BLOCK 1), in row counts
-    that are whole blocks (and never more of them); a retired sentence never ends another hypothesis (the trained model's end with
-    EOS, the random model's mostly at their length limit)."""
-
+    the same n-best, scores and all, as dropping each at once (ROW_BLOCK 1), in row counts that
+    are whole blocks (and never more of them); a retired sentence never ends another hypothesis
+    (the trained model's end with EOS, the random model's mostly at their length limit)."""
     model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    end_hypotheses = search_module._end_hypotheses
 
-    def run(block: int) -> tuple[list[DecodeResult], set[int], list[tuple[int, ...]]]:
-        monkeypatch.setattr(search_module, "ROW_BLOCK", block)
-        rows: set[int] = set()
-        hook = model.decoder[0].register_forward_hook(lambda m, a, out: rows.add(len(a[0])))
+    def run(block: int) -> tuple[set[int], list[DecodeResult], list[tuple[int, ...]]]:
         ended: list[tuple[int, ...]] = []  # every hypothesis ended: (sentence, *tokens)
 
         def end(into, sentences, logp, ids, finished, alpha):
@@ -221,13 +230,12 @@ def test_retired_sentences_change_no_result(
             end_hypotheses(into, sentences, logp, ids, finished, alpha)
 
         monkeypatch.setattr(search_module, "_end_hypotheses", end)
-        try:
-            return beam_search(model, src, _beam(beam, beam)), rows, sorted(ended)
-        finally:
-            hook.remove()
+        rows, results = _rows_and_results(
+            monkeypatch, block, model, lambda: beam_search(model, src, _beam(beam, beam))
+        )
+        return rows, results, sorted(ended)
 
-    end_hypotheses = search_module._end_hypotheses
-    (blocked, blocked_rows, blocked_ended), (each, each_rows, each_ended) = run(16), run(1)
+    (blocked_rows, blocked, blocked_ended), (each_rows, each, each_ended) = run(16), run(1)
     assert blocked_ended == each_ended, "a retired sentence ended a hypothesis"
     assert _toks(blocked) == _toks(each)
     for a, b in zip(blocked, each, strict=True):
@@ -236,6 +244,30 @@ def test_retired_sentences_change_no_result(
     block = 16 // beam * beam  # rows of 16 // K whole sentences
     n = len(src)
     assert all(r in (n, n * beam) or r % block == 0 for r in blocked_rows), blocked_rows
+    assert len(blocked_rows) <= len(each_rows), (blocked_rows, each_rows)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sample"])
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_retired_rows_change_no_greedy_or_sampled_output(
+    monkeypatch, kind, which, random_model, reverse_model, random_src, reverse_src
+):
+    """Greedy search and sampling keep finished rows until a block can go, too: the same
+    outputs and scores as dropping each row at once, in whole blocks of rows."""
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+
+    def run() -> list[DecodeResult]:
+        if kind == "greedy":
+            return greedy_search(model, src, LEN)
+        return sample(model, src, _sampling(sample_seed=3))
+
+    blocked_rows, blocked = _rows_and_results(monkeypatch, 16, model, run)
+    each_rows, each = _rows_and_results(monkeypatch, 1, model, run)
+    assert _toks(blocked) == _toks(each)
+    for a, b in zip(blocked, each, strict=True):
+        assert a.nbest[0].score == pytest.approx(b.nbest[0].score, abs=1e-5)
+        assert a.nbest[0].finished == b.nbest[0].finished
+    assert all(r == len(src) or r % 16 == 0 for r in blocked_rows), blocked_rows
     assert len(blocked_rows) <= len(each_rows), (blocked_rows, each_rows)
 
 

@@ -11,11 +11,11 @@ Speed: with ``use_cache=True`` (the default) every step feeds the decoder one ne
 reuses the keys/values of earlier positions (:class:`~transformer_mt.model.DecoderCache`); the
 source's cross-attention keys/values are computed once. ``use_cache=False`` re-runs the decoder on
 the whole prefix at every step, the slow reference that tests and benchmarks compare against.
-Finished sentences leave the active batch (and the cache), so they stop costing compute. Beam
-search drops them a block at a time (:data:`ROW_BLOCK` rows): until then a finished sentence stays
-as a retired one, its beams scored -inf so that they never end a hypothesis again. The batch's
-row counts are then few and mostly multiples of the block, and oneDNN builds a product kernel
-for each new shape it sees.
+Finished sentences leave the active batch (and the cache), so they stop costing compute. They
+go a block at a time (:data:`ROW_BLOCK` rows): until then a finished sentence stays as a retired
+one, whose rows are computed and ignored (in beam search, its beams scored -inf so that they
+never end a hypothesis again). The batch's row counts are then few and mostly multiples of the
+block, and oneDNN builds a product kernel for each new shape it sees.
 
 Length: a sentence gets at most n = ``max_len_a + max_len_b * source_length`` decoding steps
 (source length counts the source's EOS), capped by the size of the model's position table
@@ -123,6 +123,17 @@ def _hypothesis(ids: list[int], logp: float, eos: bool, alpha: float) -> Hypothe
     return Hypothesis(ids, logp / length_penalty(len(ids) + int(eos), alpha), eos)
 
 
+# Search drops finished sentences from its batch so that its rows (sentences x K beams, or one
+# row each) stay a multiple of this, where the beam allows (32 // K sentences at a time; K > 32:
+# each at once).
+# Each new row count costs oneDNN a product kernel per layer shape (about 0.6 ms each on the
+# EPYC): dropping each sentence at once, a fresh process's first pass over test_2016_flickr met
+# 356 shapes and ran 0.25-0.53 s slower than its second; with blocks of 32 rows, 206 shapes and
+# 0.11-0.20 s (blocks of 16: 261; of 64: 160, no faster). A retired sentence costs its rows'
+# compute until its block is dropped.
+ROW_BLOCK = 32
+
+
 def _sequential_search(
     model: SearchModel,
     src: torch.Tensor,
@@ -146,6 +157,7 @@ def _sequential_search(
     sent = torch.arange(n_sent, device=src.device)  # sentence index of each active row
     tokens = torch.full((n_sent, 1), model.trg_sos_idx, dtype=torch.long, device=src.device)
     logp_sum = torch.zeros(n_sent, device=src.device)  # (R,)
+    retired = torch.zeros(n_sent, dtype=torch.bool, device=src.device)  # (R,) see ROW_BLOCK
     results: list[DecodeResult | None] = [None] * n_sent
 
     for step in range(int(max_lens.max())):
@@ -156,7 +168,7 @@ def _sequential_search(
         logp_sum += log_probs.gather(1, nxt[:, None]).squeeze(1)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (R, step + 2)
         ended = nxt == eos_idx
-        done = ended | (max_lens <= step + 1)
+        done = (ended | (max_lens <= step + 1)) & ~retired  # newly finished rows
         if not bool(done.any()):
             continue
         done_rows = done.nonzero().squeeze(1)
@@ -170,11 +182,19 @@ def _sequential_search(
             results[s] = DecodeResult(
                 [_hypothesis(toks[:-1] if eos else toks, lp, eos, decode.len_penalty)]
             )
-        keep = (~done).nonzero().squeeze(1)  # (R',)
-        if keep.numel() == 0:
+        closed = retired | done  # (R,) rows that need no more steps
+        live = (~closed).nonzero().squeeze(1)  # (m,)
+        if live.numel() == 0:
             break
-        # Finished rows leave every tensor, so later steps compute only what is still open.
+        n_kept = -(-live.numel() // ROW_BLOCK) * ROW_BLOCK
+        if n_kept >= closed.numel():  # no block to drop: the finished rows retire in place
+            retired = closed
+            continue
+        # Finished rows leave every tensor a block at a time, so later steps compute only what
+        # is still open (and a few retired rows).
+        keep = torch.cat([live, closed.nonzero().squeeze(1)[: n_kept - live.numel()]]).sort()[0]
         tokens, logp_sum, sent, max_lens = tokens[keep], logp_sum[keep], sent[keep], max_lens[keep]
+        retired = closed[keep]
         state.select(keep)
     finished = [r for r in results if r is not None]
     assert len(finished) == len(results), "every row ends: EOS or its length limit"
@@ -309,16 +329,6 @@ def sample(
         return draw_tokens(probs, draws.uniform(sentence, step))
 
     return _sequential_search(model, src, choose, decode, use_cache, eos_idx, prefixes)
-
-
-# Beam search drops finished sentences from its batch so that its rows (sentences x K) stay a
-# multiple of this, where the beam allows (32 // K sentences at a time; K > 32: each at once).
-# Each new row count costs oneDNN a product kernel per layer shape (about 0.6 ms each on the
-# EPYC): dropping each sentence at once, a fresh process's first pass over test_2016_flickr met
-# 356 shapes and ran 0.25-0.53 s slower than its second; with blocks of 32 rows, 206 shapes and
-# 0.11-0.20 s (blocks of 16: 261; of 64: 160, no faster). A retired sentence costs its rows'
-# compute until its block is dropped.
-ROW_BLOCK = 32
 
 
 @dataclass

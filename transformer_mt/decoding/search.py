@@ -127,11 +127,26 @@ def _hypothesis(ids: list[int], logp: float, eos: bool, alpha: float) -> Hypothe
 # row each) stay a multiple of this, where the beam allows (32 // K sentences at a time; K > 32:
 # each at once).
 # Each new row count costs oneDNN a product kernel per layer shape (about 0.6 ms each on the
-# EPYC): dropping each sentence at once, a fresh process's first pass over test_2016_flickr met
+# EPYC, by the profiler's extra time in a first pass): dropping each sentence at once, a fresh process's first pass over test_2016_flickr met
 # 356 shapes and ran 0.25-0.53 s slower than its second; with blocks of 32 rows, 206 shapes and
 # 0.11-0.20 s (blocks of 16: 261; of 64: 160, no faster). A retired sentence costs its rows'
 # compute until its block is dropped.
 ROW_BLOCK = 32
+
+
+def _kept_after_drop(closed: torch.Tensor, per_block: int) -> torch.Tensor | None:
+    """The sentences (indices into ``closed`` (n,)) that stay once a block can be dropped.
+
+    ``closed`` marks those that need no more steps, at least one live. None while the live
+    ones fill as many blocks of ``per_block`` sentences as the batch holds (the finished then
+    stay, retired); else the live ones and as many finished ones as fill their last block, in
+    batch order."""
+    live = (~closed).nonzero().squeeze(1)
+    n_kept = -(-live.numel() // per_block) * per_block
+    if n_kept >= closed.numel():
+        return None
+    retired = closed.nonzero().squeeze(1)[: n_kept - live.numel()]
+    return torch.cat([live, retired]).sort().values
 
 
 def _sequential_search(
@@ -183,16 +198,14 @@ def _sequential_search(
                 [_hypothesis(toks[:-1] if eos else toks, lp, eos, decode.len_penalty)]
             )
         closed = retired | done  # (R,) rows that need no more steps
-        live = (~closed).nonzero().squeeze(1)  # (m,)
-        if live.numel() == 0:
+        if bool(closed.all()):
             break
-        n_kept = -(-live.numel() // ROW_BLOCK) * ROW_BLOCK
-        if n_kept >= closed.numel():  # no block to drop: the finished rows retire in place
+        keep = _kept_after_drop(closed, ROW_BLOCK)
+        if keep is None:  # no block to drop: the finished rows retire in place
             retired = closed
             continue
         # Finished rows leave every tensor a block at a time, so later steps compute only what
         # is still open (and a few retired rows).
-        keep = torch.cat([live, closed.nonzero().squeeze(1)[: n_kept - live.numel()]]).sort()[0]
         tokens, logp_sum, sent, max_lens = tokens[keep], logp_sum[keep], sent[keep], max_lens[keep]
         retired = closed[keep]
         state.select(keep)
@@ -423,18 +436,14 @@ class _Beams:
             # Beams move only within their sentence: memory and cross-attention stay as they are.
             self.state.reorder_beams(reorder)
             return True
-        live = (~finished).nonzero().squeeze(1)  # (m,)
-        if live.numel() == 0:
+        if bool(finished.all()):
             return False
-        per_block = max(1, ROW_BLOCK // self.k)  # sentences
-        n_kept = -(-live.numel() // per_block) * per_block
-        if n_kept >= finished.numel():  # no block to drop: the newly finished retire in place
+        keep = _kept_after_drop(finished, max(1, ROW_BLOCK // self.k))  # (n',)
+        if keep is None:  # no block to drop: the newly finished retire in place
             self.retired = finished
             self.scores = self.scores.masked_fill(finished[:, None], float("-inf"))
             self.state.reorder_beams(reorder)
             return True
-        kept_finished = finished.nonzero().squeeze(1)[: n_kept - live.numel()]
-        keep = torch.cat([live, kept_finished]).sort().values  # (n',)
         rows = self.rows(keep)  # (n'*K,)
         self.tokens = self.tokens.index_select(0, rows)
         self.retired = finished[keep]

@@ -35,6 +35,21 @@ def test_overrides_are_typed():
     assert load_config(None, ["data.max_words=null"]).data.max_words is None  # no word limit
 
 
+def test_a_wrongly_typed_value_is_named_on_one_line():
+    """A value whose repr spans lines (a tensor from a damaged checkpoint's config) or is long
+    is shown on one line, cut short, in the error."""
+    import torch
+
+    for bad in (torch.ones(2, 2), "x" * 500, [list(range(50))]):
+        with pytest.raises(MTError) as err:
+            config_from_dict({"decode": {"beam_size": bad}})
+        message = str(err.value)
+        assert "\n" not in message and len(message) < 200, message
+        assert message.startswith("config key 'decode.beam_size': expected int, got "), message
+    with pytest.raises(MTError, match=r"got tensor\(\[\[1\., 1\.\], \[1\., 1\.\]\]\)"):
+        config_from_dict({"decode": {"beam_size": torch.ones(2, 2)}})
+
+
 def test_values_read_as_yaml_1_2(tmp_path):
     """``1e-4`` is a number and ``no`` (Norwegian) is text, in a file and in --set, as YAML
     1.2 reads them (PyYAML's YAML 1.1 reads text and false)."""

@@ -805,24 +805,24 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
                 return _check_type(value, arg, key)
             except MTError:
                 pass
-        raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
+        raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {_shown(value)}")
     if origin is list:
         (item,) = typing.get_args(tp)
         if isinstance(value, dict) and dataclasses.is_dataclass(item):
             value = [value]  # one source may be written without the list around it
         if not isinstance(value, list):
-            raise MTError(f"config key {key!r}: expected a list, got {value!r}")
+            raise MTError(f"config key {key!r}: expected a list, got {_shown(value)}")
         return [_check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _build_dataclass(tp, value, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is bool and not isinstance(value, bool):
-        raise MTError(f"config key {key!r}: expected true/false, got {value!r}")
+        raise MTError(f"config key {key!r}: expected true/false, got {_shown(value)}")
     if tp is int and isinstance(value, bool):
-        raise MTError(f"config key {key!r}: expected an integer, got {value!r}")
+        raise MTError(f"config key {key!r}: expected an integer, got {_shown(value)}")
     if not isinstance(value, tp):
-        raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
+        raise MTError(f"config key {key!r}: expected {_type_name(tp)}, got {_shown(value)}")
     return value
 
 
@@ -831,13 +831,21 @@ def _build_dataclass(cls: type, value: Any, key: str) -> Any:
     if isinstance(value, cls):
         return value
     if not isinstance(value, dict):
-        raise MTError(f"config key {key!r}: expected a mapping of keys, got {value!r}")
+        raise MTError(f"config key {key!r}: expected a mapping of keys, got {_shown(value)}")
     obj, hints = cls(), _section_types(cls)
     for name, item in value.items():
         if name not in hints:
             raise MTError(f"unknown config key '{key}.{name}'; known keys: {', '.join(hints)}")
         setattr(obj, name, _check_type(item, hints[name], f"{key}.{name}"))
     return obj
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``value`` as an error line shows it: its repr on one line, cut at ``limit`` characters.
+
+    (A tensor's or array's repr spans several lines; an error is one line.)"""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _type_name(tp: Any) -> str:

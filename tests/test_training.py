@@ -779,3 +779,28 @@ def test_chunked_loss_with_an_output_bias_equals_the_unfused_pair(dtype):
     assert abs(fused.item() - plain.item()) < tol * abs(plain.item())
     for got, p in zip(grads, (hidden, weight, bias), strict=True):
         assert torch.allclose(got, p.grad, atol=tol), (got - p.grad).abs().max()
+
+
+def test_weight_gradient_over_groups_of_blocks_equals_the_unfused_pair(monkeypatch):
+    """In bf16 the weight's gradient is one product per group of blocks: blocks of 3 rows, groups
+    of 2 blocks, 23 kept rows (8 blocks, the last of 2 rows), padding between:
+    loss and gradients as the unfused pair's in bf16."""
+    vocab = 50
+    monkeypatch.setattr(loss_mod, "_CHUNK_BYTES", 3 * 4 * vocab)
+    monkeypatch.setattr(loss_mod, "_GROUP_BYTES", 2 * 3 * 2 * vocab)
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 13, 16, requires_grad=True)
+    weight = torch.randn(vocab, 16, requires_grad=True)
+    target = torch.randint(1, vocab, (2, 13))
+    target[0, 5], target[1, -2:] = 0, 0  # padding: 23 rows kept
+    fused, _ = linear_label_smoothed_nll(hidden, weight, target, 0, 0.1, torch.bfloat16)
+    fused.backward()
+    grads = [p.grad.clone() for p in (hidden, weight)]
+    for p in (hidden, weight):
+        p.grad = None
+    logits = (hidden.bfloat16() @ weight.bfloat16().T).float()
+    plain, _ = label_smoothed_nll(logits, target, 0, 0.1)
+    plain.backward()
+    assert abs(fused.item() - plain.item()) < 1e-3 * abs(plain.item())
+    for got, p in zip(grads, (hidden, weight), strict=True):
+        assert torch.allclose(got, p.grad, atol=5e-2), (got - p.grad).abs().max()

@@ -51,6 +51,9 @@ def label_smoothed_nll(
 # fewer, larger blocks (fewer kernel launches) and has the memory for them.
 _CHUNK_BYTES = 16 << 20
 _GPU_CHUNK_BYTES = 1 << 30
+# Size of the (rows, V) block of gradients in bf16/fp16 that one weight-gradient product takes:
+# several fp32 blocks' worth, under glibc's 32 MiB mmap limit on a CPU.
+_GROUP_BYTES = 24 << 20
 # Below this, a softmax probability has lost fp32 precision (subnormal or zero); log p_y is then
 # not a safe way to the row's log-sum-exp.
 _TINY = 1e-30
@@ -64,12 +67,18 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     hidden states and of the weight. Backward then only scales those by the incoming gradient.
     Matrix products run in ``dtype`` (bf16 under autocast), everything else in fp32.
 
-    Few passes over a block: the product, one row-wise softmax (fp32), a cast of the softmax to
-    ``dtype``, the mean of the logits, and the two products of the gradient. The log-sum-exp of a
+    Few passes over a block: the product, one row-wise softmax (fp32, written over the logits), a
+    cast of the softmax to ``dtype``, and the two products of the gradient. The log-sum-exp of a
     row comes from its target's probability (``lse = z_y - log p_y``; rows where ``p_y``
-    underflows take torch's logsumexp instead), and the ``epsilon / V`` that the smoothed target
+    underflows take torch's logsumexp over their logits, computed again); the mean of a row's logits, which the smoothing term needs, is the row's
+    hidden state times the mean of the weight's rows (plus the bias's mean), one small product for
+    all rows instead of a pass over every block; and the ``epsilon / V`` that the smoothed target
     ``q`` gives every class is applied as a rank-one correction to the two gradient products
     instead of a pass over the block. Padding rows are left out before the first product.
+
+    In bf16 (or fp16) the weight's gradient is one product per group of blocks (up to
+    ``_GROUP_BYTES`` of the gradients ``softmax - q`` kept in ``dtype``), each cast to fp32 and
+    added: a cast and an add of the whole (V, D) gradient per group instead of per block.
     """
 
     @staticmethod
@@ -94,42 +103,58 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
             grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
             nll = hidden.new_zeros((), dtype=torch.float32)
             smooth = nll.clone()
+            w_sum = w.float().sum(0)  # (D,)
+            # The mean of each row's logits (the smoothing term's), from the hidden states.
+            z_mean = h.float() @ (w_sum / vocab)  # (n',)
+            if b is not None:
+                z_mean += b.mean()
             # -epsilon / V times the sum of the weight's rows: what the uniform part of q adds to
             # each row of the hidden states' gradient (bias of the product below).
-            uniform_h = (w.float().sum(0) * (-epsilon / vocab)).to(dtype) if need_grad else None
+            uniform_h = (w_sum * (-epsilon / vocab)).to(dtype) if need_grad else None
             budget = _CHUNK_BYTES if hidden.device.type == "cpu" else _GPU_CHUNK_BYTES
             rows = max(1, budget // (4 * vocab))
+            low = h.dtype in (torch.float16, torch.bfloat16)
+            # Blocks per weight-gradient product: several in bf16/fp16 (see the class docstring).
+            group = max(1, _GROUP_BYTES // (2 * vocab * rows)) if low else 1
             # One set of block buffers for all blocks (fresh memory costs page faults on a CPU).
             full = min(rows, len(h))
-            low = h.dtype in (torch.float16, torch.bfloat16)
-            z_low = h.new_empty((full if low else 0, vocab))  # the product in dtype (when low)
+            # The products in dtype (when low), then the gradients of a group of blocks.
+            z_low = h.new_empty((min(group * rows, len(h)) if low else 0, vocab))
+            # The block's logits in fp32, then (in place) their softmax.
             z_buf = h.new_empty((full, vocab), dtype=torch.float32 if low else h.dtype)
-            p_buf = torch.empty_like(z_buf)
             for i in range(0, len(h), rows):
                 hc, tc = h[i : i + rows], target[i : i + rows, None]
-                z, p = z_buf[: len(hc)], p_buf[: len(hc)]  # (rows, V)
+                z = z_buf[: len(hc)]  # (rows, V)
+                start = i % (group * rows)  # this block's rows in the group's buffer
+                z_lc = z_low[start : start + len(hc)]
                 if low:
-                    z.copy_(torch.mm(hc, w.T, out=z_low[: len(hc)]))
+                    z.copy_(torch.mm(hc, w.T, out=z_lc))
                 else:
                     torch.mm(hc, w.T, out=z)
                 if b is not None:
                     z.add_(b)
                 z_y = z.gather(1, tc).squeeze(1)
-                torch.ops.aten._softmax.out(z, -1, False, out=p)
+                p = torch.ops.aten._softmax.out(z, -1, False, out=z)  # over the logits
                 p_y = p.gather(1, tc).squeeze(1)
                 lse = z_y - p_y.log()
                 lost = p_y < _TINY  # p_y underflowed (z_y far below the row's maximum)
-                if lost.any():
-                    lse[lost] = torch.logsumexp(z[lost], dim=-1)
+                if lost.any():  # their logits again (the softmax took their place)
+                    z_lost = (hc[lost] @ w.T).float()
+                    lse[lost] = torch.logsumexp(z_lost if b is None else z_lost + b, dim=-1)
                 nll += (lse - z_y).sum()
-                smooth += (lse - z.mean(dim=-1)).sum()
+                smooth += (lse - z_mean[i : i + rows]).sum()
                 if grad_h is not None and uniform_h is not None:  # need_grad
                     # softmax - q, without the epsilon / V of q (rank-one terms below and above)
                     p.scatter_add_(1, tc, p.new_full(tc.shape, epsilon - 1.0))
                     # d(loss sum) / d(logits) + epsilon / V, (rows, V), in the product's buffer
-                    g = z_low[: len(hc)].copy_(p) if low else p
+                    g = z_lc.copy_(p) if low else p
                     torch.addmm(uniform_h, g, w, out=grad_h[i : i + rows])
-                    grad_w += (g.T @ hc).float()
+                    end = i + len(hc)
+                    if not low:
+                        grad_w += g.T @ hc
+                    elif end == len(h) or end % (group * rows) == 0:  # the group is complete
+                        first = i - start  # the group's first row
+                        grad_w += (z_low[: end - first].T @ h[first:end]).float()
                     if grad_b is not None:
                         grad_b += g.float().sum(0)
             if grad_h is not None:  # need_grad

@@ -70,9 +70,10 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     Few passes over a block: the product, one row-wise softmax (fp32, written over the logits), a
     cast of the softmax to ``dtype``, and the two products of the gradient. The log-sum-exp of a
     row comes from its target's probability (``lse = z_y - log p_y``; rows where ``p_y``
-    underflows take torch's logsumexp over their logits, computed again); the mean of a row's logits, which the smoothing term needs, is the row's
-    hidden state times the mean of the weight's rows (plus the bias's mean), one small product for
-    all rows instead of a pass over every block; and the ``epsilon / V`` that the smoothed target
+    underflows take torch's logsumexp over their logits, computed again); the mean of a row's
+    logits, which the smoothing term needs, is the row's hidden state times the mean of the
+    weight's rows (plus the bias's mean), one small product for all rows instead of a pass over
+    every block; and the ``epsilon / V`` that the smoothed target
     ``q`` gives every class is applied as a rank-one correction to the two gradient products
     instead of a pass over the block. Padding rows are left out before the first product.
 

@@ -29,9 +29,14 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.6, 1.0, 1.5, 2.0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        help="the products' precision, as `mt evaluate --precision` (default: the checkpoint's)",
+    )
     args = parser.parse_args()
 
-    loaded = load_for_inference(args.checkpoint, args.device)
+    loaded = load_for_inference(args.checkpoint, args.device, precision=args.precision)
     sources, refs = read_lines(args.src), read_lines(args.ref)
     check_same_length(sources, str(args.src), [refs], [str(args.ref)])
     ref_words = sum(len(r.split()) for r in refs)

@@ -13,9 +13,10 @@ The comparison writes the mask in the activation's own dtype (0 or 1), so applyi
 product with no cast: torch's ``native_dropout_backward`` casts a boolean mask to the
 activation's dtype on every use, forward and backward, which cost as much as the product itself
 (bf16, 4,096 x 1,024: 10-12 ms a site forward and backward before, 5-7 after). In fp32 the mask
-holds the scale too (one product per direction); in bf16 the scale stays a separate exact
-product, because 1 / 0.9 is not a bf16 number. :func:`dropout_add` also folds the residual add
-of ``x + dropout(y)`` into the same pass.
+holds the scale too (one product per direction); in bf16 the scale stays a separate factor,
+because 1 / 0.9 is not a bf16 number, and one ``addcmul`` computes ``x * mask * scale`` in fp32
+and rounds it once (the same bits as two products, in half the passes). :func:`dropout_add` also
+folds the residual add of ``x + dropout(y)`` into the same pass.
 
 The draws come from torch's default generator, as ``F.dropout``'s do, so ``torch.manual_seed``
 and the generator state (saved in checkpoints for an exact resume) govern them the same way; the
@@ -88,9 +89,14 @@ def keep_mask(shape: torch.Size, dropped: int, dtype: torch.dtype = torch.bool) 
 
 
 def _scale_by_mask(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """``x * mask * scale`` in ``x``'s dtype (the second product skipped for a scale of 1)."""
-    out = torch.mul(x, mask)
-    return out if scale == 1.0 else out.mul_(scale)
+    """``x * mask * scale`` in ``x``'s dtype, in one pass.
+
+    With a scale, ``addcmul`` onto a zero scalar: computed in fp32 and rounded once, as
+    ``(x * mask).mul_(scale)`` rounds (the first product is exact), without its second pass."""
+    if scale == 1.0:
+        return torch.mul(x, mask)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.addcmul(zero, x, mask, value=scale)
 
 
 class _Dropout(torch.autograd.Function):

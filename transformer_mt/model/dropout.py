@@ -141,7 +141,11 @@ class _DropoutAdd(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         (mask,) = ctx.saved_tensors
         x_dtype, y_dtype = ctx.dtypes
-        return grad.to(x_dtype), torch.mul(grad, mask).to(y_dtype), None
+        # Computed in the sum's dtype and rounded to y's as it is written: one pass.
+        grad_y = torch.mul(
+            grad, mask, out=torch.empty(grad.shape, dtype=y_dtype, device=grad.device)
+        )
+        return grad.to(x_dtype), grad_y, None
 
 
 class Dropout(nn.Dropout):

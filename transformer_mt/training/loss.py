@@ -73,9 +73,9 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     underflows take torch's logsumexp over their logits, computed again); the mean of a row's
     logits, which the smoothing term needs, is the row's hidden state times the mean of the
     weight's rows (plus the bias's mean), one small product for all rows instead of a pass over
-    every block; and the ``epsilon / V`` that the smoothed target
-    ``q`` gives every class is applied as a rank-one correction to the two gradient products
-    instead of a pass over the block. Padding rows are left out before the first product.
+    every block; and the ``epsilon / V`` that the smoothed target ``q`` gives every class is
+    applied as a rank-one correction to the two gradient products instead of a pass over the
+    block. Padding rows are left out before the first product.
 
     In bf16 (or fp16) the weight's gradient is one product per group of blocks (up to
     ``_GROUP_BYTES`` of the gradients ``softmax - q`` kept in ``dtype``), each cast to fp32 and

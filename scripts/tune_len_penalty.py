@@ -4,6 +4,8 @@ the same checkpoint (loaded once) and print BLEU, chrF and the output/reference 
     python scripts/tune_len_penalty.py -c runs/multi30k_de_en/last.pt \\
         --src data/multi30k/val.de --ref data/multi30k/val.en --beam 5 --alphas 0.6 1 1.5 2 3
 
+A model with several targets (one-to-many) needs ``--target-lang``, as `mt evaluate` does.
+
 Tune on the validation set, then score the test set once with the chosen alpha
 (`mt evaluate ... --len-penalty A`) or set it as `decode.len_penalty` in the config: choosing
 alpha on the test set would overstate the score.
@@ -11,11 +13,13 @@ alpha on the test set would overstate the score.
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from transformer_mt.config import validate_decode
+from transformer_mt.errors import MTError
 from transformer_mt.evaluation import check_same_length, score_all
 from transformer_mt.fileio import read_lines
 from transformer_mt.inference import load_for_inference, translate_lines
@@ -34,9 +38,17 @@ def main() -> None:
         choices=["auto", "fp32", "bf16"],
         help="the products' precision, as `mt evaluate --precision` (default: the checkpoint's)",
     )
+    parser.add_argument(
+        "--target-lang",
+        help="the target language of a model with several (its tag starts every source)",
+    )
     args = parser.parse_args()
 
     loaded = load_for_inference(args.checkpoint, args.device, precision=args.precision)
+    try:
+        src_prefix = loaded.source_prefix(args.target_lang)
+    except MTError as e:
+        sys.exit(f"error: {e}")
     sources, refs = read_lines(args.src), read_lines(args.ref)
     check_same_length(sources, str(args.src), [refs], [str(args.ref)])
     ref_words = sum(len(r.split()) for r in refs)
@@ -47,7 +59,9 @@ def main() -> None:
             loaded.config.decode, beam_size=args.beam, nbest=1, len_penalty=alpha
         )
         validate_decode(decode)
-        results = translate_lines(loaded.model, loaded.src_tok, loaded.trg_tok, sources, decode)
+        results = translate_lines(
+            loaded.model, loaded.src_tok, loaded.trg_tok, sources, decode, src_prefix=src_prefix
+        )
         hyps = [r[0][0] for r in results]
         scores = score_all(hyps, [refs])
         ratio = sum(len(h.split()) for h in hyps) / ref_words

@@ -409,3 +409,27 @@ def test_a_two_target_toy_model_is_within_3_bleu_of_each_one_pair_model(tmp_path
     assert min(one.values()) > 90, one  # both targets are learned: the comparison means something
     for target in one:
         assert two[target] >= one[target] - 3.0, (two, one)
+
+
+def test_the_length_penalty_script_tunes_one_target_as_evaluate_scores_it(trained, capsys):
+    import runpy
+    import sys
+
+    ckpt, src = str(trained / "run" / "last.pt"), str(trained / "in.xx")
+    ref = trained / "tune_ref.zz"
+    ref.write_text("".join(t + "\n" for _, t in _shifted(_pairs(360, 1)[300:])))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tune_len_penalty.py"
+    argv = [str(script), "-c", ckpt, "--src", src, "--ref", str(ref), "--beam", "2"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", [*argv, "--alphas", "1"])
+        with pytest.raises(SystemExit, match="choose one with --target-lang"):
+            runpy.run_path(str(script), run_name="__main__")
+        mp.setattr(sys, "argv", [*argv, "--alphas", "1", "--target-lang", "zz"])
+        runpy.run_path(str(script), run_name="__main__")
+    row = capsys.readouterr().out.splitlines()[2]
+    direct = _mt(
+        "evaluate", "-c", ckpt, "--src", src, "--ref", str(ref), "--beam", "2", "--json",
+        "--len-penalty", "1", "--target-lang", "zz",
+    )  # fmt: skip
+    assert direct.exit_code == 0, direct.output
+    assert float(row.split("|")[1]) == round(json.loads(direct.stdout)["bleu"], 2)

@@ -21,7 +21,7 @@ first translates the first --warmup lines untimed, then the whole --src file tim
 encoding, search and decoding to text, the same work for every engine. With --warm-pass it
 translates the whole file once untimed before the timed pass: the steady state of a process that
 has run a while (a server, a long file), where every kernel for the batch shapes of the file has
-been built (oneDNN builds one per shape of a product, 0.35-0.7 ms each here, on first use).
+been built (oneDNN builds one per shape of a product, on first use) and its memory touched.
 
 Two batchings, each its own table:
 

@@ -126,11 +126,13 @@ def _hypothesis(ids: list[int], logp: float, eos: bool, alpha: float) -> Hypothe
 # Search drops finished sentences from its batch so that its rows (sentences x K beams, or one
 # row each) stay a multiple of this, where the beam allows (32 // K sentences at a time; K > 32:
 # each at once).
-# Each new row count costs oneDNN a product kernel per layer shape (about 0.6 ms each on the
-# EPYC, by the profiler's extra time in a first pass): dropping each sentence at once, a fresh process's first pass over test_2016_flickr met
-# 356 shapes and ran 0.25-0.53 s slower than its second; with blocks of 32 rows, 206 shapes and
-# 0.11-0.20 s (blocks of 16: 261; of 64: 160, no faster). A retired sentence costs its rows'
-# compute until its block is dropped.
+# Each new row count costs oneDNN a product kernel per layer shape on first use. Dropping each
+# sentence at once, a fresh process's first pass over test_2016_flickr met 356 shapes and ran
+# 0.25-0.53 s slower than its second; with blocks of 32 rows, 206 shapes and 0.11-0.20 s
+# (blocks of 16: 261; of 64: 160, no faster). Part of what is left is the first touch of the
+# search's memory: with the heap touched beforehand the first pass ran 0.08-0.10 s slower, so
+# a kernel costs at most ~0.5 ms (EPYC). A retired sentence costs its rows' compute until its
+# block is dropped.
 ROW_BLOCK = 32
 
 

@@ -48,7 +48,10 @@ same real target tokens for both.
 On a CPU without ``--peak-tflops`` the script measures the ceiling itself, in the same process:
 the rate of bare matrix products at the model's own shapes (a batch's target tokens x d_model
 into the FFN, out of it, into Q/K/V, and ~500 rows into the vocabulary), in the run's precision;
-tokens/s at that rate would be all matrix products and nothing else.
+tokens/s at that rate would be all matrix products and nothing else. It is measured after each
+round of runs, so that it alternates with the models as they alternate with each other (this
+machine's neighbours move it by up to a fifth from one minute to the next); a model's share of it
+is the median over the rounds of its run's rate against that round's ceiling.
 """
 
 import argparse
@@ -512,12 +515,20 @@ def main() -> None:
         if c.name.startswith("ours compiled"):
             compile_steps(c, batches, step)
 
+    measure_ceiling = device.type == "cpu" and not args.peak_tflops
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
+    ceilings: list[float] = []  # FLOP/s of the bare products, one per round of runs
     for run in range(args.runs):
         for c in contenders:
             first = args.warmup + run * args.steps
             timed = batches[first : first + args.steps]
             timed_run(c, batches[: args.warmup], timed, step, device)
             print(f"  run {run + 1}: {c.name:>15} {c.rates[-1]:9,.0f} tok/s", flush=True)
+        if measure_ceiling:
+            ceilings.append(matmul_rate(round(n_tok), args.d_model, args.ffn, vocab, dtype))
+            print(
+                f"  run {run + 1}: {'ceiling':>15} {ceilings[-1] / flops:9,.0f} tok/s", flush=True
+            )
 
     mem = "peak GPU MiB" if device.type == "cuda" else "peak RSS MiB"
     header = f"{'model':>15} | {'tgt tok/s':>10} | {'min..max':>15} | {'GFLOP/s':>8} | {mem:>12}"
@@ -537,16 +548,19 @@ def main() -> None:
     if len(contenders) == 2:
         ratio = statistics.median(contenders[0].rates) / statistics.median(contenders[1].rates)
         print(f"\n{contenders[0].name} / {contenders[1].name} throughput: {ratio:.2f}x")
-    if device.type == "cpu" and not args.peak_tflops:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
-        rate = matmul_rate(round(n_tok), args.d_model, args.ffn, vocab, dtype)
+    if ceilings:
+        rate = statistics.median(ceilings)
+
+        def share(c: Contender) -> str:
+            shares = [r * flops / ceiling for r, ceiling in zip(c.rates, ceilings, strict=True)]
+            return f"{c.name} at {statistics.median(shares):.0%} ({min(shares):.0%}..{max(shares):.0%})"
+
         print(
             f"ceiling: bare {args.precision} matrix products at the model's shapes run "
-            f"{rate / 1e9:,.0f} GFLOP/s here, i.e. {rate / flops:,.0f} target tok/s if a step were "
-            "nothing else; "
-            + ", ".join(
-                f"{c.name} at {statistics.median(c.rates) * flops / rate:.0%}" for c in contenders
-            )
+            f"{rate / 1e9:,.0f} GFLOP/s here (median of {len(ceilings)} rounds, "
+            f"{min(ceilings) / 1e9:,.0f}..{max(ceilings) / 1e9:,.0f}), i.e. {rate / flops:,.0f} "
+            "target tok/s if a step were nothing else; each model's share of its round's "
+            "ceiling, median (range): " + ", ".join(share(c) for c in contenders)
         )
     if device.type == "cpu":
         whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -552,8 +552,9 @@ def main() -> None:
         rate = statistics.median(ceilings)
 
         def share(c: Contender) -> str:
-            shares = [r * flops / ceiling for r, ceiling in zip(c.rates, ceilings, strict=True)]
-            return f"{c.name} at {statistics.median(shares):.0%} ({min(shares):.0%}..{max(shares):.0%})"
+            shares = [r * flops / top for r, top in zip(c.rates, ceilings, strict=True)]
+            low, mid, high = min(shares), statistics.median(shares), max(shares)
+            return f"{c.name} at {mid:.0%} ({low:.0%}..{high:.0%})"
 
         print(
             f"ceiling: bare {args.precision} matrix products at the model's shapes run "

@@ -272,6 +272,18 @@ def test_mt_import_then_translate_with_a_language_tag(tmp_path):
     assert missing.exit_code == 1 and "choose one with --target-lang" in missing.output
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "source.spm"])
+def test_an_import_never_writes_over_the_model_it_reads(marian_copy, name):
+    """`-o` naming one of the model's own files is refused before anything is written."""
+    before = {p.name: p.read_bytes() for p in marian_copy.iterdir()}
+    out = marian_copy / name
+    result = runner.invoke(app, ["import", "--from", "hf", str(marian_copy), "-o", str(out)])
+    assert result.exit_code == 1
+    assert "would destroy the input" in result.output and str(out) in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in marian_copy.iterdir()} == before
+
+
 def _edit_json(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)

@@ -444,6 +444,37 @@ def test_serve_keys_command_adds_lists_and_removes(tmp_path):
     assert bad.exit_code == 1 and "keys[0]" in bad.output
 
 
+def test_serve_keys_keep_what_they_do_not_know_and_write_through_a_symlink(tmp_path):
+    """add/remove change one entry: every other byte of meaning stays; a link stays a link."""
+    target = tmp_path / "real" / "keys.json"
+    target.parent.mkdir()
+    other = {"name": "bob", "sha256": "a" * 64, "req_limit": None, "char_limit": 7}
+    target.write_text(json.dumps({"keys": [other], "owner": "ops", "version": 3}))
+    link = tmp_path / "keys.json"
+    link.symlink_to(target)
+    runner = CliRunner()
+    added = runner.invoke(cli_app, ["serve-keys", "add", str(link), "alice"])
+    assert added.exit_code == 0, added.output
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    data = json.loads(target.read_text())
+    assert data["owner"] == "ops" and data["version"] == 3 and data["keys"][0] == other
+    assert [k.name for k in read_keys(target)] == ["bob", "alice"]
+    assert runner.invoke(cli_app, ["serve-keys", "remove", str(link), "alice"]).exit_code == 0
+    assert json.loads(target.read_text()) == {"keys": [other], "owner": "ops", "version": 3}
+    assert link.is_symlink()
+
+
+@pytest.mark.parametrize("name", ["", "   ", "a\nb", "tab\there", "bell\x07"])
+def test_serve_keys_refuse_names_with_control_characters_or_nothing(tmp_path, name):
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"keys": []}')
+    before = keys.read_bytes()
+    result = CliRunner().invoke(cli_app, ["serve-keys", "add", str(keys), name])
+    assert result.exit_code == 1 and "key name" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert keys.read_bytes() == before
+
+
 def test_keys_in_an_access_log_line_are_redacted():
     import logging
 

@@ -30,6 +30,7 @@ import re
 import secrets
 import threading
 import time
+import unicodedata
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,18 +69,22 @@ def key_hash(key: str) -> str:
 
 def read_keys(path: Path) -> list[ApiKey]:
     """The keys of a keys file (an absent file: none), or an MTError naming the file and entry."""
+    return [_entry(path, i, entry) for i, entry in enumerate(_document(path)["keys"])]
+
+
+def _document(path: Path) -> dict:
+    """The keys file's JSON object as it is (fields this version does not know included)."""
     if not path.exists():
-        return []
+        return {"keys": []}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise MTError(
             f"{path}: not a keys file (JSON: {err}); manage it with `mt serve-keys`"
         ) from None
-    entries = data.get("keys") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
         raise MTError(f'{path}: a keys file is {{"keys": [...]}}; manage it with `mt serve-keys`')
-    return [_entry(path, i, entry) for i, entry in enumerate(entries)]
+    return data
 
 
 def _entry(path: Path, i: int, entry: object) -> ApiKey:
@@ -99,12 +104,22 @@ def _entry(path: Path, i: int, entry: object) -> ApiKey:
     return ApiKey(name, digest, entry.get("req_limit"), entry.get("char_limit"))
 
 
-def write_keys(path: Path, keys: list[ApiKey]) -> None:
-    """Write a keys file whole (atomically), readable by its owner only."""
-    text = json.dumps({"keys": [asdict(key) for key in keys]}, indent=2) + "\n"
-    with atomic_write(path) as out:
-        out.write(text)
-    path.chmod(0o600)
+def check_key_name(name: str) -> None:
+    """A key name is printable text with something in it (it is listed one per line)."""
+    if not name.strip() or any(unicodedata.category(char).startswith("C") for char in name):
+        raise MTError(
+            f"key name {name!r}: use printable characters (no tabs, line breaks or other "
+            "control characters), and at least one that is not a space"
+        )
+
+
+def _write_document(path: Path, data: dict) -> None:
+    """Replace the keys file's content atomically, through a symlink (the link stays a link and
+    its target gets the change), readable by its owner only."""
+    target = Path(os.path.realpath(path))
+    with atomic_write(target) as out:
+        out.write(json.dumps(data, indent=2) + "\n")
+    target.chmod(0o600)
 
 
 def add_key(
@@ -112,23 +127,27 @@ def add_key(
 ) -> str:
     """Add a new random key named ``name`` to the keys file, created if absent.
 
-    Returns the key, which is stored nowhere else."""
-    keys = read_keys(path)
-    if any(key.name == name for key in keys):
+    Every other field and entry of the file stays as it was. Returns the key, which is stored
+    nowhere else."""
+    check_key_name(name)
+    data = _document(path)
+    if any(key.name == name for key in read_keys(path)):
         raise MTError(f"{path}: a key named {name!r} exists; remove it first or choose a name")
     key = secrets.token_urlsafe(24)
-    write_keys(path, [*keys, ApiKey(name, key_hash(key), req_limit, char_limit)])
+    data["keys"].append(asdict(ApiKey(name, key_hash(key), req_limit, char_limit)))
+    _write_document(path, data)
     return key
 
 
 def remove_key(path: Path, name: str) -> None:
-    """Remove the key named ``name`` from the keys file."""
+    """Remove the key named ``name`` from the keys file; everything else stays as it was."""
     keys = read_keys(path)
-    kept = [key for key in keys if key.name != name]
-    if len(kept) == len(keys):
+    if not any(key.name == name for key in keys):
         have = ", ".join(key.name for key in keys) or "none"
         raise MTError(f"{path}: no key named {name!r} (keys: {have})")
-    write_keys(path, kept)
+    data = _document(path)
+    data["keys"] = [entry for entry in data["keys"] if entry["name"] != name]
+    _write_document(path, data)
 
 
 class RateLimiter:

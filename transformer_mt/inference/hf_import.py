@@ -82,6 +82,8 @@ def import_marian(source: str, output: Path) -> dict[str, Any]:
     """
     check_output(output)  # before any work: a directory, or a missing parent, is one line
     directory = resolve_source(source)
+    inputs = [directory / name for name in HUB_FILES]
+    check_output(output, inputs)  # never over a file it reads (the model being imported)
     config = _read_json(directory / "config.json", required=True)
     shape = marian_shape(config, directory / "config.json")
     tok_cfg = _read_json(directory / "tokenizer_config.json", required=False)
@@ -114,7 +116,7 @@ def import_marian(source: str, output: Path) -> dict[str, Any]:
     }
     if tags:
         ckpt["lang_tags"] = tags
-    save_checkpoint(ckpt, output, inputs=())  # a user-named output: written as such
+    save_checkpoint(ckpt, output, inputs=inputs)  # a user-named output: written as such
     return {"directory": str(directory), "lang_tags": sorted(tags), "decode": asdict(cfg.decode)}
 
 

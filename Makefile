@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # The test set-up installs the optional extras too, so that their tests run.
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,documents]"
+	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,documents,text]"
 	touch $@
 
 train: $(VENV)/.installed
@@ -74,7 +74,7 @@ test-gpu: $(VENV)/.installed-dev
 # docs/translation_page.png): Debian's chromium and chromium-driver, installed with apt-get when
 # missing and root, driven by selenium (no browser download). Without them the test skips, saying why.
 $(VENV)/.installed-browser: $(VENV)/.installed-dev
-	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,documents,browser]"
+	$(BIN)/pip install -q -e ".[dev,ct2,serve,mtdata,hf,documents,text,browser]"
 	touch $@
 
 test-browser: $(VENV)/.installed-browser

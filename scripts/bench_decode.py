@@ -31,7 +31,7 @@ from transformer_mt.model import Transformer, model_args
 
 def load_checkpoint_model(path: Path) -> Transformer:
     """A trained model from a checkpoint written by `mt train` (eval mode, CPU)."""
-    from transformer_mt.inference import load_for_inference
+    from transformer_mt.engines import load_for_inference
 
     return load_for_inference(path).model
 
@@ -47,7 +47,7 @@ def random_model(args: argparse.Namespace) -> Transformer:
         tie_embeddings=True,
         share_embeddings=False,
     )
-    from transformer_mt.inference.loading import pack_linear_layers
+    from transformer_mt.engines.loading import pack_linear_layers
 
     torch.manual_seed(0)
     model = Transformer(**model_args(shape, args.vocab, args.vocab, pad_idx=PAD_ID, bos_idx=BOS_ID))

@@ -182,7 +182,7 @@ def ours_worker(spec: dict, started: float) -> dict:
     import torch
 
     from transformer_mt.config import apply_overrides
-    from transformer_mt.inference import load_for_inference, translate_lines
+    from transformer_mt.engines import load_for_inference, translate_lines
 
     torch.set_num_threads(spec["threads"])
     mode = spec["mode"]
@@ -216,7 +216,8 @@ def continuous_translate(loaded, lines: list[str], decode, in_flight: int) -> li
     sentence that is done is replaced by the next at the following step, as a server with
     ``in_flight`` clients sees them; texts by line."""
     from transformer_mt.decoding.continuous import ContinuousSearch
-    from transformer_mt.decoding.text import encode_sources, untranslatable
+    from transformer_mt.decoding.text import encode_sources
+    from transformer_mt.text.content import untranslatable
 
     sources = encode_sources(loaded.src_tok, lines, loaded.model.positions.max_len)
     texts = [""] * len(lines)
@@ -321,11 +322,11 @@ def prepare(spec: dict) -> dict:
     the lines with nothing to translate, and the checkpoint's decode settings."""
     import dataclasses
 
-    from transformer_mt.decoding.text import untranslatable
+    from transformer_mt.convert.ctranslate2 import export_ctranslate2
+    from transformer_mt.engines import load_for_inference
     from transformer_mt.errors import MTError
     from transformer_mt.fileio import read_lines
-    from transformer_mt.inference import load_for_inference
-    from transformer_mt.inference.export import export_ctranslate2
+    from transformer_mt.text.content import untranslatable
 
     loaded = load_for_inference(spec["checkpoint"])
     if loaded.lang_tags:

@@ -63,7 +63,7 @@ def one_case(case: str, checkpoint: str | None, src: str | None, lines: int, run
         if checkpoint is None:  # no model: one op stands in for loading it
             torch.randn(2048, 2048).sum()
             return
-        from transformer_mt.inference.engines import load_engine
+        from transformer_mt.engines.engine import load_engine
 
         engine = load_engine("torch", checkpoint, "cpu", None)
         engine.translate(["ein Test ."], engine.decode, False)  # warm-up

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.inference import load_for_inference
-from transformer_mt.inference.score import score_pairs
+from transformer_mt.decoding.score import score_pairs
+from transformer_mt.engines import load_for_inference
 
 
 def main() -> None:

@@ -183,7 +183,7 @@ def offline(
     results = []
     chunks = [sentences[i : i + batch] for i in range(0, len(sentences), batch)] if batch else None
     if engine == "torch":
-        from transformer_mt.inference import load_for_inference, translate_lines
+        from transformer_mt.engines import load_for_inference, translate_lines
 
         loaded = load_for_inference(path)
         decode = dataclasses.replace(loaded.config.decode, nbest=1, sampling=False)
@@ -197,7 +197,7 @@ def offline(
             )
             return [r[0][0] for r in results]
     else:
-        from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
+        from transformer_mt.engines.ct2 import load_ct2, translate_lines_ct2
 
         model = load_ct2(path)
         decode = dataclasses.replace(model.decode, nbest=1, sampling=False)
@@ -309,7 +309,7 @@ def main() -> None:
     sentences = [
         line.strip() for line in args.src.read_text(encoding="utf-8").splitlines() if line.strip()
     ][: args.requests]
-    from transformer_mt.inference import load_for_inference
+    from transformer_mt.engines import load_for_inference
 
     trg_tok = load_for_inference(args.checkpoint).trg_tok
     count = lambda text: len(trg_tok.encode(text))  # noqa: E731
@@ -321,7 +321,7 @@ def main() -> None:
     if "ct2" in args.engines:
         ct2_dir = args.ct2
         if ct2_dir is None:
-            from transformer_mt.inference.export import export_ctranslate2
+            from transformer_mt.convert.ctranslate2 import export_ctranslate2
 
             loaded = load_for_inference(args.checkpoint)
             ct2_dir = export_ctranslate2(loaded, Path(tmp.name) / "ct2", args.ct2_export)

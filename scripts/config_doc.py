@@ -23,7 +23,7 @@ from transformer_mt.config import (
     settings_of,
 )
 from transformer_mt.fileio import write_text_atomic
-from transformer_mt.inference.serve_settings import Limits
+from transformer_mt.serve.settings import Limits
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"
 

@@ -149,8 +149,8 @@ def main() -> None:
 
     from transformer_mt.data.batching import longest_first_batches, pad_batch
     from transformer_mt.decoding.text import encode_sources
+    from transformer_mt.engines import load_for_inference
     from transformer_mt.fileio import read_lines
-    from transformer_mt.inference import load_for_inference
 
     loaded = load_for_inference(
         args.checkpoint, quantization=args.quantize, pack=not args.no_pack, precision=args.precision

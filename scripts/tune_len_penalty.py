@@ -19,10 +19,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from transformer_mt.config import validate_decode
+from transformer_mt.engines import load_for_inference, translate_lines
 from transformer_mt.errors import MTError
 from transformer_mt.evaluation import check_same_length, score_all
 from transformer_mt.fileio import read_lines
-from transformer_mt.inference import load_for_inference, translate_lines
 
 
 def main() -> None:

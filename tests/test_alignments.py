@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.decoding import beam_search, greedy_search
-from transformer_mt.inference import load_for_inference, translate_lines
-from transformer_mt.inference.attention import attention_matrices, to_words, word_indices
+from transformer_mt.engines import load_for_inference, translate_lines
+from transformer_mt.engines.alignment import to_words, word_indices
+from transformer_mt.engines.attention import attention_matrices
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT, SRC = str(FIXTURE / "old_last.pt"), str(FIXTURE / "src.txt")
@@ -158,7 +159,7 @@ def test_alignment_option_errors(options, message):
 
 def test_ct2_engine_refuses_alignments(tmp_path, loaded):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from transformer_mt.inference.export import export_ctranslate2
+    from transformer_mt.convert.ctranslate2 import export_ctranslate2
 
     directory = export_ctranslate2(loaded, tmp_path / "ct2")
     cmd = ["translate", "--engine", "ct2", "-c", str(directory), "--alignments"]

@@ -2,6 +2,7 @@
 training package."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,14 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer_mt"
 
 # What each part may import from the package (besides itself); everything else is a violation.
+# Floors, bottom up: errors, fileio, devices, host_memory, text -> config -> data, model,
+# evaluation -> checkpoint, decoding -> engines, training -> documents, convert -> serve -> cli.
 BASE = {"errors", "fileio", "config"}
+LOWER = {"data", "model", "decoding", "checkpoint", "evaluation", "devices", "host_memory", "text"}
 ALLOWED = {
     "errors": set(),
     "fileio": {"errors"},
+    "text": {"errors"},
     "config": {"errors", "fileio"},
     "data": BASE,
     "model": BASE,
@@ -20,14 +25,16 @@ ALLOWED = {
     "devices": {"errors"},
     "host_memory": set(),
     "checkpoint": BASE | {"data", "model"},
-    "decoding": BASE | {"data", "model"},
-    "inference": BASE
-    | {"data", "model", "decoding", "checkpoint", "evaluation", "devices", "host_memory"},
-    "training": BASE
-    | {"data", "model", "decoding", "checkpoint", "evaluation", "devices", "host_memory"},
-    "cli": BASE
-    | {"data", "model", "decoding", "checkpoint", "evaluation", "inference", "training", "devices"}
-    | {"host_memory"},
+    "decoding": BASE | {"data", "model", "text"},
+    # engines never import serve, documents, convert or training
+    "engines": BASE | LOWER,
+    "training": BASE | LOWER,
+    # documents never import serve (nor torch: see test_torch_free_parts)
+    "documents": BASE | {"engines", "text"},
+    "convert": BASE | LOWER | {"engines"},
+    # serve never imports training or convert
+    "serve": BASE | LOWER | {"engines", "documents"},
+    "cli": BASE | LOWER | {"engines", "documents", "convert", "serve", "training"},
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -160,3 +167,128 @@ def test_the_docstring_rule_flags_what_it_says():
     assert _docstring_problems(no_period) == [
         "1 <module>: its first line is not a sentence ending with a period"
     ]
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each package module -> the package modules it imports (lazy imports included; a package's
+    name stands for its __init__)."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from package import module` imports the module
+                found |= {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """No circle of imports between modules (lazy imports count: they hide a circle, not cut it).
+
+    A package's __init__ that re-exports its modules is left out (its modules never import it)."""
+    graph = _module_graph()
+    packages = {name for name in graph if (PACKAGE.parent / name.replace(".", "/")).is_dir()}
+    graph = {name: targets - packages for name, targets in graph.items() if name not in packages}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+# Parts that load without torch: documents are read, and the server's options parsed, before (or
+# without) a model.
+TORCH_FREE = [
+    "transformer_mt.documents.document",
+    "transformer_mt.documents.html",
+    "transformer_mt.documents.office",
+    "transformer_mt.documents.placement",
+    "transformer_mt.documents.translate",
+    "transformer_mt.engines.results",
+    "transformer_mt.engines.alignment",
+    "transformer_mt.serve.settings",
+    "transformer_mt.text.content",
+]
+
+
+def test_torch_free_parts():
+    code = f"import sys\nfor m in {TORCH_FREE!r}: __import__(m)\nprint('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def _mapped_files(doc: str) -> set[str]:
+    """The module files the map in ARCHITECTURE.md names, relative to the package.
+
+    The map is the first code block. A line starting in column 0 with ``name/`` opens a folder; a
+    bare ``file.py`` belongs to the folder open at that line (or, where that folder has no such
+    file, to the package's top: ``host_memory.py`` named in training's lines), ``folder/file.py``
+    to the package."""
+    block = doc.split("```\n", 2)[1]
+    folder, named = "", set()
+    for line in block.splitlines():
+        opened = re.match(r"(\w+)/(\s|$)", line)
+        if opened:
+            folder = opened.group(1) + "/"
+        elif line[:1] not in ("", " "):
+            folder = ""  # a file at the package's top, e.g. checkpoint.py
+        for token in re.findall(r"(?<![\w./])((?:\w+/)*\w+\.py)\b", line):
+            if "/" not in token and (PACKAGE / folder / token).exists():
+                token = folder + token
+            named.add(token)
+    return named
+
+
+def test_the_architecture_map_names_every_module_and_only_modules_that_exist():
+    doc = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    named = _mapped_files(doc)
+    tree = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    }
+    assert sorted(named - tree) == [], "the map names files that do not exist"
+    assert sorted(tree - named) == [], "the map leaves these modules out"

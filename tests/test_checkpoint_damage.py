@@ -309,7 +309,7 @@ def test_any_damage_to_the_metadata_works_or_is_one_line(trained, tmp_path, chan
     """Fields replaced by values of any type (or removed): translate, export, average and the
     server's loader each work or fail with one `error:` line (MTError), never another exception."""
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from transformer_mt.inference.engines import load_engine
+    from transformer_mt.engines.engine import load_engine
 
     ckpt = torch.load(trained, weights_only=True)
     for path, value in changes:

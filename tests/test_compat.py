@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import EOS_ID
-from transformer_mt.inference import load_for_inference
-from transformer_mt.inference.attention import attention_matrices
+from transformer_mt.engines import load_for_inference
+from transformer_mt.engines.attention import attention_matrices
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 runner = CliRunner()

@@ -155,7 +155,7 @@ def test_a_recipe_name_loads_the_shipped_recipe_from_any_directory(tmp_path, mon
 
 _SHOW_DEFAULT = """
 import json, sys, transformer_mt
-from transformer_mt.cli import _load_config
+from transformer_mt.cli import load_config as _load_config
 from transformer_mt.config import load_config, recipe_path
 print(json.dumps({"where": transformer_mt.__file__, "cli": _load_config(None, None).to_dict(),
                   "recipe": load_config(recipe_path()).to_dict()}))
@@ -400,9 +400,9 @@ def test_the_cli_and_both_server_apis_accept_and_refuse_the_same_decode_values(t
     httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
     from test_serve import running
 
-    from transformer_mt.inference.batcher import BatchSettings
-    from transformer_mt.inference.engines import TorchEngine
-    from transformer_mt.inference.server import Limits, create_app
+    from transformer_mt.engines.engine import TorchEngine
+    from transformer_mt.serve.app import Limits, create_app
+    from transformer_mt.serve.batcher import BatchSettings
 
     ckpt = REPO / "tests" / "fixtures" / "old_checkpoint" / "old_last.pt"
     app = create_app(TorchEngine(ckpt), Limits(max_beam=6), BatchSettings())

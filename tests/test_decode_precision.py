@@ -19,11 +19,11 @@ from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID
 from transformer_mt.devices import cpu_has_native_bf16
+from transformer_mt.engines import load_for_inference, translate_lines
+from transformer_mt.engines.engine import TorchEngine
+from transformer_mt.engines.linear_layers import Bf16Linear, PackedLinear, to_bf16
+from transformer_mt.engines.loading import agreed_precision
 from transformer_mt.errors import MTError
-from transformer_mt.inference import load_for_inference, translate_lines
-from transformer_mt.inference.engines import TorchEngine
-from transformer_mt.inference.linear_layers import Bf16Linear, PackedLinear, to_bf16
-from transformer_mt.inference.loading import agreed_precision
 from transformer_mt.model.layers import FeedForward
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
@@ -53,7 +53,7 @@ def test_a_bf16_layer_computes_autocasts_bf16_linear_in_fp32(rows):
 
 @pytest.mark.parametrize("onednn", [True, False])
 def test_a_bf16_first_feed_forward_layer_hands_bf16_to_the_second(monkeypatch, onednn):
-    import transformer_mt.inference.linear_layers as layers
+    import transformer_mt.engines.linear_layers as layers
 
     if not onednn:  # the path of a GPU, or of a CPU without oneDNN's bf16 product
         monkeypatch.setattr(layers, "_onednn_linear_works", lambda dtype=None: False)
@@ -184,6 +184,6 @@ def test_the_engine_reports_its_precision():
     assert TorchEngine(CKPT).describe()["precision"] == "fp32"
     assert TorchEngine(CKPT, precision="bf16").describe()["precision"] == "bf16"
     with pytest.raises(MTError, match="--precision is for --engine torch"):
-        from transformer_mt.inference.engines import check_engine
+        from transformer_mt.engines.engine import check_engine
 
         check_engine("ct2", FIXTURE, precision="bf16")

@@ -21,10 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
+from transformer_mt.documents.document import html_document, read_document, read_document_file
+from transformer_mt.documents.translate import translate_document
+from transformer_mt.engines.engine import TorchEngine
+from transformer_mt.engines.results import Attention, LineResult
 from transformer_mt.errors import MTError
-from transformer_mt.inference.documents import html_document, read_document, read_document_file
-from transformer_mt.inference.engines import Attention, LineResult, TorchEngine
-from transformer_mt.inference.translate import translate_document
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
@@ -476,9 +477,9 @@ def test_the_ct2_engine_and_mt_translate_ct2_return_lines_without_words_unchange
     engine, lines, tmp_path
 ):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from transformer_mt.inference.engines import CT2Engine
-    from transformer_mt.inference.export import export_ctranslate2
-    from transformer_mt.inference.loading import load_for_inference
+    from transformer_mt.convert.ctranslate2 import export_ctranslate2
+    from transformer_mt.engines.engine import CT2Engine
+    from transformer_mt.engines.loading import load_for_inference
 
     directory = export_ctranslate2(load_for_inference(CKPT), tmp_path / "ct2")
     ct2 = CT2Engine(directory)

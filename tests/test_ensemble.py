@@ -22,10 +22,10 @@ from transformer_mt.decoding import (
     greedy_search,
     sample,
 )
+from transformer_mt.engines import translate_lines
+from transformer_mt.engines.lines import ensemble_model
+from transformer_mt.engines.loading import LoadedModel
 from transformer_mt.errors import MTError
-from transformer_mt.inference import translate_lines
-from transformer_mt.inference.loading import LoadedModel
-from transformer_mt.inference.translate import ensemble_model
 from transformer_mt.model import Transformer
 
 VOCAB = 16

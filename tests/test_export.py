@@ -22,15 +22,15 @@ from transformer_mt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
 )
+from transformer_mt.engines import load_for_inference, translate_lines
+from transformer_mt.engines.loading import LoadedModel
 from transformer_mt.errors import MTError
-from transformer_mt.inference import load_for_inference, translate_lines
-from transformer_mt.inference.loading import LoadedModel
 from transformer_mt.model import Transformer
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
 
-from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2  # noqa: E402
-from transformer_mt.inference.export import export_ctranslate2  # noqa: E402
+from transformer_mt.convert.ctranslate2 import export_ctranslate2  # noqa: E402
+from transformer_mt.engines.ct2 import load_ct2, translate_lines_ct2  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 
@@ -162,7 +162,7 @@ def test_int8_export_translates_close_to_float32(fixture_model, source_lines, tm
 
 
 def test_a_failed_export_leaves_nothing(fixture_model, tmp_path, monkeypatch):
-    from transformer_mt.inference import export
+    from transformer_mt.convert import ctranslate2 as export
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -357,7 +357,7 @@ def test_an_interrupted_replacement_is_refused_by_the_engine_and_redone(
     """The move of a new export into an earlier one's directory fails halfway (a full disk, a
     signal): its settings file then lists the files of both and says it is incomplete, so the
     CT2 engine refuses it in one line and the next export replaces it; no temporary is left."""
-    from transformer_mt.inference import export
+    from transformer_mt.convert import ctranslate2 as export
 
     out = export_ctranslate2(fixture_model, tmp_path / "e")
     real_replace = os.replace

@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import DecodeConfig
+from transformer_mt.convert.marian import import_marian
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding.search import search
+from transformer_mt.engines.loading import load_for_inference
 from transformer_mt.errors import MTError
-from transformer_mt.inference.hf_import import import_marian
-from transformer_mt.inference.loading import load_for_inference
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 spm = pytest.importorskip("sentencepiece")
@@ -378,9 +378,9 @@ def marian_copy(marian_dir, tmp_path) -> Path:
 
 def test_ctranslate2_export_of_an_imported_model_agrees(imported, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from transformer_mt.inference import translate_lines
-    from transformer_mt.inference.ct2 import load_ct2, translate_lines_ct2
-    from transformer_mt.inference.export import export_ctranslate2
+    from transformer_mt.convert.ctranslate2 import export_ctranslate2
+    from transformer_mt.engines import translate_lines
+    from transformer_mt.engines.ct2 import load_ct2, translate_lines_ct2
 
     _, _, _, loaded = imported
     lines = _sentences(7, 30)

@@ -23,21 +23,22 @@ from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.config import DecodeConfig  # noqa: E402
-from transformer_mt.inference.access import (  # noqa: E402
+from transformer_mt.engines.engine import Engine, TorchEngine  # noqa: E402
+from transformer_mt.engines.results import LineResult  # noqa: E402
+from transformer_mt.serve.access import (  # noqa: E402
     INVALID_KEY,
     NEED_KEY,
     add_key,
     read_keys,
     remove_key,
 )
-from transformer_mt.inference.engines import Engine, LineResult, TorchEngine  # noqa: E402
-from transformer_mt.inference.file_store import NAME, FileStore  # noqa: E402
-from transformer_mt.inference.serve_settings import (  # noqa: E402
+from transformer_mt.serve.app import create_app, redact_keys  # noqa: E402
+from transformer_mt.serve.file_store import NAME, FileStore  # noqa: E402
+from transformer_mt.serve.settings import (  # noqa: E402
     AccessSettings,
     FileSettings,
     ServeSettings,
 )
-from transformer_mt.inference.server import create_app, redact_keys  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 

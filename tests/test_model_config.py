@@ -11,7 +11,7 @@ import torch
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ModelConfig, settings_of
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
-from transformer_mt.inference import load_for_inference
+from transformer_mt.engines import load_for_inference
 from transformer_mt.model import Transformer, TransformerConfig
 from transformer_mt.model.transformer_config import ALWAYS_STORED, DATA_ARGS
 

@@ -176,7 +176,7 @@ def _mt(*args: str):
 
 
 def test_the_checkpoint_knows_its_pairs_and_tags(trained):
-    from transformer_mt.inference import load_for_inference
+    from transformer_mt.engines import load_for_inference
 
     loaded = load_for_inference(trained / "run" / "last.pt")
     assert loaded.pairs == [("xx", "yy"), ("xx", "zz")]
@@ -258,9 +258,9 @@ def test_the_server_routes_libretranslate_targets_under_32_mixed_requests(traine
     import httpx
     from test_serve import running
 
-    from transformer_mt.inference.batcher import BatchSettings
-    from transformer_mt.inference.engines import TorchEngine
-    from transformer_mt.inference.server import Limits, create_app
+    from transformer_mt.engines.engine import TorchEngine
+    from transformer_mt.serve.app import Limits, create_app
+    from transformer_mt.serve.batcher import BatchSettings
 
     ckpt, src = trained / "run" / "last.pt", trained / "in.xx"
     lines = src.read_text().splitlines()[:16]
@@ -301,7 +301,7 @@ def test_the_server_routes_libretranslate_targets_under_32_mixed_requests(traine
 
 
 def test_fine_tuning_a_tagged_model_on_one_pair_keeps_the_tag(trained):
-    from transformer_mt.inference import load_for_inference
+    from transformer_mt.engines import load_for_inference
 
     loaded = load_for_inference(trained / "run" / "last.pt")
     cfg = load_config(
@@ -333,7 +333,7 @@ def test_search_never_emits_a_language_tag_even_where_the_model_prefers_it(train
 
     from transformer_mt.config import DecodeConfig
     from transformer_mt.decoding.search import search
-    from transformer_mt.inference import load_for_inference
+    from transformer_mt.engines import load_for_inference
 
     loaded = load_for_inference(trained / "run" / "last.pt", pack=False)
     model, tok = loaded.model, loaded.src_tok
@@ -356,7 +356,7 @@ def test_search_never_emits_a_language_tag_even_where_the_model_prefers_it(train
 
 def test_the_export_is_told_to_never_emit_a_tag(trained):
     pytest.importorskip("ctranslate2")
-    from transformer_mt.inference.ct2 import load_ct2
+    from transformer_mt.engines.ct2 import load_ct2
 
     out = trained / "ct2-tags"
     assert _mt("export", "-c", str(trained / "run" / "last.pt"), "-o", str(out)).exit_code == 0
@@ -367,7 +367,7 @@ def test_attention_says_how_many_source_pieces_the_tag_takes(trained):
     """Markup placement and alignments leave the tag's column out: the engine says where the
     text starts (the tag's piece count), rather than anything guessing it from spelling."""
     from transformer_mt.config import DecodeConfig
-    from transformer_mt.inference.engines import load_engine
+    from transformer_mt.engines.engine import load_engine
 
     engine = load_engine("torch", trained / "run" / "last.pt")
     line = _pairs(360, 1)[300][0]

@@ -1,4 +1,4 @@
-"""CPU fp32 inference on oneDNN-packed weights (inference/loading.py, PackedLinear): the same
+"""CPU fp32 inference on oneDNN-packed weights (engines/loading.py, PackedLinear): the same
 products as nn.Linear, batch-independent rows, the same translations, and every other path
 (training, autocast, int8, copies) left as it was; the feed-forward activation applied by the
 block's first layer, in each kind of layer, computes what the block computed."""
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from transformer_mt.inference import load_for_inference, translate_lines
-from transformer_mt.inference.linear_layers import _unfuse_activations, pack_linear_layers, to_bf16
-from transformer_mt.inference.loading import (
+from transformer_mt.engines import load_for_inference, translate_lines
+from transformer_mt.engines.linear_layers import _unfuse_activations, pack_linear_layers, to_bf16
+from transformer_mt.engines.loading import (
     Int8Linear,
     PackedLinear,
     _onednn_linear_works,
@@ -185,7 +185,7 @@ def test_a_training_block_keeps_dropout_after_the_activation_its_first_layer_app
 
 @needs_onednn
 def test_without_onednns_post_op_the_activation_is_a_pass_of_its_own(monkeypatch):
-    import transformer_mt.inference.linear_layers as layers
+    import transformer_mt.engines.linear_layers as layers
 
     torch.manual_seed(0)
     block = FeedForward(32, 128, drop_prob=0.0, activation="gelu").eval()

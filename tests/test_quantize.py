@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID
-from transformer_mt.inference import format_nbest, load_for_inference, translate_lines
-from transformer_mt.inference.loading import Int8Linear, quantize
+from transformer_mt.engines import format_nbest, load_for_inference, translate_lines
+from transformer_mt.engines.loading import Int8Linear, quantize
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.inference import load_for_inference
-from transformer_mt.inference.score import PairScore, format_scores, score_pairs
+from transformer_mt.decoding.score import PairScore, format_scores, score_pairs
+from transformer_mt.engines import load_for_inference
 from transformer_mt.training.batches import collate
 from transformer_mt.training.loss import label_smoothed_nll
 

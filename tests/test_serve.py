@@ -32,17 +32,12 @@ from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.config import DecodeConfig  # noqa: E402
+from transformer_mt.engines.engine import Engine, TorchEngine  # noqa: E402
+from transformer_mt.engines.results import Attention, DecodeStopped, LineResult  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
-from transformer_mt.inference import serve_settings  # noqa: E402
-from transformer_mt.inference.batcher import Batcher, BatchSettings  # noqa: E402
-from transformer_mt.inference.engines import (  # noqa: E402
-    Attention,
-    DecodeStopped,
-    Engine,
-    LineResult,
-    TorchEngine,
-)
-from transformer_mt.inference.server import Limits, create_app  # noqa: E402
+from transformer_mt.serve import settings as serve_settings  # noqa: E402
+from transformer_mt.serve.app import Limits, create_app  # noqa: E402
+from transformer_mt.serve.batcher import Batcher, BatchSettings  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
@@ -589,7 +584,7 @@ def test_requests_coming_back_after_a_batch_join_the_waiting_ones():
 def test_an_idle_decode_worker_hands_freed_memory_back_once_per_idle_spell(monkeypatch):
     """Decoding keeps freed memory for reuse; after IDLE_TRIM_S without work the worker returns
     it (malloc_trim), once, and not before any work was done."""
-    from transformer_mt.inference import batcher as batcher_module
+    from transformer_mt.serve import batcher as batcher_module
 
     trims = []
     monkeypatch.setattr(batcher_module, "IDLE_TRIM_S", 0.05)
@@ -1105,10 +1100,10 @@ def test_sigterm_lets_requests_in_flight_finish(lines):
 
 def test_ct2_engine_serves_an_export(engine, lines, tmp_path):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
-    from transformer_mt.inference import load_for_inference
-    from transformer_mt.inference.ct2 import translate_lines_ct2
-    from transformer_mt.inference.engines import load_engine
-    from transformer_mt.inference.export import export_ctranslate2
+    from transformer_mt.convert.ctranslate2 import export_ctranslate2
+    from transformer_mt.engines import load_for_inference
+    from transformer_mt.engines.ct2 import translate_lines_ct2
+    from transformer_mt.engines.engine import load_engine
 
     directory = export_ctranslate2(load_for_inference(CKPT), tmp_path / "ct2")
     ct2 = load_engine("ct2", directory)
@@ -1173,8 +1168,8 @@ def test_serve_command_errors():
 
 
 def test_the_torch_engine_can_serve_an_int8_model():
-    from transformer_mt.inference.engines import load_engine
-    from transformer_mt.inference.loading import Int8Linear
+    from transformer_mt.engines.engine import load_engine
+    from transformer_mt.engines.loading import Int8Linear
 
     engine = load_engine("torch", CKPT, quantize="int8")
     assert isinstance(engine.model.out, Int8Linear)
@@ -1185,7 +1180,7 @@ def test_the_torch_engine_can_serve_an_int8_model():
 
 
 def test_validation_bleu_is_the_entry_of_the_checkpoints_step():
-    from transformer_mt.inference.loading import validation_bleu
+    from transformer_mt.engines.loading import validation_bleu
 
     history = [{"step": 500, "val_bleu": 20.0}, {"step": 1000, "val_loss": 2.0}]
     history.append({"step": 1000, "val_bleu": 31.5})

@@ -31,16 +31,16 @@ from test_serve import running  # noqa: E402  (the one way to run an app in test
 from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
-from transformer_mt.decoding.text import has_text  # noqa: E402
+from transformer_mt.engines.engine import TorchEngine  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
-from transformer_mt.inference.access import SHARED_LIMITS_ENV, SharedRateLimiter  # noqa: E402
-from transformer_mt.inference.engines import TorchEngine  # noqa: E402
-from transformer_mt.inference.file_store import SHARED_FILES_ENV, FileStore  # noqa: E402
-from transformer_mt.inference.metrics import ServerMetrics  # noqa: E402
-from transformer_mt.inference.serve_settings import FileSettings, ServeSettings  # noqa: E402
-from transformer_mt.inference.server import create_app, create_loading_app  # noqa: E402
-from transformer_mt.inference.server_state import LOADING, ProcessState, Readiness  # noqa: E402
-from transformer_mt.inference.server_workers import shared_environment  # noqa: E402
+from transformer_mt.serve.access import SHARED_LIMITS_ENV, SharedRateLimiter  # noqa: E402
+from transformer_mt.serve.app import create_app, create_loading_app  # noqa: E402
+from transformer_mt.serve.file_store import SHARED_FILES_ENV, FileStore  # noqa: E402
+from transformer_mt.serve.metrics import ServerMetrics  # noqa: E402
+from transformer_mt.serve.settings import FileSettings, ServeSettings  # noqa: E402
+from transformer_mt.serve.state import LOADING, ProcessState, Readiness  # noqa: E402
+from transformer_mt.serve.workers import shared_environment  # noqa: E402
+from transformer_mt.text.content import has_text  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"

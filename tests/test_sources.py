@@ -141,7 +141,8 @@ def test_a_malformed_source_stops_before_the_tokenizer_with_file_and_line(tmp_pa
         ("{weight: 2}", r"data.train\[0\] has none"),
         ("{tsv: a.tsv, weight: 0}", r"data.train\[0\].weight is 0; it must be finite"),
         ("{tsv: a.tsv, hf_config: de-en}", r"hf_config is not read by a tsv source"),
-        ("{tsv: a.tsv, columns: [1, 1]}", r"columns=\[1, 1\]: give two different"),
+        # (the same column twice: data/sides.py's rule, tests/test_data_bounds.py)
+        ("{tsv: a.tsv, columns: [1, -1]}", r"columns=\[1, -1\]: give two columns from 0 up"),
         ("{src: a.de}", r"data.train\[0\].src needs data.train\[0\].trg"),
         ("{tsv: a.tsv, nmae: x}", r"unknown config key 'data.train\[0\].nmae'"),
         ("{tsv: a.tsv, name: ../x}", r"data.train\[0\].name='../x': it names files"),

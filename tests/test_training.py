@@ -742,7 +742,7 @@ def test_resuming_mid_epoch_with_other_batching_starts_the_next_epoch(tiny_confi
 def test_validation_bleu_uses_the_configured_tokenizer(tiny_config, tmp_path):
     """train.valid_bleu_tokenize reaches sacrebleu, and the signature a checkpoint reports names
     it (a Chinese target needs zh: 13a sees one word a sentence)."""
-    from transformer_mt.inference.loading import load_for_inference, validation_report
+    from transformer_mt.engines.loading import load_for_inference, validation_report
 
     run = tmp_path / "run"
     cfg = load_config(tiny_config, ["train.max_steps=100", "train.valid_bleu_tokenize=char"])

@@ -13,11 +13,11 @@ import torch
 from transformer_mt.config import DecodeConfig, validate_decode
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.decoding import Hypothesis, greedy_search
-from transformer_mt.decoding.text import has_text
+from transformer_mt.engines import format_best, format_nbest, translate_lines
+from transformer_mt.engines.attention import attention_matrices
 from transformer_mt.errors import MTError
-from transformer_mt.inference import format_best, format_nbest, translate_lines
-from transformer_mt.inference.attention import attention_matrices
 from transformer_mt.model import Transformer
+from transformer_mt.text.content import has_text
 
 WORDS = "the a cat dog sat ran on under big small red house garden quickly away far".split()
 FAST = DecodeConfig(beam_size=1, max_len_a=4.0, max_len_b=1.0)

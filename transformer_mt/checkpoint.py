@@ -115,6 +115,22 @@ _CORRUPT = (
 _CORRUPT_RUNTIME = ("PytorchStreamReader", "magic number")
 
 
+def check_checkpoint_path(path: Path | str) -> Path:
+    """``path`` as a Path, or a one-line MTError where it cannot be a checkpoint.
+
+    A directory, or nothing, cannot."""
+    path = Path(path)
+    if path.is_dir():
+        exported = (path / "transformer_mt.json").is_file()  # engines.ct2.SETTINGS_FILE
+        hint = " (an `mt export` directory: add --engine ct2)" if exported else ""
+        raise MTError(
+            f"checkpoint {path} is a directory{hint}; pass a .pt file written by `mt train`"
+        )
+    if not path.exists():
+        raise MTError(f"checkpoint not found: {path}; pass a .pt file written by `mt train`")
+    return path
+
+
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only=True``), with a one-line error for the user.
 
@@ -124,15 +140,7 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     NaN or Inf (:func:`check_finite`): every command loads through here, and none of them gets
     a file it would fail on with a traceback, or translate with garbage.
     """
-    path = Path(path)
-    if path.is_dir():
-        exported = (path / "transformer_mt.json").is_file()  # export.SETTINGS_FILE
-        hint = " (an `mt export` directory: add --engine ct2)" if exported else ""
-        raise MTError(
-            f"checkpoint {path} is a directory{hint}; pass a .pt file written by `mt train`"
-        )
-    if not path.exists():
-        raise MTError(f"checkpoint not found: {path}; pass a .pt file written by `mt train`")
+    path = check_checkpoint_path(path)
     try:
         with warnings.catch_warnings():  # torch warns about foreign pickle protocols
             warnings.simplefilter("ignore")

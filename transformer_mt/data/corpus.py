@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, BinaryIO
 
+from transformer_mt.data.limits import DEFAULT_LIMITS, bounded_lines
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import UTF8_BOM
 
@@ -120,16 +121,17 @@ def _kind_of(stream: BinaryIO) -> str:
     return "file"
 
 
-def _read_lines(path: Path) -> Generator[bytes, None, None]:
+def _read_lines(path: Path, max_bytes: int) -> Generator[bytes, None, None]:
     """Yield the raw lines of ``path`` (without decoding), turning read errors into MTError.
 
     A truncated or corrupt gzip file only shows itself part-way through, so the error names the
-    line where reading stopped.
+    line where reading stopped. A line longer than ``max_bytes`` is an MTError naming it, read no
+    further than that (:func:`transformer_mt.data.limits.bounded_lines`).
     """
     lineno = 0
     with open_text(path) as f:
         try:
-            for line in f:
+            for line in bounded_lines(f, max_bytes, path):
                 lineno += 1
                 yield line
         except DECOMPRESSION_ERRORS as exc:
@@ -177,6 +179,9 @@ class CleanConfig:
     ratio_min_words: int = 5
     # Skip and count pairs with a line that is not valid UTF-8, instead of stopping with an error.
     skip_bad_lines: bool = False
+    # The longest line read, in bytes (data.max_line_bytes): a longer one is an error. A bound on
+    # the input, not a cleaning rule: it changes no output, so no cache key holds it.
+    max_line_bytes: int = DEFAULT_LIMITS.max_line_bytes
 
     def __post_init__(self) -> None:
         if self.max_words is not None and self.max_words < 1:
@@ -185,6 +190,8 @@ class CleanConfig:
             raise MTError(f"data.max_ratio must be at least 1.0 or null (got {self.max_ratio})")
         if self.ratio_min_words < 0:
             raise MTError(f"data.ratio_min_words must be >= 0 (got {self.ratio_min_words})")
+        if self.max_line_bytes < 1:
+            raise MTError(f"data.max_line_bytes must be at least 1 (got {self.max_line_bytes})")
 
 
 @dataclass
@@ -290,13 +297,15 @@ def iter_clean_pairs(
 
     Raises:
         MTError: a file is missing or unreadable, a line is not valid UTF-8 (unless
-            ``cfg.skip_bad_lines``), or the files have different numbers of lines.
+            ``cfg.skip_bad_lines``) or longer than ``cfg.max_line_bytes``, or the files have
+            different numbers of lines.
     """
     cfg = cfg if cfg is not None else CleanConfig()
     report = report if report is not None else CleanReport(config=cfg)
     report.config = cfg
     src_path, trg_path = Path(src_path), Path(trg_path)
-    src_lines, trg_lines = _read_lines(src_path), _read_lines(trg_path)
+    src_lines = _read_lines(src_path, cfg.max_line_bytes)
+    trg_lines = _read_lines(trg_path, cfg.max_line_bytes)
     try:
         yield from _clean(src_path, trg_path, src_lines, trg_lines, cfg, report)
     finally:

@@ -25,11 +25,13 @@ import itertools
 import logging
 import os
 import re
+import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from transformer_mt.data.limits import DEFAULT_LIMITS, LineTooLong, bounded_lines
 from transformer_mt.errors import MTError
 
 logger = logging.getLogger(__name__)
@@ -95,23 +97,30 @@ def _guarded(
 # --- sacrebleu ------------------------------------------------------------------------------------
 
 
-def sacrebleu_pairs(test_set: str, src_lang: str, trg_lang: str) -> Iterator[Pair]:
+def sacrebleu_pairs(
+    test_set: str,
+    src_lang: str,
+    trg_lang: str,
+    *,
+    max_line_bytes: int = DEFAULT_LIMITS.max_line_bytes,
+) -> Iterator[Pair]:
     """(source, reference) pairs of a sacrebleu test set, such as ``"wmt14/full"`` or ``"wmt14"``.
 
     ``sacrebleu_pairs("wmt14/full", "de", "en")`` reads what ``sacrebleu -t wmt14/full -l de-en
     --echo src,ref`` prints. sacrebleu downloads the set into its cache the first time, checks
     its MD5 sum and converts it to text files that later calls reuse. A set with several
-    references gives the first one.
+    references gives the first one. A damaged cache (files that are not UTF-8, cut short, or
+    with a line longer than ``max_line_bytes``) is an error that names the folder to delete.
 
     Raises:
         MTError: an unknown test set (with similar names), a language pair the set lacks (with
-            the pairs it has), a failed download, or cached text files of different lengths.
+            the pairs it has), a failed download, or a damaged cache.
     """
     dataset, langpair = _sacrebleu_dataset(test_set, src_lang, trg_lang)
     with _sacrebleu_failures(test_set):
         source = Path(dataset.get_source_file(langpair))
         reference = Path(dataset.get_reference_files(langpair)[0])
-    return _zip_lines(source, reference)
+    return _zip_lines(source, reference, _sacrebleu_dir(test_set), max_line_bytes)
 
 
 def sacrebleu_identity(test_set: str, src_lang: str, trg_lang: str) -> str:
@@ -141,10 +150,26 @@ def _sacrebleu_dataset(test_set: str, src_lang: str, trg_lang: str) -> tuple[Any
     return dataset, langpair
 
 
+def _sacrebleu_dir(test_set: str) -> str:
+    """The folder of sacrebleu's cache that holds ``test_set`` (its download and its text)."""
+    return os.path.join(_require("sacrebleu.utils", None).SACREBLEU_DIR, test_set)
+
+
+# A file of its copy that does not read as sacrebleu wrote it: bytes that are not UTF-8, a tar cut
+# short, a folder where a file was.
+_SACREBLEU_DAMAGE = (
+    UnicodeDecodeError,
+    EOFError,
+    tarfile.TarError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+
+
 @contextlib.contextmanager
 def _sacrebleu_failures(test_set: str) -> Iterator[None]:
-    """A failed sacrebleu download as an MTError."""
-    where = os.path.join(_require("sacrebleu.utils", None).SACREBLEU_DIR, test_set)
+    """A failed sacrebleu download, or a damaged copy in its cache, as an MTError."""
+    where = _sacrebleu_dir(test_set)
     try:
         yield
     # sacrebleu exits on a wrong MD5 sum or an SSL error, after logging why
@@ -158,30 +183,59 @@ def _sacrebleu_failures(test_set: str) -> Iterator[None]:
             f"sacrebleu's copy of {test_set} lacks {exc.filename}; delete {where} so that "
             "sacrebleu fetches it again"
         ) from exc
-    except OSError as exc:  # urllib's errors
+    except _SACREBLEU_DAMAGE as exc:
+        raise _sacrebleu_damaged(test_set, where, exc) from exc
+    except OSError as exc:
+        if exc.filename is not None:  # its cache, not the network (permissions, disk full)
+            raise MTError(
+                f"sacrebleu could not use {exc.filename} ({exc.strerror or _flat(exc)}); check "
+                "that path ($SACREBLEU moves the cache)"
+            ) from exc
+        # urllib's errors
         raise MTError(
             f"sacrebleu could not fetch {test_set} into {where} ({_flat(exc)}); "
             "check the network connection ($SACREBLEU moves the cache)"
         ) from exc
 
 
-def _zip_lines(source: Path, target: Path) -> Iterator[Pair]:
-    """The lines of two aligned text files, as pairs.
+def _sacrebleu_damaged(test_set: str, where: str, exc: BaseException) -> MTError:
+    """The error for a copy of ``test_set`` in sacrebleu's cache that cannot be read."""
+    return MTError(
+        f"sacrebleu's copy of {test_set} in {where} is damaged ({type(exc).__name__}: "
+        f"{_flat(exc)}); delete {where} so that sacrebleu fetches it again"
+    )
 
-    Files of different lengths are an MTError: a conversion that was cut short leaves them.
+
+def _zip_lines(source: Path, target: Path, where: str, max_line_bytes: int) -> Iterator[Pair]:
+    """The lines of two aligned text files of sacrebleu's cache folder ``where``, as pairs.
+
+    Files of different lengths are an MTError: a conversion that was cut short leaves them. So is
+    a line that is not UTF-8, or longer than ``max_line_bytes``: each names ``where`` to delete.
     """
-    with (
-        source.open(encoding="utf-8", newline="\n") as src,
-        target.open(encoding="utf-8", newline="\n") as trg,
-    ):
-        for number, (s, t) in enumerate(itertools.zip_longest(src, trg), start=1):
-            if s is None or t is None:
-                longer, shorter = (source, target) if t is None else (target, source)
-                raise MTError(
-                    f"{longer} has more lines than {shorter} (from line {number}); delete both "
-                    "so that they are made again"
-                )
-            yield one_line(s), one_line(t)
+    with source.open("rb") as src, target.open("rb") as trg:
+        sides = (
+            bounded_lines(src, max_line_bytes, source),
+            bounded_lines(trg, max_line_bytes, target),
+        )
+        number = 0
+        try:
+            for number, (s, t) in enumerate(itertools.zip_longest(*sides), start=1):
+                if s is None or t is None:
+                    longer, shorter = (source, target) if t is None else (target, source)
+                    raise MTError(
+                        f"{longer} has more lines than {shorter} (from line {number}); delete "
+                        "both so that they are made again"
+                    )
+                yield one_line(s.decode("utf-8")), one_line(t.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise MTError(
+                f"{source} / {target}: line {number} is not UTF-8 ({exc.reason}); sacrebleu's "
+                f"cache is damaged: delete {where} so that sacrebleu makes it again"
+            ) from None
+        except LineTooLong as exc:
+            raise MTError(
+                f"{exc}; in sacrebleu's cache such a line is damage: delete {where}"
+            ) from None
 
 
 # --- mtdata ---------------------------------------------------------------------------------------
@@ -392,19 +446,30 @@ def hf_pairs(
     ``HF_HUB_OFFLINE=1`` a Hub dataset is read from the datasets cache. A null value gives an
     empty side.
 
+    A local directory that holds a Python file (a dataset loading script) is refused: nothing
+    of it is run. A ``save_to_disk`` dataset is checked whole (pyarrow's full validation) before
+    its first row is read: a damaged one is an error naming the folder, never a crash.
+
     Raises:
         MTError: datasets missing; an unknown dataset, config or split, or a field or language
             that the first row lacks (each with what exists); a value that is not text; a data
-            file datasets cannot parse.
+            file datasets cannot parse; a damaged saved dataset; a loading script.
     """
     datasets = _require("datasets", "hf")
     where = name_or_path + (f" ({config})" if config else "") + f" split {split}"
     paths = _hf_field_paths(src_lang, trg_lang, fields)
+    saved = _hf_saved_dir(datasets, name_or_path)
+
+    def stopped(number: int, exc: Exception) -> str:
+        if saved is not None:
+            return _hf_damaged(saved, f"row {number}: {_flat(exc)}")
+        return f"{where}: reading stopped after {number - 1} rows ({_flat(exc)})"
+
     rows = _guarded(
         iter(_hf_rows(datasets, name_or_path, config, split, where)),
-        # a file that does not parse (pyarrow's errors are ValueErrors):
-        (ValueError, OSError, datasets.exceptions.DatasetsError),
-        lambda number, exc: f"{where}: reading stopped after {number - 1} rows ({_flat(exc)})",
+        # a file that does not parse (pyarrow's errors are ValueErrors, OSErrors or their own):
+        (ValueError, OSError, datasets.exceptions.DatasetsError, _arrow_error()),
+        stopped,
     )
     first = next(rows, None)
     if first is None:
@@ -452,13 +517,50 @@ def _hf_field_paths(
     return tuple(fields[0].split(".")), tuple(fields[1].split("."))
 
 
+def _arrow_error() -> type[Exception]:
+    """pyarrow's base exception (datasets depends on pyarrow; imported with it)."""
+    error: type[Exception] = importlib.import_module("pyarrow").ArrowException
+    return error
+
+
+def _hf_saved_dir(datasets: ModuleType, name_or_path: str) -> Path | None:
+    """The directory ``name_or_path`` when it holds a dataset saved with ``save_to_disk``."""
+    path = Path(name_or_path).expanduser()
+    saved = (datasets.config.DATASETDICT_JSON_FILENAME, datasets.config.DATASET_STATE_JSON_FILENAME)
+    return path if path.is_dir() and any((path / name).is_file() for name in saved) else None
+
+
+def _hf_damaged(path: Path, why: str) -> str:
+    """The message for a ``save_to_disk`` dataset that cannot be read."""
+    return (
+        f"{path}: the dataset saved with save_to_disk is damaged ({why}); delete {path} and "
+        "save it again"
+    )
+
+
+def _hf_no_script(path: Path) -> None:
+    """Refuse a local dataset directory that holds Python code: a loading script is never run.
+
+    datasets (before 4.0) runs ``<dir>/<dir>.py`` to build such a dataset, arbitrary code from
+    wherever the directory came from; later versions refuse it with a traceback.
+    """
+    script = next((p for p in sorted(path.rglob("*.py")) if p.is_file()), None)
+    if script is not None:
+        raise MTError(
+            f"{path}: holds {script.relative_to(path)}, a dataset loading script; scripts are "
+            "never run: give a directory of data files (parquet, jsonl, csv, arrow) or one "
+            "saved with save_to_disk"
+        )
+
+
 def _hf_rows(
     datasets: ModuleType, name_or_path: str, config: str | None, split: str, where: str
 ) -> Iterable[Mapping[str, Any]]:
     """The rows of one split, memory-mapped (``save_to_disk``) or streamed (the others)."""
     path = Path(name_or_path).expanduser()
-    saved = (datasets.config.DATASETDICT_JSON_FILENAME, datasets.config.DATASET_STATE_JSON_FILENAME)
-    if path.is_dir() and any((path / name).is_file() for name in saved):
+    if path.is_dir():
+        _hf_no_script(path)
+    if _hf_saved_dir(datasets, name_or_path) is not None:
         _hf_no_config(config, path, "a dataset saved with save_to_disk")
         return _hf_saved_split(datasets, path, split)
     if path.is_file():
@@ -494,14 +596,23 @@ def _hf_builder(path: Path) -> str:
 
 
 def _hf_saved_split(datasets: ModuleType, path: Path, split: str) -> Iterable[Mapping[str, Any]]:
-    """One split of a dataset saved with ``save_to_disk``."""
-    saved = datasets.load_from_disk(str(path))
-    if isinstance(saved, datasets.DatasetDict):
-        if split not in saved:
-            raise MTError(f"{path}: no split {split!r}; it has {', '.join(saved)}")
-        return saved[split]
-    if saved.split is not None and str(saved.split) != split:
-        raise MTError(f"{path}: no split {split!r}; it holds the split {saved.split}")
+    """One split of a dataset saved with ``save_to_disk``, its arrow data validated whole.
+
+    Memory-mapped arrow data is trusted by pyarrow's reads: damaged offsets would read past the
+    file. So the split is validated (``Table.validate(full=True)``, linear in its size) first.
+    """
+    errors = (ValueError, OSError, KeyError, TypeError, datasets.exceptions.DatasetsError)
+    try:
+        saved = datasets.load_from_disk(str(path))
+        if isinstance(saved, datasets.DatasetDict):
+            if split not in saved:
+                raise MTError(f"{path}: no split {split!r}; it has {', '.join(saved)}")
+            saved = saved[split]
+        elif saved.split is not None and str(saved.split) != split:
+            raise MTError(f"{path}: no split {split!r}; it holds the split {saved.split}")
+        getattr(saved.data, "table", saved.data).validate(full=True)
+    except (*errors, _arrow_error()) as exc:
+        raise MTError(_hf_damaged(path, f"{type(exc).__name__}: {_flat(exc)}")) from None
     return saved
 
 
@@ -515,6 +626,13 @@ def _hf_load(
     try:
         return load(*args, **kwargs)
     # OSError: its ConnectionError (the Hub unreachable) and FileNotFoundError
+    except RuntimeError as exc:  # datasets 4+: "Dataset scripts are no longer supported"
+        if "script" not in str(exc):
+            raise
+        raise MTError(
+            f"Hugging Face dataset {where}: {_flat(exc)}; loading scripts are never run: use "
+            "a dataset of data files (parquet, jsonl, csv, arrow)"
+        ) from exc
     except (ValueError, OSError, datasets.exceptions.DatasetsError) as exc:
         offline = ""
         if isinstance(exc, ConnectionError) and datasets.config.HF_HUB_OFFLINE:

@@ -19,9 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_mt.config import SOURCE_KINDS, Config, SourceConfig
+from transformer_mt.config import Config, SourceConfig
 from transformer_mt.data.binarized import cache_key
+from transformer_mt.data.limits import ReadLimits
 from transformer_mt.data.locking import exclusive_lock
+from transformer_mt.data.sides import source_kind
 from transformer_mt.errors import MTError
 
 log = logging.getLogger(__name__)
@@ -57,14 +59,6 @@ def source_label(source: SourceConfig) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", value).strip("._") or kind
 
 
-def source_kind(source: SourceConfig) -> tuple[str, str]:
-    """(kind, value): the one kind key a validated source sets, and its value."""
-    for f in dataclasses.fields(SourceConfig):
-        if f.name in SOURCE_KINDS and getattr(source, f.name) is not None:
-            return f.name, getattr(source, f.name)
-    raise AssertionError("a validated source has exactly one kind")  # config._validate_source
-
-
 def _stem(name: str) -> str:
     for suffix in _COMPRESSED:
         name = name.removesuffix(suffix)
@@ -85,17 +79,14 @@ def text_format(name: str) -> str:
     return "text"
 
 
-def resolve_source(
-    cfg: Config, source: SourceConfig, split: str, label: str, progress: bool = True
-) -> SplitSource:
-    """The text file pair ``source`` means, read (or downloaded) and extracted when needed."""
+def resolve_source(cfg: Config, source: SourceConfig, split: str, label: str) -> SplitSource:
+    """The text file pair ``source`` means, read and extracted when needed.
+
+    A registry corpus (``corpus``: downloaded, not read) is :mod:`transformer_mt.data.sources`'
+    to resolve; every other kind is this module's."""
     weight = source.weight
     if source.corpus is not None:
-        from transformer_mt.data.sources import registry_split_files
-
-        split_name = source.split or split
-        files = registry_split_files(cfg, source.corpus, split_name, progress)
-        return SplitSource(label, files, weight)
+        raise AssertionError("data.sources resolves registry corpora")
     if source.src is not None and source.archive is None and text_format(source.src) == "text":
         files = (Path(source.src), Path(source.trg or ""))
         for key, path in zip(("src", "trg"), files, strict=True):
@@ -110,7 +101,8 @@ def _extracted(cfg: Config, source: SourceConfig, split: str, label: str) -> tup
     from transformer_mt.data.readers import write_pairs
 
     langs = (cfg.data.src_lang, cfg.data.trg_lang)
-    reader, identity = _reader(source, split, langs)
+    limits = ReadLimits.of(cfg.data)
+    reader, identity = _reader(source, split, langs, limits)
     # What the text depends on: neither the weight (it only mixes) nor the name (it names the
     # folder), and the languages as resolved (a null and the config's own code are one source).
     read = {k: v for k, v in dataclasses.asdict(source).items() if k not in _NOT_READ}
@@ -122,14 +114,33 @@ def _extracted(cfg: Config, source: SourceConfig, split: str, label: str) -> tup
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out / "extract.lock"):
         if not all(p.is_file() for p in files):
-            log.info(f"{label}: reading {source_kind(source)[1]} into {out}")
-            count = write_pairs(reader(), *files)
+            what = source_kind(source)[1]
+            log.info(f"{label}: reading {what} into {out}")
+            count = write_pairs(_bounded(reader(), f"{label} ({what})", limits), *files)
             log.info(f"{label}: {count:,} pairs")
     return files
 
 
+def _bounded(pairs: Pairs, where: str, limits: ReadLimits) -> Pairs:
+    """``pairs``, each side at most ``limits.max_line_bytes`` long in UTF-8.
+
+    A line of a text file is bounded as it is read; a record's side (Parquet, Hugging Face,
+    mtdata) is bounded here, before it becomes a line of the extracted text.
+    """
+    limit = limits.max_line_bytes
+    for number, pair in enumerate(pairs, start=1):
+        for side in pair:
+            # UTF-8 takes 1 to 4 bytes a character: only a side in between is measured.
+            if len(side) > limit or (4 * len(side) > limit and len(side.encode()) > limit):
+                raise MTError(
+                    f"{where}: pair {number:,}: a side is longer than {limit:,} bytes "
+                    "(data.max_line_bytes); check the source, or raise data.max_line_bytes"
+                )
+        yield pair
+
+
 def _reader(
-    source: SourceConfig, split: str, langs: tuple[str, str]
+    source: SourceConfig, split: str, langs: tuple[str, str], limits: ReadLimits
 ) -> tuple[Callable[[], Pairs], list[Path | str]]:
     """(a function streaming the source's pairs, what identifies its contents for the key)."""
     from transformer_mt.data import readers
@@ -138,7 +149,7 @@ def _reader(
     named = source.fields or (f"translation.{langs[0]}", f"translation.{langs[1]}")
     fields = (named[0], named[1])  # two, as the config checks
     if kind in ("mtdata", "hf", "sacrebleu"):
-        return _external(source, kind, value, split, langs, fields)
+        return _external(source, kind, value, split, langs, fields, limits)
     archive = Path(source.archive) if source.archive else None
 
     def where(name: str) -> readers.Location:
@@ -153,20 +164,20 @@ def _reader(
             "iwslt": readers.iter_iwslt_pairs,
             "text": readers.iter_text_pairs,
         }[text_format(value)]
-        return (lambda: read(src, trg)), identity
+        return (lambda: read(src, trg, limits=limits)), identity
     loc = where(value)
     identity += [] if archive else [loc.path]
     if kind == "tsv":
         columns = (source.columns[0], source.columns[1])
-        return (lambda: readers.iter_tsv_pairs(loc, columns)), identity
+        return (lambda: readers.iter_tsv_pairs(loc, columns, limits=limits)), identity
     if kind == "jsonl":
-        return (lambda: readers.iter_jsonl_pairs(loc, fields)), identity
+        return (lambda: readers.iter_jsonl_pairs(loc, fields, limits=limits)), identity
     if kind == "parquet":
         return (lambda: readers.iter_parquet_pairs(loc.path, fields)), identity
 
     def tmx() -> Pairs:
         stats = readers.TmxStats()
-        yield from readers.iter_tmx_pairs(loc, *langs, stats)
+        yield from readers.iter_tmx_pairs(loc, *langs, stats, limits=limits)
         log.info(f"{loc}: {stats.format(*langs)}")
 
     return tmx, identity
@@ -179,13 +190,17 @@ def _external(
     split: str,
     langs: tuple[str, str],
     fields: tuple[str, str],
+    limits: ReadLimits,
 ) -> tuple[Callable[[], Pairs], list[Path | str]]:
     """Readers and identities of the sources that the field's libraries fetch."""
     from transformer_mt.data import external
 
     if kind == "sacrebleu":
         identity = external.sacrebleu_identity(value, *langs)
-        return (lambda: external.sacrebleu_pairs(value, *langs)), [identity]
+        max_bytes = limits.max_line_bytes
+        return (lambda: external.sacrebleu_pairs(value, *langs, max_line_bytes=max_bytes)), [
+            identity
+        ]
     if kind == "mtdata":
         identity = external.mtdata_identity(value, *langs)
         return (lambda: external.mtdata_pairs(value, *langs)), [identity]

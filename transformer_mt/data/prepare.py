@@ -113,6 +113,7 @@ def one_pair(cfg: Config, split: str, sources: list[SplitSource]) -> tuple[Path,
     one after the other into one pair in the cache; a train split of several gives its first."""
     if len(sources) == 1 or split == "train":
         return sources[0].files
+    from transformer_mt.data.limits import ReadLimits
     from transformer_mt.data.readers import Location, iter_text_pairs, write_pairs
 
     key = cache_key(*(p for s in sources for p in s.files))[:16]
@@ -122,8 +123,10 @@ def one_pair(cfg: Config, split: str, sources: list[SplitSource]) -> tuple[Path,
         out.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(out / "extract.lock"):
             if not all(p.is_file() for p in files):
+                limits = ReadLimits.of(cfg.data)
                 pairs = itertools.chain.from_iterable(
-                    iter_text_pairs(Location(s.files[0]), Location(s.files[1])) for s in sources
+                    iter_text_pairs(Location(s.files[0]), Location(s.files[1]), limits=limits)
+                    for s in sources
                 )
                 write_pairs(pairs, *files)
     return files
@@ -145,6 +148,7 @@ def _clean_cfg(cfg: Config) -> CleanConfig:
         max_words=cfg.data.max_words,
         max_ratio=cfg.data.max_ratio,
         skip_bad_lines=cfg.data.skip_bad_lines,
+        max_line_bytes=cfg.data.max_line_bytes,
     )
 
 
@@ -152,9 +156,10 @@ def _clean_key(clean: CleanConfig) -> dict[str, Any]:
     """The cleaning settings as the cache keys hash them.
 
     ``max_words`` keeps its former name ``max_len`` here, so that caches built before the rename are
-    still found."""
+    still found. ``max_line_bytes`` is left out: a bound on reading, it changes no output."""
     settings = asdict(clean)
     settings["max_len"] = settings.pop("max_words")
+    del settings["max_line_bytes"]
     return settings
 
 

@@ -22,22 +22,29 @@ What every reader promises:
 - Pairs with an empty side are yielded as they are: cleaning drops them later, and counts them.
 - Bad input (a missing column, field or language, sides of different length, malformed markup)
   is an :class:`MTError` whose one line names the file and the line.
+- Bounded: each reader takes a :class:`~transformer_mt.data.limits.ReadLimits` (the ``data.max_*``
+  settings) and checks it while it reads: the length of a line or TMX unit, the bytes and
+  members of an archive, the nesting of JSON and XML. Past one is an :class:`MTError` naming the
+  file, the bound and the setting that raises it; no reader's time grows faster than its input.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import difflib
+import functools
 import html
+import io
 import json
 import re
 import tarfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, NamedTuple
-from xml.etree import ElementTree as ET
+from typing import Any, BinaryIO, NamedTuple, cast
+from xml.parsers import expat
 
 from transformer_mt.data.corpus import (
     COMPRESSION_SUFFIXES,
@@ -48,6 +55,13 @@ from transformer_mt.data.corpus import (
     open_compressed,
     open_text,
 )
+from transformer_mt.data.limits import (
+    DEFAULT_LIMITS,
+    ReadLimits,
+    bounded_lines,
+    too_deep,
+)
+from transformer_mt.data.sides import Side, primary_language, same_input
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import UTF8_BOM, atomic_write
 
@@ -118,12 +132,18 @@ def as_location(source: Source) -> Location:
 
 
 @contextlib.contextmanager
-def open_location(source: Source) -> Iterator[BinaryIO]:
+def open_location(source: Source, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[BinaryIO]:
     """Open a file or archive member for reading as bytes, decompressing gzip, xz or bzip2.
 
     An archive is read in place: a tar is scanned as a stream up to the member, a zip opens the
     member directly. A missing file or member is an :class:`MTError` naming the archive and the
     member, with the archive's members that are most like it.
+
+    An archive is held to ``limits``: at most ``max_archive_members`` members, and at most
+    ``max_archive_bytes`` decompressed to reach and read the member, checked against the sizes
+    that the archive declares before anything is read, and counted as a compressed member is
+    decompressed. A tar header (a long name, pax attributes) larger than ``max_line_bytes`` is
+    refused before it is read.
     """
     loc = as_location(source)
     if loc.member is None:
@@ -134,10 +154,13 @@ def open_location(source: Source) -> Iterator[BinaryIO]:
     opener = _open_zip_member if _is_zip(loc.path) else _open_tar_member
     with contextlib.ExitStack() as stack:
         try:
-            raw = stack.enter_context(opener(loc))
+            raw, before = stack.enter_context(opener(loc, limits))
             stream = stack.enter_context(_decompressed(raw, loc.member))
         except READ_ERRORS as exc:
             raise _unreadable(loc, exc) from None
+        if stream is not raw:  # only the member's stored bytes were checked: count the rest
+            budget = limits.max_archive_bytes - before
+            stream = stack.enter_context(_counted(stream, budget, loc, limits.max_archive_bytes))
         yield stream
 
 
@@ -164,6 +187,25 @@ def _unreadable(loc: Location, exc: BaseException) -> MTError:
     )
 
 
+def _too_many_members(loc: Location, count: int | None, limit: int) -> MTError:
+    """The error for an archive with ``count`` members (None: a tar, scanned up to the bound)."""
+    holds = f"{count:,} members, more than {limit:,}" if count else f"more than {limit:,} members"
+    return MTError(
+        f"{loc.path}: the archive holds {holds} (data.max_archive_members); unpack it and name "
+        "the file itself, or raise data.max_archive_members"
+    )
+
+
+def _too_many_bytes(loc: Location, what: str) -> MTError:
+    """The error for a member that costs more decompressed bytes to read than the bound.
+
+    ``what`` says what costs them and the bound: "the member is N bytes, more than M"."""
+    return MTError(
+        f"{loc}: {what} (data.max_archive_bytes); unpack the archive and name the file itself, "
+        "or raise data.max_archive_bytes"
+    )
+
+
 def _decompressed(raw: BinaryIO, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
     """``raw`` decompressed when the member ``name`` is gzip, xz or bzip2 (by suffix or magic)."""
     peek = getattr(raw, "peek", None)
@@ -174,51 +216,158 @@ def _decompressed(raw: BinaryIO, name: str) -> contextlib.AbstractContextManager
     return open_compressed(raw, kind)
 
 
+class _CountedReader(io.RawIOBase):
+    """The bytes of ``inner``, an MTError once more than ``budget`` of them are read."""
+
+    def __init__(self, inner: BinaryIO, budget: int, error: Callable[[], MTError]) -> None:
+        super().__init__()
+        self.inner, self.budget, self.error, self.count = inner, budget, error, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.inner.read(len(buffer))
+        self.count += len(data)
+        if self.count > self.budget:
+            raise self.error()
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _counted(inner: BinaryIO, budget: int, loc: Location, limit: int) -> BinaryIO:
+    """``inner`` read through a buffer that counts its bytes against ``budget``."""
+    what = f"decompresses to more than {limit:,} bytes"
+    reader = _CountedReader(inner, budget, lambda: _too_many_bytes(loc, what))
+    # A BufferedReader over it: readline and iteration in C, as over any file.
+    return cast(BinaryIO, io.BufferedReader(reader, buffer_size=1 << 16))
+
+
+def _zip_entries(path: Path) -> int | None:
+    """The member count that a zip's end record declares, read before its directory (or None)."""
+    end_record = getattr(zipfile, "_EndRecData", None)  # the reader ZipFile itself uses
+    if end_record is None:
+        return None
+    with path.open("rb") as f:
+        record = end_record(f)
+    return int(record[getattr(zipfile, "_ECD_ENTRIES_TOTAL", 4)]) if record else None
+
+
 @contextlib.contextmanager
-def _open_zip_member(loc: Location) -> Iterator[BinaryIO]:
-    """The member of a zip archive, opened directly."""
+def _open_zip_member(loc: Location, limits: ReadLimits) -> Iterator[tuple[BinaryIO, int]]:
+    """The member of a zip archive, opened directly; and the bytes read to reach it (none).
+
+    The member count is checked before the archive's directory is read, the member's size
+    before the member is opened.
+    """
     assert loc.member is not None
+    entries = _zip_entries(loc.path)
+    if entries is not None and entries > limits.max_archive_members:
+        raise _too_many_members(loc, entries, limits.max_archive_members)
     with zipfile.ZipFile(loc.path) as zf:
+        if len(zf.filelist) > limits.max_archive_members:
+            raise _too_many_members(loc, len(zf.filelist), limits.max_archive_members)
         try:
             info = zf.getinfo(loc.member)
         except KeyError:
             raise _no_member(loc, zf.namelist()) from None
         if info.is_dir():
             raise MTError(f"{loc}: is a directory in the archive; name a file in it")
+        if info.file_size > limits.max_archive_bytes:
+            what = f"the member is {info.file_size:,} bytes, more than {limits.max_archive_bytes:,}"
+            raise _too_many_bytes(loc, what)
         try:
             member = zf.open(info)
         except RuntimeError as exc:  # an encrypted member
             raise MTError(f"{loc}: cannot open ({exc}); unpack the archive yourself") from None
         with member:
             # typeshed types zipfile.ZipExtFile as io.BufferedIOBase, not typing.BinaryIO,
-            # though it has BinaryIO's reading methods.
-            yield member  # type: ignore[misc]
+            # though it has BinaryIO's reading methods. zipfile stops a member at the size it
+            # declares: the check above bounds it.
+            yield cast(BinaryIO, member), 0
+
+
+def _bounded_tarinfo(max_header: int) -> type[tarfile.TarInfo]:
+    """A TarInfo class that refuses a long-name or pax header larger than ``max_header`` bytes.
+
+    tarfile reads such a header's data whole into memory before it yields the member it
+    describes; this checks its declared size first.
+    """
+
+    class BoundedTarInfo(tarfile.TarInfo):
+        def _proc_gnulong(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+            self._check_header_size()
+            return super()._proc_gnulong(archive)  # type: ignore[misc]
+
+        def _proc_pax(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+            self._check_header_size()
+            return super()._proc_pax(archive)  # type: ignore[misc]
+
+        def _check_header_size(self) -> None:
+            if self.size > max_header:
+                raise _TarHeaderTooLarge(self.size)
+
+    return BoundedTarInfo
+
+
+class _TarHeaderTooLarge(Exception):
+    """A tar header larger than the bound (raised inside tarfile, caught around it)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 @contextlib.contextmanager
-def _open_tar_member(loc: Location) -> Iterator[BinaryIO]:
+def _open_tar_member(loc: Location, limits: ReadLimits) -> Iterator[tuple[BinaryIO, int]]:
     """Open the member of a tar archive, reading the archive as a stream.
 
     The member of a tar archive (plain or compressed), found by reading the archive as a
-    stream: nothing is unpacked, and of the members before it only their names are kept."""
+    stream: nothing is unpacked, and of the members before it only their names are kept. Yields
+    the member and the bytes of the (decompressed) archive read before it. Each header is
+    checked before the stream moves past it: the count of members, and the bytes up to the end
+    of the member it describes.
+    """
     assert loc.member is not None
     wanted = _tar_name(loc.member)
     seen: list[str] = []
-    with tarfile.open(loc.path, "r|*") as tar:
-        for info in tar:
-            if _tar_name(info.name) != wanted:
-                seen.append(info.name)
-                continue
-            if not info.isfile():
-                what = "a directory" if info.isdir() else "a link or special file"
-                raise MTError(f"{loc}: is {what} in the archive; name the file itself")
-            member = tar.extractfile(info)
-            assert member is not None
-            with member:
-                # typeshed types TarFile.extractfile as IO[bytes], not typing.BinaryIO, though
-                # it returns a tarfile.ExFileObject (an io.BufferedReader).
-                yield member  # type: ignore[misc]
-            return
+    tarinfo = _bounded_tarinfo(limits.max_line_bytes)
+    try:
+        with tarfile.open(loc.path, "r|*", tarinfo=tarinfo) as tar:
+            while (info := tar.next()) is not None:
+                # A stream's members are not needed again: memory stays flat.
+                tar.members.clear()  # type: ignore[attr-defined]
+                if len(seen) >= limits.max_archive_members:
+                    raise _too_many_members(loc, None, limits.max_archive_members)
+                limit = limits.max_archive_bytes
+                if info.offset_data + info.size > limit:
+                    what = (
+                        f"the member ends {info.offset_data + info.size:,} bytes into the "
+                        f"archive, more than {limit:,}"
+                        if _tar_name(info.name) == wanted
+                        else f"reaching it passes {info.name!r} of {info.size:,} bytes: more than "
+                        f"{limit:,} in all"
+                    )
+                    raise _too_many_bytes(loc, what)
+                if _tar_name(info.name) != wanted:
+                    seen.append(info.name)
+                    continue
+                if not info.isfile():
+                    what = "a directory" if info.isdir() else "a link or special file"
+                    raise MTError(f"{loc}: is {what} in the archive; name the file itself")
+                member = tar.extractfile(info)
+                assert member is not None
+                with member:
+                    # typeshed types TarFile.extractfile as IO[bytes], not typing.BinaryIO,
+                    # though it returns a tarfile.ExFileObject (an io.BufferedReader).
+                    yield cast(BinaryIO, member), info.offset_data
+                return
+    except _TarHeaderTooLarge as exc:
+        raise MTError(
+            f"{loc.path}: a member's name or pax header is {exc.size:,} bytes, more than "
+            f"{limits.max_line_bytes:,} (data.max_line_bytes); the archive is damaged or not a "
+            "corpus: unpack it yourself, or raise data.max_line_bytes"
+        ) from None
     raise _no_member(loc, seen)
 
 
@@ -244,15 +393,16 @@ def _no_member(loc: Location, names: list[str]) -> MTError:
 # --- lines ---------------------------------------------------------------------------------------
 
 
-def _lines(loc: Location) -> Iterator[tuple[int, str]]:
+def _lines(loc: Location, limits: ReadLimits) -> Iterator[tuple[int, str]]:
     """The numbered lines of ``loc``, decoded as strict UTF-8.
 
     (line number, line) for each ``\\n``-ended line of ``loc``, decoded as strict UTF-8,
-    without its line ending (``\\n`` or ``\\r\\n``) or a leading byte-order mark."""
+    without its line ending (``\\n`` or ``\\r\\n``) or a leading byte-order mark. A line longer
+    than ``limits.max_line_bytes`` is an MTError, read no further than that."""
     lineno = 0
-    with open_location(loc) as f:
+    with open_location(loc, limits) as f:
         try:
-            for raw in f:
+            for raw in bounded_lines(f, limits.max_line_bytes, loc):
                 lineno += 1
                 try:
                     text = raw.decode("utf-8")
@@ -355,37 +505,42 @@ def _describe(key: tuple[str | None, str | None]) -> str:
 # --- one sentence per line, TSV, JSON lines ------------------------------------------------------
 
 
-def _plain_items(loc: Location) -> Iterator[_Item]:
+def _plain_items(loc: Location, limits: ReadLimits) -> Iterator[_Item]:
     """Each line of a one-sentence-per-line file, as one line of text."""
-    for lineno, line in _lines(loc):
+    for lineno, line in _lines(loc, limits):
         yield _Item(lineno, clean_segment(line))
 
 
-def iter_text_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
+def iter_text_pairs(
+    src: Source, trg: Source, *, limits: ReadLimits = DEFAULT_LIMITS
+) -> Iterator[tuple[str, str]]:
     """Pairs from two aligned one-sentence-per-line files (lines split at ``\\n`` only).
 
     Raises:
         MTError: a side has more lines than the other (naming both and the line), or a line is
-            not valid UTF-8.
+            not valid UTF-8 or longer than ``limits.max_line_bytes``.
     """
     src, trg = as_location(src), as_location(trg)
-    yield from _pair_up(src, trg, _plain_items(src), _plain_items(trg), "line")
+    yield from _pair_up(src, trg, _plain_items(src, limits), _plain_items(trg, limits), "line")
 
 
-def iter_tsv_pairs(source: Source, columns: tuple[int, int] = (0, 1)) -> Iterator[tuple[str, str]]:
+def iter_tsv_pairs(
+    source: Source, columns: tuple[int, int] = (0, 1), *, limits: ReadLimits = DEFAULT_LIMITS
+) -> Iterator[tuple[str, str]]:
     """Pairs from the columns ``columns`` (counted from 0) of a tab-separated file.
 
     Corpus TSVs are not CSV: a quote is text, and a line is split at every tab.
 
     Raises:
-        MTError: a line lacks one of the columns ("FILE:LINE: has N columns, needs column K").
+        MTError: a line lacks one of the columns ("FILE:LINE: has N columns, needs column K"),
+            or is longer than ``limits.max_line_bytes``.
     """
     loc = as_location(source)
     if len(columns) != 2 or min(columns) < 0:
         raise MTError(f"{loc}: columns must be two column numbers from 0 up (got {columns})")
     src_col, trg_col = columns
     need = max(columns)
-    for lineno, line in _lines(loc):
+    for lineno, line in _lines(loc, limits):
         cells = line.split("\t")
         if len(cells) <= need:
             missing = src_col if len(cells) <= src_col else trg_col
@@ -398,23 +553,31 @@ def iter_tsv_pairs(source: Source, columns: tuple[int, int] = (0, 1)) -> Iterato
 
 
 def iter_jsonl_pairs(
-    source: Source, fields: tuple[str, str] = ("translation.de", "translation.en")
+    source: Source,
+    fields: tuple[str, str] = ("translation.de", "translation.en"),
+    *,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> Iterator[tuple[str, str]]:
     """Pairs from a JSON-lines file.
 
     One object a line, each side at a dotted path into it
-    (``translation.de`` is ``obj["translation"]["de"]``). Blank lines are passed over.
+    (``translation.de`` is ``obj["translation"]["de"]``). Blank lines are passed over. A number
+    is read whatever its length (only its type matters here: it is not text).
 
     Raises:
-        MTError: a line is not a JSON object, or lacks a field, or the field is not a string.
+        MTError: a line is not a JSON object, or lacks a field, or the field is not a string; a
+            line is longer than ``limits.max_line_bytes`` or nests objects and arrays deeper
+            than ``limits.max_nesting``.
     """
     loc = as_location(source)
     paths = [field.split(".") for field in fields]
-    for lineno, line in _lines(loc):
+    for lineno, line in _lines(loc, limits):
         if not line.strip():
             continue
+        if _json_depth(line, limits.max_nesting) > limits.max_nesting:
+            raise too_deep(f"{loc}:{lineno}", limits.max_nesting, "JSON objects and arrays")
         try:
-            record = json.loads(line)
+            record = json.loads(line, parse_int=_json_int)
         except json.JSONDecodeError as exc:
             raise MTError(
                 f"{loc}:{lineno}: bad JSON ({exc.msg} at column {exc.colno}); each line must be "
@@ -439,6 +602,7 @@ def _json_field(record: Any, path: list[str], loc: Location, lineno: int) -> str
         value = value[key]
     if not isinstance(value, str):
         kind = "null" if value is None else type(value).__name__
+        kind = "int" if isinstance(value, _LongInt) else kind
         raise MTError(f"{loc}:{lineno}: field {field!r} is {kind}, not a string")
     try:
         value.encode("utf-8")
@@ -448,6 +612,49 @@ def _json_field(record: Any, path: list[str], loc: Location, lineno: int) -> str
             "it is not valid Unicode text"
         ) from None
     return clean_segment(value)
+
+
+class _LongInt:
+    """A JSON integer too long for ``int()`` (Python refuses over 4,300 digits): not text."""
+
+
+_INT_DIGITS = 4000  # shorter integers are ints, whatever sys.set_int_max_str_digits says
+
+
+def _json_int(text: str) -> int | _LongInt:
+    """A JSON integer literal as an int, or as :class:`_LongInt` when ``int()`` might refuse it."""
+    return int(text) if len(text) <= _INT_DIGITS else _LongInt()
+
+
+_JSON_TOKEN = re.compile(r'\\.|["\[\]{}]')  # an escape, a quote, or a bracket
+
+
+def _json_depth(line: str, limit: int) -> int:
+    """How deep the JSON on ``line`` nests objects and arrays (exact up to ``limit`` + 1).
+
+    ``json.loads`` recurses once a level: a line nested thousands deep is a RecursionError.
+    Linear: a line with no more than ``limit`` brackets is not measured; otherwise one pass over
+    its escapes, quotes and brackets counts the brackets outside strings.
+    """
+    if line.count("[") + line.count("{") <= limit:
+        return 0
+    depth = deepest = 0
+    in_string = False
+    for token in _JSON_TOKEN.finditer(line):
+        char = token.group()
+        if char == '"':
+            in_string = not in_string
+        elif in_string or len(char) == 2:  # text, or an escape
+            continue
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        else:
+            depth -= 1
+    return deepest
 
 
 # --- Parquet -------------------------------------------------------------------------------------
@@ -534,10 +741,13 @@ def _parquet_column(pc: Any, batch: Any, field: str) -> list[str | None]:
 
 # --- SGML and XML segments (WMT, IWSLT) ----------------------------------------------------------
 
-_MARKUP = re.compile(
-    r"<doc\b(?P<doc>[^>]*)>|</doc\s*>|<seg\b(?P<seg>[^>]*)>(?P<text>.*?)</seg\s*>", re.IGNORECASE
+# The tags that matter, each matched where it starts: a tag's attributes end at its ">", or at the
+# next "<" (then it is no tag), so that no match scans past the next tag and a line is read in one
+# pass, whatever it holds. A "<seg" that is not a whole tag is "open": a segment left unclosed.
+_TAGS = re.compile(
+    r"<doc\b(?P<doc>[^<>]*)>|</doc\s*>|<seg\b(?P<seg>[^<>]*)>|(?P<end></seg\s*>)|(?P<open><seg\b)",
+    re.IGNORECASE,
 )
-_SEG_OPEN = re.compile(r"<seg\b", re.IGNORECASE)
 
 
 def _attribute(attrs: str, name: str) -> str | None:
@@ -548,33 +758,45 @@ def _attribute(attrs: str, name: str) -> str | None:
     return next(g for g in match.groups() if g is not None).strip()
 
 
-def _segments(loc: Location) -> Iterator[_Item]:
+def _segments(loc: Location, limits: ReadLimits) -> Iterator[_Item]:
     """The ``<seg>`` segments of an SGML or XML file, with their document and segment ids.
 
     The file is read line by line, tolerantly: a bare ``&`` is text, and other markup is passed
-    over; but a segment must open and close on one line."""
+    over (inside a segment it is the segment's text); but a segment must open and close on one
+    line, and holds no other segment. Each line is read in one pass over its tags (linear time,
+    however many tags are left open)."""
     docid: str | None = None
-    for lineno, line in _lines(loc):
+    for lineno, line in _lines(loc, limits):
         if "<" not in line:
             continue
-        closed = 0
-        for match in _MARKUP.finditer(line):
-            if match.group("doc") is not None:
+        seg: re.Match[str] | None = None  # the open segment's tag
+        for match in _TAGS.finditer(line):
+            if seg is None and match.group("doc") is not None:
                 docid = _attribute(match.group("doc"), "docid")
-            elif match.group("seg") is None:
+            elif seg is None and match.group("seg") is not None:
+                seg = match
+            elif match.group("open") is not None or match.group("seg") is not None:
+                raise _unclosed_segment(loc, lineno)
+            elif seg is not None and match.group("end") is not None:
+                text = clean_segment(html.unescape(line[seg.end() : match.start()]))
+                yield _Item(lineno, text, (docid, _attribute(seg.group("seg"), "id")))
+                seg = None
+            elif seg is None and match.group("end") is None:
                 docid = None  # </doc>
-            else:
-                closed += 1
-                text = clean_segment(html.unescape(match.group("text")))
-                yield _Item(lineno, text, (docid, _attribute(match.group("seg"), "id")))
-        if len(_SEG_OPEN.findall(line)) > closed:
-            raise MTError(
-                f"{loc}:{lineno}: <seg> is not closed on its line; each segment must be "
-                "<seg ...>text</seg> on one line, fix the file"
-            )
+        if seg is not None:
+            raise _unclosed_segment(loc, lineno)
 
 
-def iter_sgm_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
+def _unclosed_segment(loc: Location, lineno: int) -> MTError:
+    return MTError(
+        f"{loc}:{lineno}: <seg> is not closed on its line; each segment must be "
+        "<seg ...>text</seg> on one line, fix the file"
+    )
+
+
+def iter_sgm_pairs(
+    src: Source, trg: Source, *, limits: ReadLimits = DEFAULT_LIMITS
+) -> Iterator[tuple[str, str]]:
     """Pairs from WMT ``.sgm`` files, entities such as ``&amp;`` decoded.
 
     The files hold ``<srcset>``/``<refset>``, ``<doc docid=...>`` and ``<seg id=...>text</seg>``.
@@ -586,15 +808,15 @@ def iter_sgm_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
             closed on its line (naming the file and line).
     """
     src, trg = as_location(src), as_location(trg)
-    yield from _pair_up(src, trg, _segments(src), _segments(trg), "segment")
+    yield from _pair_up(src, trg, _segments(src, limits), _segments(trg, limits), "segment")
 
 
-def _tagged_items(loc: Location) -> Iterator[_Item]:
+def _tagged_items(loc: Location, limits: ReadLimits) -> Iterator[_Item]:
     """The text lines of an IWSLT ``train.tags`` file.
 
     Markup lines (``<url>``, ``<talkid>``,
     ``<title>``, ``<doc ...>``, ...: a line that starts with ``<``) are left out."""
-    for lineno, line in _lines(loc):
+    for lineno, line in _lines(loc, limits):
         if not line.lstrip().startswith("<"):
             yield _Item(lineno, clean_segment(line))
 
@@ -607,7 +829,9 @@ def _is_xml(loc: Location) -> bool:
     return name.endswith(".xml")
 
 
-def iter_iwslt_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
+def iter_iwslt_pairs(
+    src: Source, trg: Source, *, limits: ReadLimits = DEFAULT_LIMITS
+) -> Iterator[tuple[str, str]]:
     """Pairs from IWSLT files.
 
     ``*.xml`` (``IWSLT17.TED.dev2010.de-en.de.xml``) by their
@@ -627,14 +851,15 @@ def iter_iwslt_pairs(src: Source, trg: Source) -> Iterator[tuple[str, str]]:
             "of the same set"
         )
     if _is_xml(src):
-        yield from _pair_up(src, trg, _segments(src), _segments(trg), "segment")
+        yield from _pair_up(src, trg, _segments(src, limits), _segments(trg, limits), "segment")
     else:
-        yield from _pair_up(src, trg, _tagged_items(src), _tagged_items(trg), "text line")
+        items = _tagged_items(src, limits), _tagged_items(trg, limits)
+        yield from _pair_up(src, trg, *items, "text line")
 
 
 # --- TMX -----------------------------------------------------------------------------------------
 
-_XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+_XML_LANG = "http://www.w3.org/XML/1998/namespace}lang"  # as expat names xml:lang
 _INLINE_TEXT = frozenset({"hi"})  # inline elements whose content is text a reader sees
 
 
@@ -658,18 +883,18 @@ class TmxStats:
         )
 
 
-def _primary(lang: str) -> str:
-    """The primary language subtag, lower-case: ``de-DE`` and ``de_de`` -> ``de``."""
-    return re.split(r"[-_]", lang.strip(), maxsplit=1)[0].lower()
-
-
-def _local(tag: Any) -> str:
-    """An element's tag without its namespace (comments and processing instructions: "")."""
-    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+# The primary language subtag, lower-case: ``de-DE`` and ``de_de`` -> ``de``. Cached: a TMX file
+# names a few languages, once a segment.
+_primary = functools.lru_cache(maxsize=256)(primary_language)
 
 
 def iter_tmx_pairs(
-    source: Source, src_lang: str, trg_lang: str, stats: TmxStats | None = None
+    source: Source,
+    src_lang: str,
+    trg_lang: str,
+    stats: TmxStats | None = None,
+    *,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> Iterator[tuple[str, str]]:
     """Pairs from a TMX translation memory, one ``<tu>`` at a time (memory stays flat).
 
@@ -679,22 +904,37 @@ def iter_tmx_pairs(
     and ``<ut>`` are left out, the text inside ``<hi>`` kept. A unit that lacks one of the two
     languages is skipped and counted in ``stats``.
 
+    The file is parsed as a stream of events (no tree is built), each unit held to
+    ``limits.max_line_bytes`` (from its ``<tu>`` to its ``</tu>``; outside a unit, from one
+    element or text to the next) and the elements to ``limits.max_nesting`` deep.
+
     Raises:
-        MTError: the XML is malformed or not UTF-8 ("FILE:LINE: malformed TMX (...)").
+        MTError: the XML is malformed or not UTF-8 ("FILE:LINE: malformed TMX (...)"), a unit is
+            too long, or elements nest too deep.
     """
     loc = as_location(source)
     stats = stats if stats is not None else TmxStats()
     langs = (_primary(src_lang), _primary(trg_lang))
-    if langs[0] == langs[1]:
+    sides = [
+        Side(key, lang, str(loc), f"language {_primary(lang)}")
+        for key, lang in (("src_lang", src_lang), ("trg_lang", trg_lang))
+    ]
+    if same_input(*sides):
         raise MTError(
             f"{loc}: the source and target languages {src_lang!r} and {trg_lang!r} are the same "
             "language; TMX units are matched by primary language"
         )
-    with open_location(loc) as f:
+    units = _TmxUnits(loc, langs, stats, limits)
+    with open_location(loc, limits) as f:
         try:
-            yield from _tmx_units(f, langs, stats)
-        except ET.ParseError as exc:
-            raise _tmx_error(loc, exc) from None
+            while chunk := f.read(_TMX_CHUNK):
+                units.feed(chunk)
+                yield from units.pairs
+                units.pairs.clear()
+            units.feed(b"", final=True)
+            yield from units.pairs
+        except expat.ExpatError as exc:
+            raise _tmx_error(loc, exc, limits) from None
         except READ_ERRORS as exc:
             raise MTError(
                 f"{loc}: cannot read past {stats.units:,} translation units "
@@ -702,80 +942,157 @@ def iter_tmx_pairs(
             ) from None
 
 
-def _tmx_units(f: BinaryIO, langs: tuple[str, str], stats: TmxStats) -> Iterator[tuple[str, str]]:
-    """The pairs of the ``<tu>`` elements of a TMX stream.
+_TMX_CHUNK = 1 << 16  # bytes parsed at a time
 
-    Each unit is dropped from the tree
-    once read, so the tree never holds more than one."""
-    open_elements: list[ET.Element] = []
-    for event, element in ET.iterparse(f, events=("start", "end")):
-        if event == "start":
-            open_elements.append(element)
-            continue
-        open_elements.pop()
-        if _local(element.tag) != "tu":
-            continue
-        stats.units += 1
-        pair = _tu_pair(element, langs)
-        element.clear()
-        if open_elements:
-            open_elements[-1].remove(element)  # by now its parent's only child
-        if pair is None:
-            stats.skipped += 1
+
+class _TmxUnits:
+    """The pairs of a TMX stream's ``<tu>`` elements, from expat's events (see iter_tmx_pairs).
+
+    Only what the unit being read needs is kept: the segments found so far, and the text of the
+    segment being read. ``pairs`` gathers the pairs of the bytes fed so far.
+    """
+
+    def __init__(
+        self, loc: Location, langs: tuple[str, str], stats: TmxStats, limits: ReadLimits
+    ) -> None:
+        self.loc, self.langs, self.stats, self.limits = loc, langs, stats, limits
+        self.parser = expat.ParserCreate(namespace_separator="}")
+        self.parser.buffer_text = True  # a text in one piece, not one call per line
+        self.parser.StartElementHandler = self._start
+        self.parser.EndElementHandler = self._end
+        self.parser.CharacterDataHandler = self._text
+        self.parser.CommentHandler = self._other
+        self.parser.ProcessingInstructionHandler = self._other
+        self.pairs: list[tuple[str, str]] = []
+        self.fed = 0  # bytes fed to the parser
+        self.depth = 0  # elements open
+        self.mark = 0  # where the open unit began, or (outside units) the last event
+        self.unit_line = 0  # the line of the open unit's <tu>
+        self.unit_depth = 0  # the open <tu>'s depth; 0 = outside a unit
+        self.found: dict[str, str] = {}  # primary language -> the unit's segment in it
+        self.lang: str | None = None  # the open <tuv>'s language, when it is one still wanted
+        self.seg_depth = 0  # the depth of the <seg> whose text is being read; 0 = none
+        self.hidden = 0  # elements open inside that <seg> whose text a reader does not see
+        self.text: list[str] = []
+        self.text_size = 0  # characters in ``text`` (entities expanded)
+
+    def feed(self, chunk: bytes, final: bool = False) -> None:
+        """Parse ``chunk`` (the next bytes of the file), adding the pairs of the units it ends."""
+        self.fed += len(chunk)
+        self.parser.Parse(chunk, final)
+        # Past the bound: a unit still open, or (outside) no event for that long (one tag's
+        # attributes, a comment, ...: expat keeps the part it has read).
+        if self.fed - self.mark > self.limits.max_line_bytes:
+            self._too_long()
+
+    def _too_long(self) -> None:
+        limit = self.limits.max_line_bytes
+        if self.unit_depth:
+            where, what = f"{self.loc}:{self.unit_line}", "the translation unit is"
         else:
-            yield pair
+            where, what = f"{self.loc}:{self.parser.CurrentLineNumber}", "a tag or text is"
+        raise MTError(
+            f"{where}: {what} longer than {limit:,} bytes (data.max_line_bytes); check the file, "
+            "or raise data.max_line_bytes"
+        )
+
+    def _start(self, name: str, attrs: dict[str, str]) -> None:
+        depth = self.depth = self.depth + 1
+        if depth > self.limits.max_nesting:
+            where = f"{self.loc}:{self.parser.CurrentLineNumber}"
+            raise too_deep(where, self.limits.max_nesting, "XML elements")
+        if self.seg_depth:  # inside the segment being read
+            if self.hidden or name[name.rfind("}") + 1 :] not in _INLINE_TEXT:
+                self.hidden += 1
+            return
+        unit = self.unit_depth
+        if unit:
+            if depth == unit + 1 and name[name.rfind("}") + 1 :] == "tuv":
+                lang = attrs.get(_XML_LANG) or attrs.get("lang")
+                primary = _primary(lang) if lang is not None else None
+                wanted = primary in self.langs and primary not in self.found
+                self.lang = primary if wanted else None
+            elif (
+                depth == unit + 2 and self.lang is not None and name[name.rfind("}") + 1 :] == "seg"
+            ):
+                self.seg_depth, self.text, self.text_size = depth, [], 0
+            return
+        self.mark = self.parser.CurrentByteIndex
+        if name[name.rfind("}") + 1 :] == "tu":
+            self.unit_depth, self.found = depth, {}
+            self.unit_line = self.parser.CurrentLineNumber
+
+    def _end(self, name: str) -> None:
+        depth = self.depth
+        self.depth = depth - 1
+        if self.seg_depth:
+            if depth > self.seg_depth:
+                if self.hidden:
+                    self.hidden -= 1
+                return
+            assert self.lang is not None
+            self.found[self.lang] = clean_segment("".join(self.text))
+            self.seg_depth, self.lang, self.text = 0, None, []  # a <tuv>'s first <seg> only
+        elif depth == self.unit_depth:
+            self.stats.units += 1
+            if len(self.found) < 2:
+                self.stats.skipped += 1
+            else:
+                self.pairs.append((self.found[self.langs[0]], self.found[self.langs[1]]))
+            self.unit_depth, self.found = 0, {}
+            self.mark = self.parser.CurrentByteIndex
+        elif not self.unit_depth:
+            self.mark = self.parser.CurrentByteIndex
+        elif depth == self.unit_depth + 1:
+            self.lang = None  # </tuv>
+
+    def _other(self, *_: str) -> None:
+        """A comment or processing instruction: an event, outside units."""
+        if not self.unit_depth:
+            self.mark = self.parser.CurrentByteIndex
+
+    def _text(self, data: str) -> None:
+        # Inside a unit, what is kept grows by one chunk at most before feed() checks the bound,
+        # or by the entities that the chunk expands to (counted here).
+        if self.seg_depth:
+            if not self.hidden:
+                self.text.append(data)
+                self.text_size += len(data)
+                if self.text_size > self.limits.max_line_bytes:
+                    self._too_long()
+        elif not self.unit_depth:
+            self.mark = self.parser.CurrentByteIndex
 
 
-def _tu_pair(tu: ET.Element, langs: tuple[str, str]) -> tuple[str, str] | None:
-    """The (source, target) segments of a translation unit, or None when one is missing."""
-    found: dict[str, str] = {}
-    for tuv in tu:
-        lang = tuv.get(_XML_LANG) or tuv.get("lang")
-        if _local(tuv.tag) != "tuv" or lang is None:
-            continue
-        primary = _primary(lang)
-        if primary not in langs or primary in found:
-            continue
-        seg = next((child for child in tuv if _local(child.tag) == "seg"), None)
-        if seg is not None:
-            found[primary] = clean_segment(_seg_text(seg))
-    if len(found) < 2:
-        return None
-    return found[langs[0]], found[langs[1]]
-
-
-def _seg_text(element: ET.Element) -> str:
-    """The text a reader sees in a ``<seg>`` (or ``<hi>``): see :func:`iter_tmx_pairs`."""
-    parts = [element.text or ""]
-    for child in element:
-        if _local(child.tag) in _INLINE_TEXT:
-            parts.append(_seg_text(child))
-        parts.append(child.tail or "")
-    return "".join(parts)
-
-
-def _tmx_error(loc: Location, exc: ET.ParseError) -> MTError:
+def _tmx_error(loc: Location, exc: expat.ExpatError, limits: ReadLimits) -> MTError:
     """The one-line error for malformed TMX: the line, and whether the bytes were not UTF-8."""
-    line, column = exc.position
-    reason = str(exc).split(":", 1)[0]
-    if "invalid token" in reason and _line_is_not_utf8(loc, line):
-        return MTError(f"{loc}:{line}: invalid UTF-8; convert the file to UTF-8")
+    reason = expat.ErrorString(exc.code)
+    if "invalid token" in reason and _line_is_not_utf8(loc, exc.lineno, limits):
+        return MTError(f"{loc}:{exc.lineno}: invalid UTF-8; convert the file to UTF-8")
     return MTError(
-        f"{loc}:{line}: malformed TMX ({reason} at column {column + 1}); fix or export the file "
-        "again"
+        f"{loc}:{exc.lineno}: malformed TMX ({reason} at column {exc.offset + 1}); fix or export "
+        "the file again"
     )
 
 
-def _line_is_not_utf8(loc: Location, lineno: int) -> bool:
-    """Whether line ``lineno`` of ``loc`` is not valid UTF-8 (read again, for an error only)."""
-    with open_location(loc) as f:
-        for n, raw in enumerate(f, start=1):
-            if n == lineno:
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    return True
-                return False
+def _line_is_not_utf8(loc: Location, lineno: int, limits: ReadLimits) -> bool:
+    """Whether line ``lineno`` of ``loc`` is not valid UTF-8 (read again, for an error only).
+
+    Read in pieces of ``limits.max_line_bytes`` at most: an XML file may be one long line."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    n = 1
+    with open_location(loc, limits) as f:
+        while n <= lineno:
+            piece = f.readline(limits.max_line_bytes)
+            try:
+                if n == lineno:  # the line's last piece ends it, or the file
+                    last = piece.endswith(b"\n") or len(piece) < limits.max_line_bytes
+                    decoder.decode(piece, final=last)
+            except UnicodeDecodeError:
+                return True
+            if not piece:
+                break
+            n += piece.endswith(b"\n")
     return False
 
 

@@ -28,6 +28,7 @@ from transformer_mt.data.registry import (
     get_corpus,
     list_corpora,
 )
+from transformer_mt.data.sides import Side, check_sides, check_source_sides, language_sides
 from transformer_mt.data.tasks import Task, find_task, task_names
 from transformer_mt.data.toy import TOY_TARGETS, TOY_VERSION, toy_splits
 from transformer_mt.errors import MTError
@@ -53,18 +54,21 @@ def check_source(cfg: Config) -> None:
 
     Raises:
         MTError: one line naming the key: an unknown corpus (with the accepted values), a local
-            corpus without a split's two files or with one file for both sides, a local file
-            set for another corpus (which would ignore it), or a language the corpus does not
-            have.
+            corpus without a split's two files, a local file set for another corpus (which would
+            ignore it), a language the corpus does not have, or a source whose two sides read
+            the same input (:mod:`transformer_mt.data.sides`: one file, column, field or
+            language for both).
     """
     name = cfg.data.corpus
     accepted = source_names()
     if cfg.data.train is None and find_task(name) is not None:
+        check_source_sides(cfg.data, SourceConfig(corpus=name), "data")
         _check_source_languages(cfg, SourceConfig(corpus=name))
         return
     if cfg.data.train is not None:
         for split in SPLITS:  # a registry corpus among the sources: known, with both languages
-            for source in getattr(cfg.data, split) or []:
+            for i, source in enumerate(getattr(cfg.data, split) or []):
+                check_source_sides(cfg.data, source, f"data.{split}[{i}]")
                 _check_source_languages(cfg, source)
         return
     if name not in accepted:
@@ -79,12 +83,11 @@ def check_source(cfg: Config) -> None:
                 )
     if name == "local":
         _local_split_paths(cfg)
-    elif name == "toy":
-        if cfg.data.src_lang == cfg.data.trg_lang:  # one file would hold both sides
-            raise MTError(
-                f"data.src_lang and data.trg_lang are both {cfg.data.src_lang!r}; the toy "
-                "corpus keeps each side in a file named by its language: give two codes"
-            )
+    elif name == "toy":  # one file would hold both sides
+        check_sides(
+            *language_sides(cfg.data, SourceConfig(), "data", "toy"),
+            "the toy corpus keeps each side in a file named by its language: give two codes",
+        )
     else:
         _check_languages(cfg, get_corpus(name))
 
@@ -123,8 +126,13 @@ def split_sources(cfg: Config, progress: bool = True) -> dict[str, list[SplitSou
             pair_cfg = for_pair(cfg, pair)
             if source.corpus == "toy":
                 resolved = SplitSource(label, _toy_files(pair_cfg)[split], source.weight)
+            elif source.corpus is not None:
+                files = registry_split_files(
+                    pair_cfg, source.corpus, source.split or split, progress
+                )
+                resolved = SplitSource(label, files, source.weight)
             else:
-                resolved = resolve_source(pair_cfg, source, split, label, progress)
+                resolved = resolve_source(pair_cfg, source, split, label)
             out.setdefault(split, []).append(dataclasses.replace(resolved, pair=pair))
     for split in ("train", "valid"):
         if split not in out:
@@ -269,11 +277,7 @@ def _local_split_paths(cfg: Config) -> SplitFiles:
         if (src is None) != (trg is None) or (src is None and split != "test"):
             raise MTError(f"data.corpus=local needs data.{split}_src and data.{split}_trg")
         if src is not None:
-            if Path(src).resolve() == Path(trg).resolve():  # the model would learn to copy
-                raise MTError(
-                    f"data.{split}_src and data.{split}_trg are the same file ({src}); give the "
-                    "source-language file and the target-language file"
-                )
+            check_sides(Side(f"data.{split}_src", src, src), Side(f"data.{split}_trg", trg, trg))
             files[split] = (Path(src), Path(trg))
     return files
 
@@ -306,8 +310,7 @@ def _check_languages(cfg: Config, corpus: Corpus) -> None:
                 f"data.{key}={lang!r}: {corpus.name} has {'/'.join(corpus.splits.values())} only "
                 f"in {', '.join(langs)}; choose one of them"
             )
-    if cfg.data.src_lang == cfg.data.trg_lang:
-        raise MTError(f"data.src_lang and data.trg_lang are both {cfg.data.src_lang!r}; pick two")
+    check_sides(*language_sides(cfg.data, SourceConfig(), "data", corpus.name), "pick two")
 
 
 def _registry_files(

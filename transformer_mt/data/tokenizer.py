@@ -21,7 +21,7 @@ BOS_ID = 2
 EOS_ID = 3
 SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
 # A target-language tag piece: ours (<2en>, data/languages.py) or an imported Marian model's
-# (>>deu<<, inference/hf_import.py).
+# (>>deu<<, convert/marian.py).
 _TAG_RE = re.compile(r"<2[A-Za-z0-9_-]+>|>>[A-Za-z0-9_-]+<<")
 
 

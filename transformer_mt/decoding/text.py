@@ -11,19 +11,23 @@ tokenizer normalizes it. The search may continue the prefix's last word: "the ca
 sat", and "the cat" may become "the cats sat".
 A line with nothing to translate still gives an empty translation, whatever its prefix.
 
+Lexical constraints (optional, per input line a list of target texts, e.g. a glossary's terms):
+each term is tokenized alone with the target tokenizer (no EOS), and every finished translation
+of the line contains each term's pieces (:mod:`~transformer_mt.decoding.constraints`). A term
+tokenized alone starts with a word-start piece, so it matches where the translation writes it as
+a word of its own. Lines with nothing to translate ignore theirs.
+
 A line with no words to translate (:func:`has_text`: emoji, punctuation, numbers or a link alone)
 is its own translation, unchanged but for surrounding whitespace, with the score 0.0; the model
 never sees it.
 
-Used by `mt translate` / `mt evaluate` (through :mod:`transformer_mt.inference`) and by the
+Used by `mt translate` / `mt evaluate` (through :mod:`transformer_mt.engines`) and by the
 validation BLEU of training: both translate the same way.
 """
 
 import sys
-import unicodedata
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from urllib.parse import urlsplit
 
 import torch
 from tqdm import tqdm
@@ -34,54 +38,11 @@ from transformer_mt.decoding.batched import BatchCallback, decode_sources
 from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult
 from transformer_mt.errors import MTError
+from transformer_mt.text.content import untranslatable
 
 Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
 OnBatch = BatchCallback
 """Called after each batch with its line indices, its padded source ids (B, S) and its results."""
-
-
-LINK_SCHEMES = frozenset({"http", "https", "ftp", "ftps", "mailto", "file", "tel"})
-_WRAPPING = "\"'()[]{}<>.,;:!?\u00ab\u00bb\u201c\u201d\u2018\u2019"  # around a link in prose
-
-
-def has_text(line: str) -> bool:
-    """True when ``line`` has a word a model should translate: a letter outside links.
-
-    False for a line of emoji, punctuation, symbols or numbers alone (``"🙂"``, ``"--"``,
-    ``"3.14"``), or of links alone (``https://example.com/a``, ``www.example.com``,
-    ``someone@example.com``): such a line is its own translation. Letters are Unicode's
-    (category L*), so every script counts.
-    """
-    for word in line.split():
-        if any(unicodedata.category(ch).startswith("L") for ch in word) and not is_link(word):
-            return True
-    return False
-
-
-def is_link(word: str) -> bool:
-    """Whether ``word`` is a URL or an e-mail address.
-
-    Whether ``word`` (no whitespace) is a URL or an e-mail address, possibly in brackets or
-    followed by punctuation."""
-    word = word.strip(_WRAPPING)
-    if word.lower().startswith("www.") and "." in word[4:]:
-        return True
-    try:
-        parts = urlsplit(word)
-    except ValueError:  # e.g. an unbalanced "[" in what looked like a host
-        return False
-    if parts.scheme.lower() in LINK_SCHEMES and (parts.netloc or parts.path):
-        return True
-    user, at, host = word.partition("@")
-    return bool(at and user and "." in host.strip(".") and "@" not in host)
-
-
-def untranslatable(lines: Sequence[str]) -> dict[int, str]:
-    """The lines with something in them but nothing to translate (not :func:`has_text`).
-
-    Returns them by index, each mapped to its text without surrounding whitespace, which is its
-    translation."""
-    return {i: line.strip() for i, line in enumerate(lines) if line.strip() and not has_text(line)}
 
 
 def keep_untranslatable(
@@ -175,6 +136,31 @@ def encode_prefixes(
     return encoded
 
 
+def encode_constraints(
+    trg_tok: Tokenizer,
+    constraints: Sequence[Sequence[str]],
+    lines: list[int],
+    first_line: int = 1,
+) -> list[list[list[int]]]:
+    """The target ids of the constraint terms of input lines ``lines``.
+
+    Per line of ``lines`` (indices into ``constraints``), in that order, the target ids (no EOS)
+    of each of its terms, surrounding whitespace ignored. A term with no pieces (blank, or
+    nothing once normalized) is an MTError naming its line (``constraints[0]``'s is
+    ``first_line``)."""
+    terms = [(i, j, term.strip()) for i in lines for j, term in enumerate(constraints[i])]
+    encoded = trg_tok.encode_batch([term for _, _, term in terms]) if terms else []
+    by_line: dict[int, list[list[int]]] = {i: [] for i in lines}
+    for (i, j, term), ids in zip(terms, encoded, strict=True):
+        if not ids:
+            raise MTError(
+                f"line {i + first_line}: constraint {j + 1} ({term!r}) has no target pieces: "
+                "give each term some text"
+            )
+        by_line[i].append(ids)
+    return [by_line[i] for i in lines]
+
+
 def check_beam(decode: DecodeConfig, vocab: int) -> None:
     """Check that the target vocabulary is large enough for the beam.
 
@@ -201,6 +187,7 @@ def translate_texts(
     prefixes: Sequence[str] | None = None,
     first_line: int = 1,
     src_prefix: Sequence[int] = (),
+    constraints: Sequence[Sequence[str]] | None = None,
 ) -> list[Translation]:
     """Translate ``lines``: per input line, ``decode.nbest`` (text, score) pairs.
 
@@ -226,6 +213,10 @@ def translate_texts(
             (a caller feeding lines one at a time passes its own count).
         src_prefix: ids that start every source: a multilingual model's tag of the target
             language (:func:`transformer_mt.data.languages.lang_tag`).
+        constraints: per line, target texts (terms) that each of its finished translations must
+            contain (an empty list: none); beam search only (beam >= 2). A count other than the
+            lines', or a term with no pieces, is an MTError. None: no constraints (the search
+            runs exactly as without them).
     """
     table = model.positions.max_len
     limit = table if max_src_len is None else min(max_src_len, table)
@@ -238,6 +229,11 @@ def translate_texts(
             f"{len(prefixes)} prefixes for {len(lines)} input lines: give one prefix per input "
             "line (an empty line for none)"
         )
+    if constraints is not None and len(constraints) != len(lines):
+        raise MTError(
+            f"{len(constraints)} constraint lists for {len(lines)} input lines: give one list "
+            "per input line (an empty list for none)"
+        )
     kept = untranslatable(lines)
     todo = ["" if i in kept else line for i, line in enumerate(lines)]
     sources = encode_sources(src_tok, todo, limit, first_line, src_prefix)
@@ -246,6 +242,11 @@ def translate_texts(
         None
         if prefixes is None
         else encode_prefixes(trg_tok, prefixes, line_of, table - 1, first_line)
+    )
+    terms = (
+        None
+        if constraints is None
+        else encode_constraints(trg_tok, constraints, line_of, first_line)
     )
     # Lines with nothing to translate are answered now, without the model.
     results: list[Translation] = [
@@ -270,5 +271,6 @@ def translate_texts(
             on_batch=finished,
             prefixes=forced,
             line_keys=keys,
+            constraints=terms,
         )
     return results

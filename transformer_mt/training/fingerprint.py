@@ -32,7 +32,13 @@ WHAT = {
 }
 _HASH_CHUNK = 1 << 22  # token ids hashed at a time
 # Config keys that change where files live or come from, not what they hold.
-_NOT_DATA = {"cache_dir", "download_dir", "base_url"}
+# Where data lives, and what reading it may cost (a raised bound changes no data it read).
+_NOT_DATA = {"cache_dir", "download_dir", "base_url"} | {
+    "max_line_bytes",
+    "max_archive_bytes",
+    "max_archive_members",
+    "max_nesting",
+}
 # Tokenizer keys of the training-time sampling of segmentations: they change no prepared data.
 _SAMPLING = {"sample_alpha", "sample_nbest", "sample_draws"}
 

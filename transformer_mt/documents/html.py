@@ -1,0 +1,461 @@
+"""HTML for translation: its text as sentences, its markup put back around the translations.
+
+HTML for translation: the text of a fragment (or a whole page, an epub's XHTML chapter) as
+sentences to translate, and the markup put back around their translations.
+
+Read with the standard library's :class:`html.parser.HTMLParser` (never regular expressions
+over markup). What becomes what:
+
+- Every element that is not inline (``<p>``, ``<li>``, ``<td>``, ``<h1>``, ``<div>``, ``<br>``,
+  unknown ones...) ends a segment: the text between two such tags is one segment, translated as
+  one line (its whitespace collapsed to single spaces; its leading and trailing whitespace kept).
+- Inline elements (``<b>``, ``<i>``, ``<a href>``, ``<span>``...) stay in their segment: each is
+  put back around the target words aligned to the source words it held
+  (:mod:`~transformer_mt.documents.placement`), its start and end tags as written (attributes
+  unchanged). Nested elements stay nested: a child is clipped to its parent's words, siblings
+  to their own (in the order the translation puts them). ``<img>``, comments, an element with no
+  words, a ``<code>`` inside a sentence are kept whole and placed at the boundary after the
+  target word of the source word before them.
+- ``<script>``, ``<style>``, ``<pre>``, ``<textarea>``, ``<template>``, ``<code>``, ``<kbd>``,
+  ``<samp>``, ``<var>`` and any element with ``translate="no"`` are kept as they are, contents
+  included. A segment with nothing to translate (:func:`~transformer_mt.decoding.text.has_text`)
+  is kept as it is too.
+- Text is written back with ``&``, ``<``, ``>`` and the no-break space escaped; the other
+  entities of the input come back as the characters they stand for. Attribute values
+  (``title``, ``alt``) are not translated.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+from transformer_mt.documents.placement import word_links
+from transformer_mt.engines.results import LineResult
+from transformer_mt.text.content import has_text
+
+INLINE = frozenset(
+    "a abbr acronym b bdi bdo big cite data del dfn em font i ins label mark q s small span "
+    "strike strong sub sup time tt u".split()
+)
+INLINE_OPAQUE = frozenset({"code", "kbd", "samp", "var"})  # inside a sentence, not translated
+BLOCK_OPAQUE = frozenset({"script", "style", "pre", "textarea", "template"})
+INLINE_VOID = frozenset({"img", "wbr", "input"})  # kept whole inside a sentence
+VOID = frozenset(
+    "area base br col embed hr img input link meta param source track wbr".split()
+)  # no end tag
+RAW_TEXT = frozenset({"script", "style"})  # the parser hands their text over unescaped
+
+
+def escape(text: str, xml: bool = False) -> str:
+    """Escape text as HTML.
+
+    Text as HTML: ``&``, ``<``, ``>`` and the no-break space as entities (``&#160;`` for
+    XHTML, which knows no ``&nbsp;``)."""
+    return html.escape(text, quote=False).replace("\xa0", "&#160;" if xml else "&nbsp;")
+
+
+@dataclass
+class _Element:
+    """An inline element of a segment: its tags, the characters of the segment's text it holds."""
+
+    tag: str
+    open: str
+    close: str | None  # None: not closed inside the segment (then kept whole as a point)
+    start: int  # character offsets in the segment's text
+    end: int = -1
+    parent: _Element | None = None
+    raw_from: int = 0  # its tags and contents in the segment's raw HTML pieces
+    raw_to: int = 0
+
+
+@dataclass
+class _Point:
+    """Markup kept whole inside a segment (an image, a comment, an element with no words)."""
+
+    raw: str
+    at: int  # character offset in the segment's text
+    parent: _Element | None = None
+
+
+@dataclass
+class Segment:
+    """One segment of an HTML document: its text (to translate) and the inline markup in it."""
+
+    text: str  # the segment's text, whitespace as in the source
+    raw: str  # the segment's HTML as in the source (text escaped)
+    elements: list[_Element] = field(default_factory=list)
+    points: list[_Point] = field(default_factory=list)
+    xml: bool = False  # XHTML: text escaped as XML knows it
+
+    @property
+    def words(self) -> list[str]:
+        """The segment's whitespace words."""
+        return self.text.split()
+
+    @property
+    def line(self) -> str:
+        """What the model translates: the words, one space between them."""
+        return " ".join(self.words)
+
+    def render(self, result: LineResult) -> str:
+        """The segment's HTML with ``result`` (a translation of :attr:`line`) as its text."""
+        target = result.text.split()
+        if not target:
+            return self.raw
+        spans = _word_spans(self.text)
+        links = word_links(result, len(spans))
+        layout = _Layout(len(target))
+        ranges: dict[int, tuple[int, int]] = {}
+        for element in self.elements:  # parents come before their children
+            bounds = (0, len(target)) if element.parent is None else ranges[id(element.parent)]
+            s0, s1 = _word_span(spans, element.start, element.end)
+            span = links.span(s0, s1)
+            ranges[id(element)] = layout.fit(element, span, bounds)
+        for point in self.points:
+            bounds = (0, len(target)) if point.parent is None else ranges[id(point.parent)]
+            at = links.point(_words_before(spans, point.at))
+            glue = _glue(self.text, point.at)
+            layout.add_point(point.raw, min(max(at, bounds[0]), bounds[1]), glue)
+        body = layout.render([escape(word, self.xml) for word in target])
+        lead = self.text[: len(self.text) - len(self.text.lstrip())]
+        trail = self.text[len(self.text.rstrip()) :]
+        return lead + body + trail
+
+
+def _glue(text: str, at: int) -> int:
+    """How markup at offset ``at`` of ``text`` sits against the words.
+
+    Returns -1 when it sits against the word before it, 1 against the word after it, 0 between
+    spaces (or at an end)."""
+    if at > 0 and not text[at - 1].isspace():
+        return -1
+    return 1 if at < len(text) and not text[at].isspace() else 0
+
+
+def _word_spans(text: str) -> list[tuple[int, int]]:
+    """The ``[start, end)`` offsets of each whitespace word of ``text``."""
+    spans, start = [], None
+    for i, ch in enumerate(text + " "):
+        if ch.isspace() and start is not None:
+            spans.append((start, i))
+            start = None
+        elif not ch.isspace() and start is None:
+            start = i
+    return spans
+
+
+def _words_before(spans: list[tuple[int, int]], at: int) -> int:
+    """How many words start before offset ``at``."""
+    return sum(1 for start, _ in spans if start < at)
+
+
+def _word_span(spans: list[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """The words ``[s0, s1)`` with a character in ``[start, end)`` (the caller knows one has)."""
+    inside = [w for w, (a, b) in enumerate(spans) if a < end and b > start]
+    return inside[0], inside[-1] + 1
+
+
+class _Layout:
+    """Tags to put between the words of a translation: starts and ends of elements, points."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.before: list[list[str]] = [[] for _ in range(n + 1)]  # opening, at boundary t
+        self.after: list[list[str]] = [[] for _ in range(n + 1)]  # closing, at boundary t
+        self.points: list[list[tuple[int, str]]] = [[] for _ in range(n + 1)]  # (glue, raw)
+        self.taken: dict[int, list[tuple[int, int]]] = {}  # parent id -> its children's ranges
+
+    def fit(
+        self, element: _Element, span: tuple[int, int], bounds: tuple[int, int]
+    ) -> tuple[int, int]:
+        """Place ``element`` on target words ``span``; return its range.
+
+        The range lies inside ``bounds`` (its parent's words) and clear of its siblings placed
+        before it; an empty range keeps the element as a point."""
+        t0 = min(max(span[0], bounds[0]), bounds[1])
+        t1 = min(max(span[1], t0), bounds[1])
+        siblings = self.taken.setdefault(id(element.parent), [])
+        for a, b in siblings:
+            if a < t1 and t0 < b:  # overlap: keep the part after the sibling, else before it
+                t0, t1 = (b, max(t1, b)) if t1 > b else (t0, a)
+                t0, t1 = min(t0, bounds[1]), min(max(t1, t0), bounds[1])
+        if element.close is None or t0 >= t1:
+            self.points[t0].append((1, element.open + (element.close or "")))
+            return (t0, t0)
+        siblings.append((t0, t1))
+        self.before[t0].append(element.open)
+        self.after[t1].insert(0, element.close)
+        return (t0, t1)
+
+    def add_point(self, raw: str, at: int, glue: int) -> None:
+        """Put ``raw`` at boundary ``at``.
+
+        Against the word before it (``glue`` -1), after it
+        (1), or apart (0)."""
+        self.points[at].append((glue, raw))
+
+    def render(self, words: list[str]) -> str:
+        """The words with the tags between them.
+
+        At each boundary, the elements that end, a
+        space, the points, then the elements that start."""
+        out = []
+        for t in range(self.n + 1):
+            out.extend(self.after[t])
+            out.extend(raw for glue, raw in self.points[t] if glue < 0)
+            apart = [raw for glue, raw in self.points[t] if glue == 0]
+            if t == self.n:
+                out.extend(" " + raw for raw in apart)
+            else:
+                out.append(" " if t > 0 else "")
+                out.extend(raw + " " for raw in apart)
+            out.extend(raw for glue, raw in self.points[t] if glue > 0)
+            out.extend(self.before[t])
+            if t < self.n:
+                out.append(words[t])
+        return "".join(out)
+
+
+class HtmlPage:
+    """An HTML text read for translation: markup kept as written, and the segments between."""
+
+    def __init__(self, source: str, xml: bool = False) -> None:
+        parser = _Events(source)
+        parser.feed(source)
+        parser.close()
+        self.xml = xml  # XHTML (an epub's chapter): text escaped as XML knows it
+        builder = _Builder(xml)
+        for event in parser.events:
+            builder.add(*event)
+        self.parts: list[str | Segment] = builder.finish()
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The segments to translate, in document order."""
+        return [part for part in self.parts if isinstance(part, Segment)]
+
+    def render(self, results: list[LineResult]) -> str:
+        """The HTML with each segment's text replaced by its translation.
+
+        ``results`` come in the order of :attr:`segments`."""
+        translations = iter(results)
+        return "".join(
+            part if isinstance(part, str) else part.render(next(translations))
+            for part in self.parts
+        )
+
+
+class _Events(HTMLParser):
+    """The HTML parser's events as ``(kind, tag, text, attributes)``.
+
+    The parser's events as ``(kind, tag, text, attributes)``: "start", "void" and "end" tags
+    as written, "text" unescaped, "markup" (comments, declarations, the text of a script or a
+    style) as written."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.events: list[tuple[str, str, str, dict[str, str]]] = []
+        self._raw_text: str | None = None  # inside <script> or <style>
+        self._source = source  # fed whole: an end tag is read back as written (SVG's camelCase)
+        self._line_starts = [0]
+        for line in source.splitlines(keepends=True):
+            self._line_starts.append(self._line_starts[-1] + len(line))
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        kind = "void" if tag in VOID else "start"
+        self.events.append((kind, tag, self.get_starttag_text() or "", _attributes(attrs)))
+        if tag in RAW_TEXT:
+            self._raw_text = tag
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.events.append(("void", tag, self.get_starttag_text() or "", _attributes(attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self._raw_text:
+            self._raw_text = None
+        self.events.append(("end", tag, self._end_tag_text(tag), {}))
+
+    def _end_tag_text(self, tag: str) -> str:
+        """The end tag being handled as the source writes it (the parser lowercases names)."""
+        line, column = self.getpos()
+        at = self._line_starts[line - 1] + column if line <= len(self._line_starts) else -1
+        end = self._source.find(">", at) if at >= 0 else -1
+        raw = self._source[at : end + 1] if end >= 0 else ""
+        return raw if raw.lower().startswith(f"</{tag}") else f"</{tag}>"
+
+    def handle_data(self, data: str) -> None:
+        self.events.append(("markup" if self._raw_text else "text", "", data, {}))
+
+    def handle_comment(self, data: str) -> None:
+        self.events.append(("markup", "", f"<!--{data}-->", {}))
+
+    def handle_decl(self, decl: str) -> None:
+        self.events.append(("markup", "", f"<!{decl}>", {}))
+
+    def handle_pi(self, data: str) -> None:
+        self.events.append(("markup", "", f"<?{data}>", {}))
+
+    def unknown_decl(self, data: str) -> None:
+        self.events.append(("markup", "", f"<![{data}]>", {}))
+
+
+def _attributes(attrs: list[tuple[str, str | None]]) -> dict[str, str]:
+    """The parser's attribute pairs as a dict (a bare attribute's value: "")."""
+    return {name: value or "" for name, value in attrs}
+
+
+@dataclass
+class _Opaque:
+    """An element kept as written, contents included, while its end tag is awaited."""
+
+    tag: str
+    inline: bool
+    pieces: list[str]
+    depth: int = 1
+
+
+class _Builder:
+    """Parser events -> the parts of an :class:`HtmlPage` (see the module's docstring)."""
+
+    def __init__(self, xml: bool = False) -> None:
+        self.xml = xml
+        self.parts: list[str | Segment] = []
+        self.opaque: _Opaque | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Start a new segment."""
+        self.text: list[str] = []
+        self.length = 0
+        self.raw: list[str] = []
+        self.elements: list[_Element] = []
+        self.points: list[_Point] = []
+        self.stack: list[_Element] = []
+
+    def add(self, kind: str, tag: str, text: str, attrs: dict[str, str]) -> None:
+        """Take one parser event."""
+        if self.opaque is not None:
+            self._add_opaque(kind, tag, text)
+        elif kind == "text":
+            self.raw.append(escape(text, self.xml))
+            self.text.append(text)
+            self.length += len(text)
+        elif kind == "markup":
+            self._point(text)
+        elif kind == "start" and (
+            tag in INLINE_OPAQUE or tag in BLOCK_OPAQUE or attrs.get("translate") == "no"
+        ):
+            self.opaque = _Opaque(tag, tag in INLINE or tag in INLINE_OPAQUE, [text])
+        elif kind == "void":
+            self._point(text) if tag in INLINE_VOID else self._break(text)
+        elif kind == "start":
+            self._open(tag, text) if tag in INLINE else self._break(text)
+        else:
+            self._close(tag, text) if tag in INLINE else self._break(text)
+
+    def finish(self) -> list[str | Segment]:
+        """The parts, once every event was added (an element left open is kept as written)."""
+        if self.opaque is not None:
+            self.parts.append("".join(self.opaque.pieces))
+            self.opaque = None
+        self._flush()
+        return self.parts
+
+    def _add_opaque(self, kind: str, tag: str, text: str) -> None:
+        """Keep an event inside an element kept as written; at its end tag, place it whole."""
+        opaque = self.opaque
+        assert opaque is not None
+        opaque.pieces.append(escape(text, self.xml) if kind == "text" else text)
+        if tag == opaque.tag and kind in ("start", "end"):
+            opaque.depth += 1 if kind == "start" else -1
+        if opaque.depth == 0:
+            self.opaque = None
+            whole = "".join(opaque.pieces)
+            self._point(whole) if opaque.inline else self._break(whole)
+
+    def _point(self, raw: str) -> None:
+        """Markup kept whole at this place of the segment."""
+        self.points.append(_Point(raw, self.length, self.stack[-1] if self.stack else None))
+        self.raw.append(raw)
+
+    def _open(self, tag: str, raw: str) -> None:
+        """An inline element starts."""
+        parent = self.stack[-1] if self.stack else None
+        element = _Element(tag, raw, None, self.length, parent=parent, raw_from=len(self.raw))
+        self.raw.append(raw)
+        self.elements.append(element)
+        self.stack.append(element)
+
+    def _close(self, tag: str, raw: str) -> None:
+        """End the innermost open element ``tag``.
+
+        Misnested elements opened inside it end with it and stay unclosed; an end tag with no open
+        element is kept as a point."""
+        opened = [i for i, element in enumerate(self.stack) if element.tag == tag]
+        if not opened:
+            self._point(raw)
+            return
+        element = self.stack[opened[-1]]
+        del self.stack[opened[-1] :]
+        self.raw.append(raw)
+        element.close, element.end, element.raw_to = raw, self.length, len(self.raw)
+
+    def _break(self, raw: str) -> None:
+        """A block's tag: the segment ends, the tag is written as it is."""
+        self._flush()
+        self.parts.append(raw)
+
+    def _flush(self) -> None:
+        """End the segment being read.
+
+        A :class:`Segment` when it has text to translate, else
+        its HTML as written."""
+        text, raw = "".join(self.text), "".join(self.raw)
+        if has_text(text):
+            self.parts.append(self._segment(text, raw))
+        elif raw:
+            self.parts.append(raw)
+        self._reset()
+
+    def _segment(self, text: str, raw: str) -> Segment:
+        """The segment being read, its markup placed by words or kept as points.
+
+        The segment: an element with no words is kept whole as a point (its contents with
+        it), one left open keeps its start tag as a point; the others are placed by words."""
+        kept: list[_Element] = []
+        placed: set[int] = set()  # ids of the elements in kept
+        whole: set[int] = set()
+        points: list[_Point] = []
+
+        def parent_of(node: _Element | _Point) -> tuple[bool, _Element | None]:
+            """(False, None) inside an element kept whole, else (True, nearest placed parent)."""
+            parent = node.parent
+            while parent is not None and id(parent) not in placed:
+                if id(parent) in whole:
+                    return False, None  # inside an element kept whole
+                parent = parent.parent
+            return True, parent
+
+        for element in self.elements:
+            shown, parent = parent_of(element)
+            if not shown:
+                whole.add(id(element))
+                continue
+            if element.close is None:
+                points.append(_Point(element.open, element.start, parent))
+            elif not text[element.start : element.end].strip():
+                whole.add(id(element))
+                contents = "".join(self.raw[element.raw_from : element.raw_to])
+                points.append(_Point(contents, element.start, parent))
+            else:
+                element.parent = parent
+                kept.append(element)
+                placed.add(id(element))
+        for point in self.points:
+            shown, parent = parent_of(point)
+            if shown:
+                points.append(_Point(point.raw, point.at, parent))
+        points.sort(key=lambda point: point.at)
+        return Segment(text, raw, kept, points, self.xml)

@@ -1,0 +1,35 @@
+"""The engine floor: what runs a trained model, for every front door.
+
+An :class:`~transformer_mt.engines.engine.Engine` (our Transformer, or a CTranslate2 export) takes
+lines and gives each its n-best translations (and, where asked, attention); ``load_engine`` makes
+one from a checkpoint or an export directory. Beside it: loading a checkpoint for inference
+(``loading``), the int8/bf16/packed linear layers it swaps in (``linear_layers``), attention
+matrices, pictures and word alignments (``attention``), lines -> n-best with output formats
+(``lines``), and the CTranslate2 runtime with the settings file it reads (``ct2``).
+
+Never imports :mod:`transformer_mt.training`, :mod:`transformer_mt.serve`,
+:mod:`transformer_mt.documents` or :mod:`transformer_mt.convert`: translating needs no optimizer,
+data pipeline, process group, HTTP or file format.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformer_mt.engines.lines import format_best, format_nbest, translate_lines
+    from transformer_mt.engines.loading import LoadedModel, load_for_inference
+
+__all__ = ["LoadedModel", "format_best", "format_nbest", "load_for_inference", "translate_lines"]
+
+# Where each export lives: imported when first read, so that the torch-free modules (the
+# result types, the model options read by the command line) load without torch.
+_EXPORTS = {"LoadedModel": "loading", "load_for_inference": "loading"} | dict.fromkeys(
+    ("format_best", "format_nbest", "translate_lines"), "lines"
+)
+
+
+def __getattr__(name: str) -> Any:
+    """An export of the package, imported from its module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -1,0 +1,192 @@
+"""`mt translate` as a library call.
+
+Lines in, n-best translations out, optional attention pictures
+and word alignments.
+
+The line contract (one result per input line, in order; empty in, empty out; over-long lines
+truncated with a warning) is kept by :func:`transformer_mt.decoding.text.translate_texts`, which
+training's validation uses too; this module adds the pictures, the alignments and the output
+formats. Documents go through :mod:`transformer_mt.documents.translate`.
+"""
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from transformer_mt.config import DecodeConfig
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.decoding.ensemble import Ensemble, SearchModel, check_ensemble
+from transformer_mt.decoding.text import OnBatch, Translation, translate_texts
+from transformer_mt.engines.alignment import Alignment, format_alignment
+from transformer_mt.engines.attention import Alignments, AttentionPictures
+from transformer_mt.engines.loading import LoadedModel
+from transformer_mt.engines.results import LineResult
+from transformer_mt.errors import MTError
+from transformer_mt.model import Transformer
+
+
+def ensemble_model(loaded: Sequence[LoadedModel], names: Sequence[str]) -> SearchModel:
+    """The model to translate with, from one or more loaded checkpoints.
+
+    The model itself for one, else an :class:`Ensemble` of them all, after :func:`check_ensemble`
+    (a one-line MTError when their tokenizers or vocabularies differ). ``names`` are their paths,
+    for messages. Translate with the first checkpoint's tokenizers and decoding settings."""
+    if len(loaded) == 1:
+        return loaded[0].model
+    models = [one.model for one in loaded]
+    check_ensemble(
+        list(names), models, [one.src_tok for one in loaded], [one.trg_tok for one in loaded]
+    )
+    return Ensemble(models)
+
+
+def translate_lines(
+    model: SearchModel,
+    src_tok: Tokenizer,
+    trg_tok: Tokenizer,
+    lines: Iterable[str],
+    decode: DecodeConfig | None = None,
+    *,
+    max_src_len: int | None = None,
+    progress: bool = False,
+    attention_dir: Path | None = None,
+    attention_layer: int | None = None,
+    prefixes: Sequence[str] | None = None,
+    alignments: list[list[Alignment]] | None = None,
+    alignment_layer: int | None = None,
+    alignment_units: str = "pieces",
+    first_line: int = 1,
+    src_prefix: Sequence[int] = (),
+    on_batch: OnBatch | None = None,
+) -> list[Translation]:
+    """Translate ``lines`` into ``decode.nbest`` (text, score) pairs per line.
+
+    Translate ``lines``; returns, per input line and in input order, ``decode.nbest``
+    (text, score) pairs, best first.
+
+    Args:
+        model: the Transformer in eval mode, or an :class:`Ensemble` (see
+            :func:`ensemble_model`); it runs where its parameters are.
+        src_tok, trg_tok: source and target tokenizers (the same object for a joint vocabulary).
+        lines: input sentences; trailing newlines and surrounding whitespace are ignored.
+        decode: beam, n-best, length penalty, length limits, batch size or sampling (validated
+            with the config); default: ``DecodeConfig()``.
+        max_src_len: longest source in pieces, EOS included (default and cap: the model's max_len);
+            longer lines are truncated with a warning.
+        progress: show a tqdm progress bar (sentences) on stderr.
+        attention_dir: if set, write ``<line number>.png`` cross-attention heatmaps there
+            (line numbers start at 1, zero-padded to 6 digits).
+        attention_layer: decoder layer for the pictures (negative counts from the end); None
+            averages all layers.
+        prefixes: one target text per input line (empty: none) that its translations start with;
+            the prefix's tokens count toward the length budget and their log-probs toward the
+            score (see :func:`transformer_mt.decoding.text.translate_texts`).
+        alignments: an out-parameter: if a list is given, it is replaced by the word alignments,
+            per input line and in input order, one :data:`Alignment` per n-best translation
+            (the same count as the results; empty for an empty line). See
+            :mod:`transformer_mt.engines.attention` for what the indices count.
+        alignment_layer: decoder layer for the alignments (negative counts from the end); None
+            averages all layers.
+        alignment_units: "pieces" (sentencepiece pieces, EOS excluded) or "words".
+        first_line: the line number of ``lines[0]`` in pictures and warnings (`mt translate
+            --interactive` passes each line's own).
+        src_prefix: ids that start every source: a multilingual model's target-language tag
+            (:meth:`LoadedModel.source_prefix`); alignments leave it out.
+        on_batch: called after each decoded batch, after the pictures and alignments (the
+            engine's attention and stop checks).
+    """
+    callbacks: list = []
+    if attention_dir is not None:
+        if not isinstance(model, Transformer):
+            raise MTError("attention pictures need one checkpoint, not an ensemble")
+        callbacks.append(
+            AttentionPictures(
+                model, src_tok, trg_tok, Path(attention_dir), attention_layer, first_line
+            )
+        )
+    aligner = None
+    if alignments is not None:
+        if not isinstance(model, Transformer):
+            raise MTError("alignments need one checkpoint, not an ensemble")
+        aligner = Alignments(
+            model, src_tok, trg_tok, alignment_layer, alignment_units, skip=len(src_prefix)
+        )
+        callbacks.append(aligner)
+
+    if on_batch is not None:
+        callbacks.append(on_batch)
+
+    def each_callback(*args) -> None:
+        for callback in callbacks:
+            callback(*args)
+
+    lines = list(lines)
+    decode = decode or DecodeConfig()
+    results = translate_texts(
+        model,
+        src_tok,
+        trg_tok,
+        lines,
+        decode,
+        max_src_len=max_src_len,
+        progress=progress,
+        on_batch=each_callback if callbacks else None,
+        prefixes=prefixes,
+        src_prefix=src_prefix,
+        first_line=first_line,
+    )
+    if aligner is not None and alignments is not None:
+        alignments[:] = aligner.per_line(len(lines), decode.nbest)
+    return results
+
+
+def format_nbest(
+    results: Iterable[Translation], alignments: Iterable[list[Alignment]] | None = None
+) -> Iterator[str]:
+    """Output lines for n-best results.
+
+    K lines per input, ``translation<TAB>score``, and
+    ``<TAB>alignment`` (Pharaoh format, possibly empty) after each when ``alignments`` (one
+    list per input, as :func:`translate_lines` fills it) are given.
+
+    Tabs and line breaks inside a translation become spaces, so the line count always holds.
+    """
+    if alignments is None:
+        for nbest in results:
+            for text, score in nbest:
+                yield f"{_one_line(text)}\t{score:.4f}"
+        return
+    for nbest, links in zip(results, alignments, strict=True):
+        for (text, score), pairs in zip(nbest, links, strict=True):
+            yield f"{_one_line(text)}\t{score:.4f}\t{format_alignment(pairs)}"
+
+
+def format_best(
+    results: Iterable[Translation], alignments: Iterable[list[Alignment]] | None = None
+) -> Iterator[str]:
+    """Output lines with the best translation only.
+
+    One line per input; with ``alignments``,
+    ``translation<TAB>alignment`` (an empty line gives a line holding only the tab)."""
+    if alignments is None:
+        for nbest in results:
+            yield _one_line(nbest[0][0])
+        return
+    for nbest, links in zip(results, alignments, strict=True):
+        yield f"{_one_line(nbest[0][0])}\t{format_alignment(links[0])}"
+
+
+def format_results(results: Sequence[LineResult], nbest: int) -> Iterator[str]:
+    """Output lines of an engine's results.
+
+    :func:`format_nbest` when ``nbest`` > 1, else :func:`format_best`; with each line's
+    alignments where the results carry them."""
+    translations = [result.nbest for result in results]
+    aligned = None
+    if results and results[0].alignments is not None:
+        aligned = [result.alignments or [] for result in results]
+    formats = format_nbest if nbest > 1 else format_best
+    return formats(translations, aligned)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.replace("\t", " ").splitlines())

@@ -1,0 +1,303 @@
+"""Access control for a server opened beyond localhost: API keys, request and character limits.
+
+A keys file (``mt serve --api-keys FILE``, managed with ``mt serve-keys add/list/remove``) is
+JSON: ``{"keys": [{"name", "sha256", "req_limit", "char_limit"}]}``. It holds each key's SHA-256,
+never the key itself: the key is printed once, when it is added. A key given in a request is
+hashed and compared with every entry in constant time (:func:`hmac.compare_digest`); keys are
+never logged. A running server reads the file again when it changes.
+
+What a translating request meets, in LibreTranslate's order and with its answers:
+
+1. a key that is given but unknown: 403 "Invalid API key";
+2. no key where one is required (``require_api_key``, unless the request's Origin matches
+   ``key_free_origin``): 400 "Please contact the server operator to get an API key";
+3. more requests in the last minute than the limit (per key: the key's own; otherwise per
+   client address: ``req_limit``): 429 "Slowdown: N per 1 minute" with ``Retry-After``;
+4. a text longer than the character limit (the key's, or ``char_limit``): 400 "Invalid
+   request: request (N) exceeds text limit (L)".
+
+Each check comes before any decoding. With ``mt serve --workers N`` the request counts are the
+server's, not each worker's: the workers keep them in one SQLite file (:class:`SharedRateLimiter`).
+"""
+
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import threading
+import time
+import unicodedata
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from transformer_mt.errors import MTError
+from transformer_mt.fileio import atomic_write
+from transformer_mt.serve import shared_sqlite
+from transformer_mt.serve.settings import AccessSettings, ApiError
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 60.0  # the request limits count the requests of the last minute
+# Set by `mt serve --workers N` for its workers: the SQLite file of the request counts they share.
+SHARED_LIMITS_ENV = "MT_SERVE_SHARED_LIMITS"
+NEED_KEY = "Please contact the server operator to get an API key"
+INVALID_KEY = "Invalid API key"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One key's entry in a keys file.
+
+    One key's entry: a name to manage it by, its hash, and its own limits (None: the
+    server's)."""
+
+    name: str
+    sha256: str
+    req_limit: int | None = None  # requests per minute
+    char_limit: int | None = None  # characters per text
+
+
+def key_hash(key: str) -> str:
+    """The hex SHA-256 of a key, as the keys file stores it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def read_keys(path: Path) -> list[ApiKey]:
+    """The keys of a keys file (an absent file: none), or an MTError naming the file and entry."""
+    return [_entry(path, i, entry) for i, entry in enumerate(_document(path)["keys"])]
+
+
+def _document(path: Path) -> dict:
+    """The keys file's JSON object as it is (fields this version does not know included)."""
+    if not path.exists():
+        return {"keys": []}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise MTError(
+            f"{path}: not a keys file (JSON: {err}); manage it with `mt serve-keys`"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise MTError(f'{path}: a keys file is {{"keys": [...]}}; manage it with `mt serve-keys`')
+    return data
+
+
+def _entry(path: Path, i: int, entry: object) -> ApiKey:
+    """One entry of a keys file, checked."""
+    where = f"{path}: keys[{i}]"
+    if not isinstance(entry, dict) or set(entry) - {"name", "sha256", "req_limit", "char_limit"}:
+        raise MTError(f"{where}: an entry has name, sha256, req_limit and char_limit only")
+    name, digest = entry.get("name"), entry.get("sha256")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        raise MTError(f"{where}: name and sha256 must be strings")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise MTError(f"{where}: sha256 must be 64 lowercase hex digits")
+    for limit in ("req_limit", "char_limit"):
+        value = entry.get(limit)
+        if value is not None and (type(value) is not int or value < 1):
+            raise MTError(f"{where}: {limit} must be a positive integer or null")
+    return ApiKey(name, digest, entry.get("req_limit"), entry.get("char_limit"))
+
+
+def check_key_name(name: str) -> None:
+    """A key name is printable text with something in it (it is listed one per line)."""
+    if not name.strip() or any(unicodedata.category(char).startswith("C") for char in name):
+        raise MTError(
+            f"key name {name!r}: use printable characters (no tabs, line breaks or other "
+            "control characters), and at least one that is not a space"
+        )
+
+
+def _write_document(path: Path, data: dict) -> None:
+    """Replace the keys file's content atomically, readable by its owner only.
+
+    Through a symlink: the link stays a link and its target gets the change."""
+    target = Path(os.path.realpath(path))
+    with atomic_write(target) as out:
+        out.write(json.dumps(data, indent=2) + "\n")
+    target.chmod(0o600)
+
+
+def add_key(
+    path: Path, name: str, req_limit: int | None = None, char_limit: int | None = None
+) -> str:
+    """Add a new random key named ``name`` to the keys file, created if absent.
+
+    Every other field and entry of the file stays as it was. Returns the key, which is stored
+    nowhere else."""
+    check_key_name(name)
+    data = _document(path)
+    if any(key.name == name for key in read_keys(path)):
+        raise MTError(f"{path}: a key named {name!r} exists; remove it first or choose a name")
+    key = secrets.token_urlsafe(24)
+    data["keys"].append(asdict(ApiKey(name, key_hash(key), req_limit, char_limit)))
+    _write_document(path, data)
+    return key
+
+
+def remove_key(path: Path, name: str) -> None:
+    """Remove the key named ``name`` from the keys file; everything else stays as it was."""
+    keys = read_keys(path)
+    if not any(key.name == name for key in keys):
+        have = ", ".join(key.name for key in keys) or "none"
+        raise MTError(f"{path}: no key named {name!r} (keys: {have})")
+    data = _document(path)
+    data["keys"] = [entry for entry in data["keys"] if entry["name"] != name]
+    _write_document(path, data)
+
+
+class RateLimiter:
+    """Requests per client in a moving window of a minute; thread-safe."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, client: str, limit: int) -> float | None:
+        """Count a request of ``client`` within ``limit``, or say when it may come.
+
+        Returns None when the request is within ``limit``; otherwise the seconds until it would be,
+        and the request is not counted."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._seen) > 10_000:  # many clients seen once: forget the quiet ones
+                self._forget(now)
+            times = self._seen.setdefault(client, deque())
+            while times and times[0] <= now - self.window_s:
+                times.popleft()
+            if len(times) >= limit:
+                return times[0] + self.window_s - now
+            times.append(now)
+            return None
+
+    def _forget(self, now: float) -> None:
+        for client in [c for c, t in self._seen.items() if not t or t[-1] <= now - self.window_s]:
+            del self._seen[client]
+
+
+class SharedRateLimiter:
+    """:class:`RateLimiter`'s counts in an SQLite file that several processes open: one limit.
+
+    Each admission is one write transaction (``BEGIN IMMEDIATE``: the processes take turns), on
+    the system-wide monotonic clock. Thread-safe within a process too."""
+
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS hits (client TEXT NOT NULL, t REAL NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS hits_by_client ON hits (client, t)",
+        "CREATE INDEX IF NOT EXISTS hits_by_time ON hits (t)",
+    )
+
+    def __init__(self, path: Path, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._db = shared_sqlite.connect(path, self.SCHEMA)
+
+    def admit(self, client: str, limit: int) -> float | None:
+        """As :meth:`RateLimiter.admit`, counting every process's requests."""
+        now = time.monotonic()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM hits WHERE t <= ?", (now - self.window_s,))
+                count, first = self._db.execute(
+                    "SELECT COUNT(*), MIN(t) FROM hits WHERE client = ?", (client,)
+                ).fetchone()
+                if count >= limit:
+                    return first + self.window_s - now
+                self._db.execute("INSERT INTO hits VALUES (?, ?)", (client, now))
+                return None
+            finally:
+                self._db.execute("COMMIT")
+
+
+class Access:
+    """The checks of a translating request, from :class:`AccessSettings` and its keys file."""
+
+    def __init__(self, settings: AccessSettings) -> None:
+        self.settings = settings
+        if settings.api_keys and not settings.api_keys.is_file():
+            raise MTError(
+                f"--api-keys {settings.api_keys}: no such file; create it with "
+                f"`mt serve-keys add {settings.api_keys} NAME`"
+            )
+        self.keys: list[ApiKey] = []
+        self._file_stamp: tuple[int, int] | None = None  # the keys file's (mtime_ns, size) read
+        self._reload(strict=True)
+        try:
+            self._free_origin = re.compile(settings.key_free_origin or r"(?!)")  # (?!): none
+        except re.error as err:
+            raise MTError(f"--key-free-origin {settings.key_free_origin!r}: {err}") from None
+        shared = os.environ.get(SHARED_LIMITS_ENV)
+        self.limiter: RateLimiter | SharedRateLimiter = (
+            SharedRateLimiter(Path(shared)) if shared else RateLimiter()
+        )
+
+    def _reload(self, strict: bool = False) -> None:
+        """Read the keys file again where it changed (`mt serve-keys` works on a running server).
+
+        A file that became unreadable keeps the keys read before, with one warning per change; with
+        ``strict`` (at start), its MTError is raised instead."""
+        path = self.settings.api_keys
+        if path is None:
+            return
+        try:
+            stat = path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = (-1, -1)  # gone: the keys read before stay
+        if stamp == self._file_stamp:
+            return
+        self._file_stamp = stamp
+        try:
+            self.keys = read_keys(path) if stamp != (-1, -1) else self.keys
+        except (OSError, MTError) as err:
+            if strict:
+                raise
+            logger.warning("the keys file changed and cannot be read; keeping its keys: %s", err)
+
+    def lookup(self, key: str) -> ApiKey | None:
+        """The entry of ``key``, comparing with every entry in constant time."""
+        self._reload()
+        digest, found = key_hash(key), None
+        for entry in self.keys:
+            if hmac.compare_digest(digest, entry.sha256):
+                found = entry
+        return found
+
+    def check(self, api_key: str | None, origin: str, client: str, texts: list[str]) -> None:
+        """Refuse a request that may not go on; count it otherwise.
+
+        Raise the :class:`ApiError` LibreTranslate answers when this request may not go on
+        (see the module's docstring); count it against its request limit otherwise."""
+        if not self.settings.enabled:
+            return
+        entry = self.lookup(api_key) if api_key else None
+        if api_key and entry is None:
+            raise ApiError(403, INVALID_KEY)
+        if entry is None and self.settings.require_api_key and not self._free_origin.match(origin):
+            raise ApiError(400, NEED_KEY)
+        self._count(entry, client)
+        char_limit = (entry and entry.char_limit) or self.settings.char_limit
+        for text in texts:
+            if char_limit and len(text) > char_limit:
+                raise ApiError(
+                    400,
+                    f"Invalid request: request ({len(text)}) exceeds text limit ({char_limit})",
+                )
+
+    def _count(self, entry: ApiKey | None, client: str) -> None:
+        """The request limit: a key's own, per key; else the server's, per client address."""
+        limit = (entry and entry.req_limit) or self.settings.req_limit
+        if not limit:
+            return
+        who = f"key:{entry.sha256}" if entry else f"client:{client}"
+        wait = self.limiter.admit(who, limit)
+        if wait is not None:
+            retry = str(max(1, math.ceil(wait)))
+            raise ApiError(429, f"Slowdown: {limit} per 1 minute", {"Retry-After": retry})

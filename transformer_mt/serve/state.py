@@ -1,0 +1,232 @@
+"""What the routes share: the server's parts, its readiness, the decode call.
+
+What the routes share: the server's parts (injected with ``Depends(server_state)``), what
+answers before the model is loaded (``Depends(process_state)``: readiness, metrics), and the
+one way a route has lines decoded."""
+
+import dataclasses
+import logging
+import multiprocessing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from transformer_mt.config import DecodeConfig, apply_overrides
+from transformer_mt.engines.engine import Engine
+from transformer_mt.engines.results import LineResult, empty_result
+from transformer_mt.errors import MTError
+from transformer_mt.serve.access import Access
+from transformer_mt.serve.batcher import Batcher, Busy, ClientGone, Closed
+from transformer_mt.serve.file_store import FileStore
+from transformer_mt.serve.metrics import ServerMetrics
+from transformer_mt.serve.settings import ApiError, Limits, ServeSettings
+from transformer_mt.text.content import has_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    """The parts of one server: its engine, decode worker, limits, access checks, downloads."""
+
+    engine: Engine
+    batcher: Batcher
+    limits: Limits
+    settings: ServeSettings
+    access: Access
+    files: FileStore | None  # None: file translation is off
+
+    def check_access(self, request: Request, api_key: str | None, texts: list[str]) -> None:
+        """The access checks (:class:`Access`) of a request from its key, Origin and address."""
+        client = request.client.host if request.client else "unknown"
+        self.access.check(api_key, request.headers.get("origin", ""), client, texts)
+
+
+class Readiness:
+    """Whether a server takes requests: its model loading, ready, or draining (stopping).
+
+    The processes of `mt serve --workers N` share one (in shared memory: a flag per worker, set
+    while its model is loaded and its decode worker runs, and one for draining), so that each of
+    them answers /health/ready alike: ready when every worker is and the server is not
+    draining. A load balancer then sends requests only where each process can answer them.
+    """
+
+    def __init__(self, workers: int = 1) -> None:
+        context = multiprocessing.get_context("spawn")  # how the workers are started
+        self.workers = workers
+        self._loaded = context.RawArray("b", workers)  # one byte per worker: no lock needed
+        self._draining = context.RawValue("b", 0)
+
+    def set_loaded(self, worker: int, loaded: bool = True) -> None:
+        """Worker ``worker`` has loaded its model (or, False, stopped or died)."""
+        self._loaded[worker] = int(loaded)
+
+    def worker_loaded(self, worker: int) -> bool:
+        """Whether worker ``worker`` has its model loaded."""
+        return bool(self._loaded[worker])
+
+    def drain(self) -> None:
+        """The server is stopping: not ready from now on."""
+        self._draining.value = 1
+
+    @property
+    def workers_ready(self) -> int:
+        """Workers whose model is loaded."""
+        return sum(self._loaded)
+
+    @property
+    def status(self) -> str:
+        """ "ready", "loading" (a worker's model is not loaded yet) or "draining"."""
+        if self._draining.value:
+            return "draining"
+        return "ready" if self.workers_ready == self.workers else "loading"
+
+
+@dataclass
+class ProcessState:
+    """What a server process has from its start, before its model is loaded.
+
+    That is its index among the workers (0..N-1), the server's readiness and its metrics."""
+
+    worker: int
+    readiness: Readiness
+    metrics: ServerMetrics
+
+
+LOADING = "the model is still loading; try again in a moment"
+
+
+async def server_state(request: Request) -> ServerState:
+    """The server's parts, a route's dependency; a 503 while the model loads.
+
+    The dependency a route takes its server's parts from (``app.state.server``); a 503 while
+    the model loads. A coroutine, so that FastAPI resolves it on the event loop: a plain
+    function would go through a worker thread first, and a client that sends its request and
+    leaves at once would be gone before its body is read (then nothing tells the decode worker)."""
+    state = request.app.state.server
+    if state is None:
+        raise ApiError(503, LOADING, {"Retry-After": "1"})
+    return state
+
+
+async def process_state(request: Request) -> ProcessState:
+    """The dependency of the routes that answer before the model is loaded (health, metrics)."""
+    return request.app.state.process
+
+
+def check_lines(lines: list[str], limits: Limits, field: str, engine: Engine) -> None:
+    """A 413 naming the first limit that ``lines`` exceed.
+
+    The limits, in order: lines per request, characters per line, source pieces per line (the
+    model's positions)."""
+    if len(lines) > limits.max_lines:
+        raise ApiError(
+            413, f"{field}: {len(lines)} lines exceed max_lines={limits.max_lines} per request"
+        )
+    for i, line in enumerate(lines):
+        if len(line) > limits.max_chars:
+            raise ApiError(
+                413,
+                f"{field}[{i}]: {len(line)} characters exceed max_chars={limits.max_chars} per line",
+            )
+    too_long = engine.too_long(lines)
+    if too_long is not None:
+        i, pieces = too_long
+        raise ApiError(
+            413,
+            f"{field}[{i}]: {pieces} source pieces (with EOS) exceed the model's "
+            f"max_len={engine.max_src_len}; split the line",
+        )
+
+
+def request_decode(
+    model: DecodeConfig,
+    overrides: Mapping[str, Any],
+    limits: Limits,
+    names: Mapping[str, str],
+) -> DecodeConfig:
+    """The model's decode settings with a request's ``overrides``, or a 400.
+
+    The one override path the command line takes (:func:`config.apply_overrides`), under the
+    server's limits; errors call the keys by the request's ``names``. A request that names no
+    beam gets the model's, capped at ``max_beam`` (not refused)."""
+    served = dataclasses.replace(model, beam_size=min(model.beam_size, limits.max_beam), nbest=1)
+    try:
+        return apply_overrides(served, overrides, limits.decode_limits(), names)
+    except MTError as err:
+        raise ApiError(400, str(err)) from None
+
+
+def check_languages(state: ServerState, source: str | None, target: str | None) -> None:
+    """A 400 with LibreTranslate's words where the model has no such source, target or pair.
+
+    None (a field not given) is none it has.
+    """
+    pairs = state.engine.pairs
+    have = ", ".join(f"{src} -> {trg}" for src, trg in pairs)
+    why = f"this model translates {have}; got source {source!r} and target {target!r}"
+    if source != "auto" and source not in {src for src, _ in pairs}:
+        raise ApiError(400, f"{source} is not supported ({why})")
+    if target not in {trg for _, trg in pairs}:
+        raise ApiError(400, f"{target} is not supported ({why})")
+    if source != "auto" and (source, target) not in pairs:
+        raise ApiError(400, f"{target} is not available as a target language from {source} ({why})")
+
+
+async def decode_lines(
+    state: ServerState,
+    request: Request,
+    lines: list[str],
+    decode: DecodeConfig,
+    attention: bool = False,
+    target: str | None = None,
+) -> list[LineResult]:
+    """One result per line, in order, or an ApiError; a client that leaves stops the work.
+
+    Only the lines with something to translate go to the decode worker; the others (empty,
+    numbers, emoji, a link) come back as they are (:func:`empty_result`), and a request with
+    none of the first kind never waits for the worker.
+    """
+    results = [empty_result(decode.nbest, attention, line) for line in lines]
+    todo = [i for i, line in enumerate(lines) if has_text(line)]
+    if todo:
+        decoded = await _decode(state, request, [lines[i] for i in todo], decode, attention, target)
+        for i, result in zip(todo, decoded, strict=True):
+            results[i] = result
+    return results
+
+
+async def _decode(
+    state: ServerState,
+    request: Request,
+    lines: list[str],
+    decode: DecodeConfig,
+    attention: bool,
+    target: str | None,
+) -> list[LineResult]:
+    """The decode worker's results for ``lines``, its refusals and failures as ApiErrors."""
+    try:
+        gone = lambda: _left(request)  # noqa: E731 (a watcher started by the batcher)
+        return await state.batcher.translate(lines, decode, attention, gone=gone, target=target)
+    except ClientGone:  # nobody reads this answer
+        raise ApiError(400, "the client closed the connection before its answer") from None
+    except Busy as err:
+        raise ApiError(503, f"server busy: {err}") from None
+    except Closed as err:
+        raise ApiError(503, str(err)) from None
+    except MTError as err:
+        raise ApiError(400, str(err)) from None
+    except Exception as err:
+        logger.exception("translation failed")
+        raise ApiError(500, f"translation failed: {type(err).__name__}: {err}") from None
+
+
+async def _left(request: Request) -> None:
+    """Return once the client has closed its connection.
+
+    The body has been read, so what the server says next is ``http.disconnect`` (uvicorn keeps
+    reading the socket while this waits, so it sees the connection close; waiting costs nothing)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

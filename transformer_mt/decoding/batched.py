@@ -10,6 +10,7 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.batching import longest_first_batches, pad_batch
+from transformer_mt.decoding.constraints import Constraints
 from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult, search
 
@@ -26,6 +27,7 @@ def decode_sources(
     line_keys: Sequence[int] | None = None,
     on_batch: BatchCallback | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
+    constraints: Constraints | None = None,
 ) -> list[DecodeResult]:
     """Search every source with the settings of ``decode``; one result per source, in input order.
 
@@ -43,9 +45,16 @@ def decode_sources(
             :data:`BatchCallback`.
         prefixes: target ids (no BOS/EOS, possibly empty) that each source's output must start
             with, one per source (see :mod:`~transformer_mt.decoding.search`); None: none.
+        constraints: per source, its lexical constraints (lists of target ids, see
+            :mod:`~transformer_mt.decoding.constraints`; an empty list for none): every
+            finished hypothesis contains them. None: none.
     """
     if prefixes is not None and len(prefixes) != len(sources):
         raise ValueError(f"{len(prefixes)} prefixes for {len(sources)} sources: one each")
+    if constraints is not None and len(constraints) != len(sources):
+        raise ValueError(
+            f"{len(constraints)} constraint lists for {len(sources)} sources: one each"
+        )
     if line_keys is not None and len(line_keys) != len(sources):
         raise ValueError(f"{len(line_keys)} line keys for {len(sources)} sources: one each")
     device = next(model.parameters()).device
@@ -55,7 +64,8 @@ def decode_sources(
         src = pad_batch([sources[i] for i in positions], model.src_pad_idx).to(device)  # (B, S)
         forced = None if prefixes is None else [prefixes[i] for i in positions]
         keys = positions if line_keys is None else [line_keys[i] for i in positions]
-        decoded = search(model, src, decode, line_keys=keys, prefixes=forced)
+        terms = None if constraints is None else [constraints[i] for i in positions]
+        decoded = search(model, src, decode, line_keys=keys, prefixes=forced, constraints=terms)
         for i, result in zip(positions, decoded, strict=True):
             results[i] = result
         if on_batch is not None:

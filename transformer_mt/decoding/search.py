@@ -34,6 +34,11 @@ forces each output to start with its prefix; search continues from there. A forc
 its log-probability to the score like any other, and counts toward the length budget, which is
 raised to ``len(prefix) + 1`` where the prefix alone would reach it (within the position table),
 so every hypothesis holds the whole prefix. All n-best hypotheses start with it.
+
+Lexical constraints: ``constraints`` (per sentence, a list of target id sequences; see
+:mod:`~transformer_mt.decoding.constraints`) make :func:`search` run
+:func:`constrained_beam_search`: every finished hypothesis contains each of its sentence's
+constraints. It needs beam search (beam >= 2, no sampling) and works with prefixes.
 """
 
 from collections.abc import Callable, Sequence
@@ -44,6 +49,13 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID
+from transformer_mt.decoding.constraints import (
+    ConstraintRows,
+    Constraints,
+    ConstraintTable,
+    allocation_order,
+    drop_duplicates,
+)
 from transformer_mt.decoding.ensemble import Ensemble, SearchModel
 from transformer_mt.decoding.prefixes import ForcedPrefixes, Prefixes
 from transformer_mt.decoding.state import DecoderState, ModelState
@@ -57,6 +69,9 @@ class Hypothesis:
     tokens: list[int]  # target ids without BOS and EOS
     score: float  # sum of log-probs / GNMT length penalty
     finished: bool  # True: ended with EOS; False: cut at the maximum length
+    # False: lacks one of its sentence's lexical constraints (only ever an unfinished one, where
+    # the length budget left no room for them; see constrained_beam_search)
+    constraints_met: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,9 +133,11 @@ def _forced(
     return ForcedPrefixes.of(prefixes, src, banned=banned, table=model.positions.max_len)
 
 
-def _hypothesis(ids: list[int], logp: float, eos: bool, alpha: float) -> Hypothesis:
-    """``ids``: generated ids (no BOS; EOS, if any, already dropped)."""
-    return Hypothesis(ids, logp / length_penalty(len(ids) + int(eos), alpha), eos)
+def _hypothesis(
+    ids: list[int], logp: float, eos: bool, alpha: float, met: bool = True
+) -> Hypothesis:
+    """``ids``: generated ids (no BOS; EOS, if any, already dropped); ``met``: see Hypothesis."""
+    return Hypothesis(ids, logp / length_penalty(len(ids) + int(eos), alpha), eos, met)
 
 
 # Search drops finished sentences from its batch so that its rows (sentences x K beams, or one
@@ -361,6 +378,7 @@ class _Beams:
     state: DecoderState  # the model(s)' memory and caches, n*K rows
     forced: ForcedPrefixes | None  # target prefixes, by original sentence index
     retired: torch.Tensor  # (n,) bool: finished, kept until its block of rows is dropped
+    terms: ConstraintRows | None = None  # constrained search: each row's constraint state
 
     @classmethod
     def start(
@@ -370,9 +388,15 @@ class _Beams:
         decode: DecodeConfig,
         use_cache: bool,
         forced: ForcedPrefixes | None,
+        extra_len: torch.Tensor | None = None,
     ) -> "_Beams":
+        """Beams of BOS for the sentences of ``src``; ``extra_len`` (B,): tokens that each
+        budget must fit beyond its forced prefix (if any) and one more token (a constrained
+        search's constraint tokens)."""
         k, n, dev = decode.beam_size, src.size(0), src.device
         min_lens = None if forced is None else forced.min_lens()
+        if extra_len is not None:
+            min_lens = extra_len + (1 if min_lens is None else min_lens)
         max_lens = max_target_lengths(model, src, decode.max_len_a, decode.max_len_b, min_lens)
         state = _start_state(model, src, use_cache)  # n rows; K per sentence after step 0
         tokens = torch.full((n * k, 1), model.trg_sos_idx, dtype=torch.long, device=dev)
@@ -448,6 +472,8 @@ class _Beams:
             return True
         rows = self.rows(keep)  # (n'*K,)
         self.tokens = self.tokens.index_select(0, rows)
+        if self.terms is not None:
+            self.terms = self.terms.select(rows)
         self.retired = finished[keep]
         self.scores = self.scores[keep].masked_fill(self.retired[:, None], float("-inf"))
         self.sent, self.max_lens = self.sent[keep], self.max_lens[keep]
@@ -590,6 +616,236 @@ def _best(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
     return DecodeResult(best)
 
 
+def target_vocab(model: SearchModel) -> int:
+    """The size of the target vocabulary of ``model`` (an ensemble's models share it)."""
+    first = model.models[0] if isinstance(model, Ensemble) else model
+    return first.config.dec_voc_size
+
+
+def _never_written(model: SearchModel, eos_idx: int) -> set[int]:
+    """The ids a constraint may not hold: PAD, BOS, EOS and the ids search never emits."""
+    members = model.models if isinstance(model, Ensemble) else [model]
+    tags = {t for m in members for t in m.never_emit}
+    return {model.trg_pad_idx, model.trg_sos_idx, eos_idx, *tags}
+
+
+@torch.inference_mode()
+def constrained_beam_search(
+    model: SearchModel,
+    src: torch.Tensor,
+    decode: DecodeConfig,
+    constraints: Constraints,
+    *,
+    use_cache: bool = True,
+    eos_idx: int = EOS_ID,
+    prefixes: Prefixes | None = None,
+) -> list[DecodeResult]:
+    """Beam search whose finished hypotheses contain each sentence's ``constraints``.
+
+    ``constraints``: per row of ``src``, a list of target id sequences (possibly empty: that
+    sentence is searched as :func:`beam_search` searches it, but for ties). The algorithm is in
+    :mod:`~transformer_mt.decoding.constraints`; rows, the decoder state, finished sentences,
+    length limits and scores are :func:`beam_search`'s. A sentence's budget is raised to its
+    prefix, its constraint tokens and EOS where the length rule gives less (within the position
+    table), so that a hypothesis can meet them all. Where none did (a position table too small
+    for them), the n-best may hold unfinished hypotheses that lack some: they have
+    ``constraints_met=False``, and rank after those that meet them; otherwise by score.
+
+    Needs a beam of at least 2 (an MTError otherwise, and with ``decode.sampling``): with one
+    hypothesis, the allocation always keeps the candidate furthest through the constraints, so
+    the output would open with the constraints' tokens. (fairseq's code has no such check; its
+    documentation runs beam 10, and advises a larger beam for constraints in any order, which
+    these are.) An empty or out-of-vocabulary constraint, or one holding PAD, BOS, EOS or a
+    language tag, is an MTError. ``decode.nbest`` hypotheses per sentence, fewer only where the
+    vocabulary has fewer tokens than the beam can use."""
+    _check_model(model)
+    k = decode.beam_size
+    table = ConstraintTable.of(
+        constraints, src, vocab=target_vocab(model), banned=_never_written(model, eos_idx)
+    )
+    if table is not None and (decode.sampling or k < 2):
+        raise MTError(
+            "lexical constraints need beam search with a beam of at least 2 (--beam 2 or more, "
+            "no --sample): with one hypothesis the terms would open every translation"
+        )
+    if table is None:
+        return beam_search(
+            model, src, decode, use_cache=use_cache, eos_idx=eos_idx, prefixes=prefixes
+        )
+    forced = _forced(model, prefixes, src, eos_idx)
+    beams = _Beams.start(model, src, decode, use_cache, forced, extra_len=table.totals)
+    beams.terms = ConstraintRows.start(table, beams.sent)  # one row per sentence at step 0
+    ended: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+
+    for step in range(int(beams.max_lens.max())):
+        log_probs = beams.log_probs(step)  # (n*B, V): B = 1 at step 0, else K
+        ranked = _allocated_candidates(beams, log_probs, table, k, eos_idx)
+        scores, beam, tok, valid, _ = ranked  # (n, N) each, in the allocation's order
+
+        end_mask = (tok[:, :k] == eos_idx) & valid[:, :k]  # EOS among the first K ends one
+        if bool(end_mask.any()):
+            i_idx, j_idx = end_mask.nonzero(as_tuple=True)
+            rows = i_idx * k + beam[i_idx, j_idx]
+            ids, logp = beams.tokens[rows, 1:], scores[i_idx, j_idx]
+            met = torch.ones_like(i_idx, dtype=torch.bool)  # EOS is masked until all are met
+            _end_constrained(ended, beams.sent[i_idx], logp, ids, True, met, decode.len_penalty)
+
+        reorder = _keep_allocated(beams, ranked, eos_idx)  # (n*K,)
+
+        at_max = (beams.max_lens <= step + 1) & ~beams.retired  # (n,)
+        if bool(at_max.any()):
+            i_idx = at_max.nonzero().squeeze(1)
+            rows = beams.rows(i_idx)  # (m*K,)
+            ids, logp = beams.tokens[rows, 1:], beams.scores[i_idx].view(-1)
+            sentences = beams.sent[i_idx].repeat_interleave(k)
+            met = beams.terms.select(rows).all_met()
+            _end_constrained(ended, sentences, logp, ids, False, met, decode.len_penalty)
+        n_ended = torch.tensor([len(ended[s]) for s in beams.sent.tolist()], device=src.device)
+        if not beams.follow(reorder, beams.retired | at_max | (n_ended >= k)):
+            break
+
+    return [_best_constrained(hyps, decode.nbest) for hyps in ended]
+
+
+# A constrained step's candidates, (n, N) each in the allocation's order: summed scores, beam,
+# token, validity, and the constraint state each reaches (n*N rows, in the same order).
+_Ranked = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, ConstraintRows]
+
+
+def _allocated_candidates(
+    beams: _Beams, log_probs: torch.Tensor, table: ConstraintTable, k: int, eos_idx: int
+) -> _Ranked:
+    """The candidates of a constrained step, in the dynamic beam allocation's order.
+
+    ``log_probs`` (n*B, V): the next-token log-probs of the beams that expand (B = K, or 1 at
+    step 0); EOS is masked (in place) where a beam has unmet constraints."""
+    n_act = beams.scores.size(0)
+    n_beams = log_probs.size(0) // n_act
+    assert beams.terms is not None, "a constrained search keeps each row's constraint state"
+    terms = beams.terms  # n*B rows
+    log_probs = terms.mask_eos(log_probs, eos_idx)
+    rows_sent = beams.sent.repeat_interleave(n_beams)  # (n*B,)
+    scores, beam, tok, valid = _constrained_candidates(
+        beams.scores[:, :n_beams], log_probs, terms, table, rows_sent, k
+    )  # (n, N) each
+    n_cand = beam.size(1)
+    sentences = torch.arange(n_act, device=beam.device)[:, None]
+    states = terms.select((sentences * n_beams + beam).view(-1))
+    cand_sent = beams.sent.repeat_interleave(n_cand)  # (n*N,)
+    states = states.advance(table, cand_sent, tok.view(-1))
+    banks = states.bank(table, cand_sent).view_as(beam)
+    order = allocation_order(scores, banks, valid, table.most_tokens)
+    states = states.select((sentences * n_cand + order).view(-1))
+    return (
+        scores.gather(1, order),
+        beam.gather(1, order),
+        tok.gather(1, order),
+        valid.gather(1, order),
+        states,
+    )
+
+
+def _keep_allocated(beams: _Beams, ranked: _Ranked, eos_idx: int) -> torch.Tensor:
+    """Extend the beams with the first K non-EOS candidates in the allocation's order.
+
+    Beams, scores and constraint states follow (an invalid candidate kept where too few are
+    valid scores -inf). Returns the row each new row continues (n*K,), as
+    :meth:`_Beams.advance` does."""
+    scores, beam, tok, valid, states = ranked
+    (n_act, n_cand), k = beam.shape, beams.k
+    pos = torch.arange(n_cand, device=beam.device)
+    later = torch.where(tok == eos_idx, pos + n_cand, pos)  # EOS after every other candidate
+    live = later.topk(k, dim=1, largest=False).indices.sort(dim=1).values  # (n, K)
+    sentences = torch.arange(n_act, device=beam.device)[:, None]
+    reorder = (sentences * k + beam.gather(1, live)).view(-1)  # (n*K,)
+    tokens = beams.tokens.index_select(0, reorder)
+    beams.tokens = torch.cat([tokens, tok.gather(1, live).view(-1, 1)], dim=1)
+    beams.scores = scores.gather(1, live).masked_fill(~valid.gather(1, live), float("-inf"))
+    beams.terms = states.select((sentences * n_cand + live).view(-1))  # (n*K,)
+    return reorder
+
+
+def _constrained_candidates(
+    scores: torch.Tensor,
+    log_probs: torch.Tensor,
+    terms: ConstraintRows,
+    table: ConstraintTable,
+    rows_sent: torch.Tensor,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A constrained step's candidates per sentence, unordered.
+
+    From the summed scores (n, B) of the B beams that expand, their next-token log-probs
+    (n*B, V) and constraint states (n*B rows, of sentences ``rows_sent``): the 2K best
+    extensions of each sentence, each beam's best token and each beam's tokens that advance
+    a constraint (:meth:`ConstraintRows.next_tokens`). Returns summed scores, beam index, token
+    and validity (finite, first of its (beam, token), a real candidate), each (n, N), N >= 2K."""
+    (n_act, n_beams), vocab = scores.shape, log_probs.size(1)
+    width = min(2 * k, vocab)
+    row_scores, row_tok = row_topk(log_probs, width)  # (n*B, w), any order
+    flat = (scores.reshape(-1, 1) + row_scores).view(n_act, n_beams * width)
+    top_scores, top_idx = flat.topk(min(2 * k, n_beams * width), dim=1)  # (n, <= 2K)
+    top_beam = top_idx // width
+    top_tok = row_tok.view(n_act, -1).gather(1, top_idx)
+    best = row_scores.argmax(dim=1, keepdim=True)  # (n*B, 1): each beam's best token
+    best_tok = row_tok.gather(1, best).view(n_act, n_beams)
+    best_scores = (scores.reshape(-1, 1) + row_scores.gather(1, best)).view(n_act, n_beams)
+    next_tok, next_valid = terms.next_tokens(table, rows_sent)  # (n*B, 2M)
+    next_scores = scores.reshape(-1, 1) + log_probs.gather(1, next_tok)
+    beam_ids = torch.arange(n_beams, device=scores.device)
+    parts = [
+        (top_scores, top_beam, top_tok, torch.ones_like(top_tok, dtype=torch.bool)),
+        (
+            best_scores,
+            beam_ids.expand(n_act, -1),
+            best_tok,
+            torch.ones_like(best_tok, dtype=torch.bool),
+        ),
+        (
+            next_scores.view(n_act, -1),
+            beam_ids.repeat_interleave(next_tok.size(1)).expand(n_act, -1),
+            next_tok.view(n_act, -1),
+            next_valid.view(n_act, -1),
+        ),
+    ]
+    short = 2 * k - sum(p[0].size(1) for p in parts)
+    if short > 0:  # a tiny vocabulary: pad with invalid candidates up to 2K
+        pad = torch.zeros((n_act, short), dtype=torch.long, device=scores.device)
+        parts.append((pad.float(), pad, pad, pad.bool()))
+    cand_scores, cand_beam, cand_tok, valid = (
+        torch.cat(p, dim=1) for p in zip(*parts, strict=True)
+    )
+    valid &= cand_scores.isfinite()
+    valid = drop_duplicates(cand_beam * vocab + cand_tok, valid)
+    return cand_scores, cand_beam, cand_tok, valid
+
+
+def _end_constrained(
+    ended: list[list[Hypothesis]],
+    sentences: torch.Tensor,
+    logp_sums: torch.Tensor,
+    ids: torch.Tensor,
+    finished: bool,
+    met: torch.Tensor,
+    alpha: float,
+) -> None:
+    """:func:`_end_hypotheses` with each row's ``constraints_met`` (m,); -inf rows (beams that
+    no candidate could fill) end nothing."""
+    for sentence, logp, row, ok in zip(
+        sentences.tolist(), logp_sums.tolist(), ids.tolist(), met.tolist(), strict=True
+    ):
+        if logp != float("-inf"):
+            ended[sentence].append(_hypothesis(row, logp, finished, alpha, ok))
+
+
+def _best_constrained(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
+    """The ``nbest`` best of a sentence's ended hypotheses: those that meet the constraints
+    first, then by length-penalized score."""
+    best = sorted(hyps, key=lambda h: (h.constraints_met, h.score), reverse=True)[:nbest]
+    assert best, "a done sentence holds at least one hypothesis"
+    return DecodeResult(best)
+
+
 def search(
     model: SearchModel,
     src: torch.Tensor,
@@ -598,13 +854,19 @@ def search(
     line_keys: Sequence[int] | None = None,
     use_cache: bool = True,
     prefixes: Prefixes | None = None,
+    constraints: Constraints | None = None,
 ) -> list[DecodeResult]:
     """Run the search that ``decode`` asks for.
 
     The search ``decode`` asks for: :func:`sample` when ``decode.sampling`` (each row's draws
     keyed by ``line_keys``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each
     output starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of
-    ``src``)."""
+    ``src``). With ``constraints`` (one list per row of ``src``) where a sentence has one:
+    :func:`constrained_beam_search` (beam >= 2, no sampling, else an MTError)."""
+    if constraints is not None and any(len(c) for c in constraints):
+        return constrained_beam_search(
+            model, src, decode, constraints, use_cache=use_cache, prefixes=prefixes
+        )
     if decode.sampling:
         return sample(
             model, src, decode, line_keys=line_keys, use_cache=use_cache, prefixes=prefixes

@@ -1,0 +1,493 @@
+"""Lexically constrained beam search (decoding/constraints.py): every finished hypothesis holds
+each of its sentence's constraints; on a tiny vocabulary an exhaustive beam finds exactly the
+best sequences that an enumeration of all of them finds (scores and length penalty included);
+no constraints change nothing; a batch equals its sentences one at a time; the KV cache changes
+nothing; bad constraints are one-line errors. Checked on a random-weight model and on a tiny model
+trained to reverse sequences (which ends its hypotheses with EOS)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+import torch
+from torch.nn import functional
+
+from transformer_mt.config import DecodeConfig
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_mt.decoding import (
+    DecodeResult,
+    Ensemble,
+    beam_search,
+    constrained_beam_search,
+    decode_sources,
+    greedy_search,
+    length_penalty,
+    search,
+)
+from transformer_mt.decoding.constraints import (
+    ConstraintRows,
+    ConstraintTable,
+    allocation_order,
+    drop_duplicates,
+    kmp_steps,
+)
+from transformer_mt.decoding.text import translate_texts
+from transformer_mt.errors import MTError
+from transformer_mt.model import Transformer
+
+VOCAB = 16  # 4 specials + 12 symbols
+MAX_SYMBOLS = 7
+
+
+def _model(seed: int, vocab: int = VOCAB, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    args = dict(d_model=32, n_head=4, max_len=64, ffn_hidden=64, n_layers=2, drop_prob=0.1)
+    args.update(kw)
+    return Transformer(PAD_ID, PAD_ID, BOS_ID, vocab, vocab, **args, tie_embeddings=False)
+
+
+def _reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources ``x EOS`` and targets ``BOS reversed(x) EOS``, padded: (n, S), (n, S + 1)."""
+    lens = torch.randint(2, MAX_SYMBOLS + 1, (n,), generator=gen).tolist()
+    src = torch.full((n, MAX_SYMBOLS + 1), PAD_ID)
+    trg = torch.full((n, MAX_SYMBOLS + 2), PAD_ID)
+    for i, length in enumerate(lens):
+        seq = torch.randint(4, VOCAB, (length,), generator=gen)
+        src[i, :length], src[i, length] = seq, EOS_ID
+        trg[i, 0], trg[i, 1 : length + 1], trg[i, length + 1] = BOS_ID, seq.flip(0), EOS_ID
+    return src, trg
+
+
+@pytest.fixture(scope="module")
+def random_model() -> Transformer:
+    return _model(0).eval()
+
+
+@pytest.fixture(scope="module")
+def reverse_model() -> Transformer:
+    """Trained for 150 steps (~3 s) to reverse 2-7 symbols: it ends hypotheses with EOS."""
+    steps = 150
+    model = _model(1, d_model=64, ffn_hidden=128, drop_prob=0.0, pre_norm=True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, 2.0 * (steps - i) / steps))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        src, trg = _reverse_batch(gen, 64)
+        logits = model(src, trg[:, :-1])  # (B, T, V)
+        loss = functional.cross_entropy(
+            logits.reshape(-1, VOCAB), trg[:, 1:].reshape(-1), ignore_index=0
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def random_src() -> torch.Tensor:
+    """Eight sources of 3-12 pieces (EOS included), padded: (8, 12)."""
+    from conftest import random_sources
+
+    return random_sources(VOCAB)
+
+
+@pytest.fixture(scope="module")
+def reverse_src() -> torch.Tensor:
+    return _reverse_batch(torch.Generator().manual_seed(99), 12)[0]
+
+
+LEN = DecodeConfig(max_len_a=2.0, max_len_b=1.0)
+
+
+def _beam(size: int, nbest: int = 1, **kw) -> DecodeConfig:
+    return dataclasses.replace(LEN, beam_size=size, nbest=nbest, **kw)
+
+
+def _toks(results: list[DecodeResult]) -> list[list[list[int]]]:
+    return [[h.tokens for h in r.nbest] for r in results]
+
+
+def _scores(results: list[DecodeResult]) -> list[float]:
+    return [h.score for r in results for h in r.nbest]
+
+
+def _random_constraints(n: int, seed: int, most: int = 3) -> list[list[list[int]]]:
+    """Per sentence 0..``most`` constraints of 1-3 symbols (ids 4 .. VOCAB-1)."""
+    rng = random.Random(seed)
+    return [
+        [
+            [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 3))]
+            for _ in range(rng.randint(0, most))
+        ]
+        for _ in range(n)
+    ]
+
+
+def holds_all(tokens: list[int], constraints: list[list[int]]) -> bool:
+    """Whether ``tokens`` holds every constraint contiguously, in disjoint places (any order):
+    the exact definition, by trying every occurrence of each constraint."""
+
+    def place(todo: list[list[int]], used: frozenset[int]) -> bool:
+        if not todo:
+            return True
+        first, rest = todo[0], todo[1:]
+        for start in range(len(tokens) - len(first) + 1):
+            span = frozenset(range(start, start + len(first)))
+            fits = tokens[start : start + len(first)] == first and not span & used
+            if fits and place(rest, used | span):
+                return True
+        return False
+
+    return place(sorted(constraints, key=len, reverse=True), frozenset())
+
+
+def _ending(text: list[int], ids: list[int]) -> int:
+    """The length of the longest prefix of ``ids`` that ends ``text``."""
+    return max(q for q in range(min(len(ids), len(text)) + 1) if text[len(text) - q :] == ids[:q])
+
+
+def tracker_meets(tokens: list[int], constraints: list[list[int]]) -> bool:
+    """The rule by which the search counts constraints (constraints.py's text), written naively:
+    each unmet constraint's match is the longest prefix of it that ends the tokens written since
+    the last constraint was met; the longest completed one is met (the first among equals)
+    unless a longer match is in progress; meeting one starts every match afresh."""
+    met = [False] * len(constraints)
+    since: list[int] = []  # tokens since the last constraint was met
+    for tok in tokens:
+        since.append(tok)
+        progress = [0 if m else _ending(since, c) for c, m in zip(constraints, met, strict=True)]
+        done = [
+            len(c) if not m and p == len(c) else 0
+            for c, m, p in zip(constraints, met, progress, strict=True)
+        ]
+        longest = max(done, default=0)
+        if longest and max(progress) <= longest:
+            met[done.index(longest)] = True
+            since = []
+    return all(met)
+
+
+def _check_holds(results: list[DecodeResult], constraints: list[list[list[int]]]) -> None:
+    """Every hypothesis marked as meeting its constraints holds them (every finished one is so
+    marked), and each sentence's best meets them (its budget fits them)."""
+    for res, cons in zip(results, constraints, strict=True):
+        assert res.nbest[0].constraints_met, (res.nbest[0], cons)
+        for hyp in res.nbest:
+            assert hyp.constraints_met or not hyp.finished
+            if hyp.constraints_met:
+                assert holds_all(hyp.tokens, cons), (hyp, cons)
+                assert tracker_meets(hyp.tokens, cons)
+
+
+# (1) Every constraint appears.
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_every_finished_hypothesis_holds_its_constraints(
+    which, seed, random_model, reverse_model, random_src, reverse_src
+):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    constraints = _random_constraints(src.size(0), seed)
+    results = constrained_beam_search(model, src, _beam(4, 4, max_len_b=3.0), constraints)
+    _check_holds(results, constraints)
+    for res in results:
+        scores = [h.score for h in res.nbest if h.constraints_met]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in res.nbest}) == len(res.nbest) == 4
+    if which == "reverse":  # the trained model ends hypotheses with EOS once they are written
+        assert sum(any(h.finished for h in r.nbest) for r in results) >= len(results) - 1
+
+
+def test_the_budget_grows_to_fit_the_constraints(random_model, random_src):
+    """A length rule of 2 tokens and 7 constraint tokens: the budget becomes 8, the best meets
+    them; where the position table (64) cannot hold them, the result says so."""
+    constraints = [[[5, 6, 7], [8], [9, 10, 11]]] + [[]] * 7
+    short = _beam(3, 3, max_len_a=2.0, max_len_b=0.0)
+    results = constrained_beam_search(random_model, random_src, short, constraints)
+    _check_holds(results, constraints)
+    assert all(len(h.tokens) <= 8 for h in results[0].nbest)
+    assert all(len(h.tokens) <= 2 for r in results[1:] for h in r.nbest)
+    too_long = [[[5] * 40, [6] * 40]]
+    (res,) = constrained_beam_search(random_model, random_src[:1], _beam(3, 3), too_long)
+    assert [h.constraints_met for h in res.nbest] == [False] * 3
+    assert all(not h.finished and len(h.tokens) == 64 for h in res.nbest)
+
+
+def test_prefix_and_constraints_together(random_model, random_src):
+    prefixes = [[5, 6], [], [7, 7, 7], [9], [4], [], [12], [13, 14]]
+    constraints = _random_constraints(8, 5)
+    results = constrained_beam_search(
+        random_model, random_src, _beam(3, 3), constraints, prefixes=prefixes
+    )
+    _check_holds(results, constraints)
+    for res, prefix in zip(results, prefixes, strict=True):
+        assert all(h.tokens[: len(prefix)] == prefix for h in res.nbest)
+
+
+def test_tracker_and_automaton_follow_their_definitions():
+    """ConstraintRows.advance, token by token over random sequences, meets what the naive rule
+    meets; the KMP automaton's states are the longest prefixes that end the text read."""
+    rng = random.Random(0)
+    for _ in range(200):
+        cons = [
+            [rng.randrange(4, 7) for _ in range(rng.randint(1, 3))]
+            for _ in range(rng.randint(1, 3))
+        ]
+        seq = [rng.randrange(4, 7) for _ in range(rng.randint(0, 9))]
+        table = ConstraintTable([cons], torch.device("cpu"))
+        rows, sent = ConstraintRows.start(table, torch.tensor([0])), torch.tensor([0])
+        for t in seq:
+            rows = rows.advance(table, sent, torch.tensor([t]))
+        assert bool(rows.all_met()[0]) == tracker_meets(seq, cons), (cons, seq)
+    for ids in ([4, 4, 5], [4, 5, 4, 5, 6], [7], [4, 4, 4]):
+        steps = kmp_steps(ids)
+        for p in range(len(ids) + 1):
+            for k in range(len(ids)):
+                want = _ending([*ids[:p], ids[k]], ids)
+                assert steps[p][k] == want
+
+
+# (2) Against brute force.
+
+TINY_VOCAB = 8  # PAD, UNK, BOS, EOS + 4 symbols
+WRITABLE = [UNK_ID, 4, 5, 6, 7]  # every id search may write besides EOS
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Transformer:
+    return _model(3, vocab=TINY_VOCAB).eval()
+
+
+def _all_scored(model: Transformer, src: torch.Tensor, n: int, alpha: float) -> list[tuple]:
+    """Every output of a budget of ``n`` tokens, scored as search scores it: (tokens, finished,
+    score), from one teacher-forced pass over all of them."""
+    outs = [
+        (list(t), True) for length in range(n) for t in itertools.product(WRITABLE, repeat=length)
+    ]
+    outs += [(list(t), False) for t in itertools.product(WRITABLE, repeat=n)]
+    written = [[*t, EOS_ID] if fin else t for t, fin in outs]
+    trg = torch.full((len(outs), n + 1), PAD_ID)
+    for i, w in enumerate(written):
+        trg[i, : len(w) + 1] = torch.tensor([BOS_ID, *w])
+    with torch.inference_mode():
+        logits = model(src.expand(len(outs), -1), trg[:, :-1])  # (N, n, V)
+    log_probs = functional.log_softmax(logits.float(), dim=-1)
+    scored = []
+    for i, ((tokens, fin), w) in enumerate(zip(outs, written, strict=True)):
+        logp = log_probs[i, torch.arange(len(w)), torch.tensor(w, dtype=torch.long)].sum().item()
+        scored.append((tokens, fin, logp / length_penalty(len(w), alpha)))
+    return scored
+
+
+@pytest.mark.parametrize(
+    "constraints",
+    [[[5], [6, 7]], [[5, 5]], [[4, 5], [5, 6]], [[6], [6]], [[4, 5, 4]]],
+    ids=["two", "repeat", "sharing", "twice", "self-overlap"],
+)
+def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, tiny_model):
+    """Budget 4 (the length rule's, or the constraints' + EOS): a beam wide enough to keep every
+    candidate ranks all outputs exactly as an enumeration of them all does (those that meet the
+    constraints first, by score with the length penalty), and the best ones hold the
+    constraints; any beam >= 2 returns one that meets them and scores no better."""
+    src = torch.tensor([[4, 6, 5, EOS_ID]])
+    decode = DecodeConfig(beam_size=1000, nbest=25, max_len_a=4.0, max_len_b=0.0, len_penalty=1.0)
+    (res,) = constrained_beam_search(tiny_model, src, decode, [constraints])
+    n = max(4, sum(map(len, constraints)) + 1)
+    # Search can end (EOS) only what meets the constraints; it cuts the rest at the budget.
+    scored = [
+        (t, f, s, tracker_meets(t, constraints))
+        for t, f, s in _all_scored(tiny_model, src, n, decode.len_penalty)
+    ]
+    ranked = sorted(
+        [x for x in scored if x[3] or not x[1]], key=lambda x: (x[3], x[2]), reverse=True
+    )[:25]
+    assert [(h.tokens, h.finished, h.constraints_met) for h in res.nbest] == [
+        (t, f, m) for t, f, _, m in ranked
+    ]
+    assert [h.score for h in res.nbest] == pytest.approx([s for _, _, s, _ in ranked], abs=1e-4)
+    assert all(holds_all(h.tokens, constraints) for h in res.nbest if h.constraints_met)
+    best = ranked[0][2]
+    # Every finished output that holds the constraints, by the exact definition, is ranked.
+    exact = max(s for t, f, s, _ in scored if f and holds_all(t, constraints))
+    assert exact <= best + 1e-6
+    for k in (2, 3):
+        (small,) = constrained_beam_search(
+            tiny_model, src, dataclasses.replace(decode, beam_size=k, nbest=k), [constraints]
+        )
+        assert small.nbest[0].constraints_met and holds_all(small.tokens, constraints)
+        assert small.score <= best + 1e-4
+
+
+# (3) No constraints: the plain search, exactly.
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_no_constraints_change_nothing(beam, random_model, random_src):
+    decode = _beam(beam, beam)
+    plain = search(random_model, random_src, decode)
+    for none in (None, [[]] * 8):
+        got = search(random_model, random_src, decode, constraints=none)
+        assert _toks(got) == _toks(plain)
+        assert _scores(got) == _scores(plain)  # exactly: the same path
+        assert all(h.constraints_met for r in got for h in r.nbest)
+
+
+def test_an_unconstrained_sentence_beside_constrained_ones_is_searched_as_alone(
+    random_model, random_src, reverse_model, reverse_src
+):
+    """The constrained path itself, on a sentence without constraints, is beam search."""
+    for model, src in ((random_model, random_src), (reverse_model, reverse_src)):
+        constraints = [[]] + _random_constraints(src.size(0) - 1, 7, most=2)
+        constraints[1] = constraints[1] or [[5]]
+        got = constrained_beam_search(model, src, _beam(4, 4), constraints)
+        row = src[0][src[0] != PAD_ID][None]
+        want = beam_search(model, row, _beam(4, 4))
+        assert _toks(got[:1]) == _toks(want)
+        assert _scores(got[:1]) == pytest.approx(_scores(want), abs=1e-5)
+
+
+# (4) A batch equals its sentences one at a time.
+
+
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_batch_equals_one_at_a_time(which, random_model, reverse_model, random_src, reverse_src):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    constraints = _random_constraints(src.size(0), 11)
+    batched = constrained_beam_search(model, src, _beam(3, 3), constraints)
+    for i, row in enumerate(src):
+        alone = constrained_beam_search(
+            model, row[row != PAD_ID][None], _beam(3, 3), constraints[i : i + 1]
+        )
+        assert _toks(alone) == _toks(batched[i : i + 1])
+        assert _scores(alone) == pytest.approx(_scores(batched[i : i + 1]), abs=1e-5)
+        assert [h.constraints_met for h in alone[0].nbest] == [
+            h.constraints_met for h in batched[i].nbest
+        ]
+    sources = [row[row != PAD_ID].tolist() for row in src]
+    via = decode_sources(model, sources, _beam(3, 3, batch_tokens=30), constraints=constraints)
+    assert _toks(via) == _toks(batched)
+
+
+def test_finished_sentences_leave_the_batch_with_their_states(
+    monkeypatch, reverse_model, reverse_src
+):
+    """Dropping finished sentences a block at a time (ROW_BLOCK 3) or keeping them all retired
+    gives the same results: the constraint states leave with their rows."""
+    import importlib
+
+    search_module = importlib.import_module("transformer_mt.decoding.search")
+    constraints = _random_constraints(reverse_src.size(0), 13)
+    results = {}
+    for block in (1, 3, 10_000):
+        monkeypatch.setattr(search_module, "ROW_BLOCK", block)
+        results[block] = constrained_beam_search(
+            reverse_model, reverse_src, _beam(3, 3), constraints
+        )
+    for block in (3, 10_000):
+        assert _toks(results[block]) == _toks(results[1])
+        assert _scores(results[block]) == pytest.approx(_scores(results[1]), abs=1e-5)
+
+
+# (5) The cache changes nothing.
+
+
+@pytest.mark.parametrize("which", ["random", "reverse"])
+def test_cache_equals_no_cache(which, random_model, reverse_model, random_src, reverse_src):
+    model, src = (random_model, random_src) if which == "random" else (reverse_model, reverse_src)
+    constraints = _random_constraints(src.size(0), 17)
+    cached = constrained_beam_search(model, src, _beam(4, 4), constraints)
+    full = constrained_beam_search(model, src, _beam(4, 4), constraints, use_cache=False)
+    assert _toks(cached) == _toks(full)
+    assert _scores(cached) == pytest.approx(_scores(full), abs=1e-4)
+
+
+def test_an_ensemble_of_one_searches_as_its_model(random_model, random_src):
+    constraints = _random_constraints(8, 19)
+    alone = constrained_beam_search(random_model, random_src, _beam(3, 3), constraints)
+    ensemble = constrained_beam_search(
+        Ensemble([random_model]), random_src, _beam(3, 3), constraints
+    )
+    assert _toks(ensemble) == _toks(alone)
+
+
+# (6) Bad input.
+
+
+def test_bad_constraints_are_one_line_errors(random_model, random_src):
+    src = random_src[:2]
+    cases = [
+        (
+            [[[5, VOCAB]], []],
+            rf"sentence 0, constraint 0: id {VOCAB} is outside the target vocabulary \(0..15\)",
+        ),
+        ([[], [[5], [-1]]], r"sentence 1, constraint 1: id -1 is outside"),
+        ([[[5], []], []], "sentence 0, constraint 1 is empty"),
+        ([[[6, EOS_ID]], []], "sentence 0, constraint 0: id 3 is PAD, BOS, EOS or a language tag"),
+        ([[[BOS_ID]], []], "id 2 is PAD, BOS, EOS"),
+    ]
+    for constraints, message in cases:
+        with pytest.raises(MTError, match=message) as caught:
+            search(random_model, src, _beam(3), constraints=constraints)
+        assert "\n" not in str(caught.value)
+    for decode in (_beam(1), _beam(1, sampling=True)):
+        with pytest.raises(MTError, match="need beam search with a beam of at least 2"):
+            search(random_model, src, decode, constraints=[[[5]], []])
+    with pytest.raises(ValueError, match="3 constraint lists for 2 sentences"):
+        search(random_model, src, _beam(3), constraints=[[[5]], [], []])
+    with pytest.raises(ValueError, match="1 constraint lists for 8 sources"):
+        decode_sources(random_model, [[5, EOS_ID]] * 8, _beam(3), constraints=[[[5]]])
+    # Greedy and sampling without constraints (or with empty lists) run as ever.
+    assert _toks(search(random_model, src, _beam(1), constraints=[[], []])) == _toks(
+        greedy_search(random_model, src, LEN)
+    )
+
+
+class _CharTokenizer:
+    """Stands for a sentencepiece model: one id per letter a..l (4..15), spaces dropped."""
+
+    vocab_size = VOCAB
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[4 + "abcdefghijkl".index(ch) for ch in text if ch != " "] for text in texts]
+
+    def decode(self, ids) -> str:
+        return "".join("abcdefghijkl"[i - 4] for i in ids if i >= 4)
+
+
+def test_translate_texts_passes_terms_as_target_pieces(random_model):
+    tok = _CharTokenizer()
+    lines = ["abc", "", "d e f g", "hij"]
+    terms = [["ka"], ["x"], ["bb", "c"], []]
+    got = translate_texts(random_model, tok, tok, lines, _beam(3, 2), constraints=terms)
+    assert got[1] == [("", 0.0)] * 2
+    for (text, _), want in ((got[0][0], ["ka"]), (got[2][0], ["bb", "c"])):
+        assert holds_all(list(text), [list(t) for t in want]), text
+    plain = translate_texts(random_model, tok, tok, lines, _beam(3, 2))
+    assert got[3] == plain[3]
+    with pytest.raises(MTError, match="2 constraint lists for 4 input lines"):
+        translate_texts(random_model, tok, tok, lines, _beam(3), constraints=[[], []])
+    with pytest.raises(MTError, match=r"line 3: constraint 2 \(''\) has no target pieces"):
+        translate_texts(
+            random_model, tok, tok, lines, _beam(3), constraints=[[], [], ["a", " "], []]
+        )
+
+
+def test_allocation_stripes_the_banks_and_drops_repeats():
+    """fairseq's example: banks 3 3 3 2 2 2 2 1 1 1 0 0 (each bank's candidates best first) are
+    taken as 3 2 1 0 3 2 1 0 3 2 1 2; invalid candidates come last; a repeated (beam, token)
+    keeps its first entry."""
+    banks = torch.tensor([[3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 0, 0, 3]])
+    scores = -torch.arange(13.0)[None]
+    valid = torch.ones_like(banks, dtype=torch.bool)
+    valid[0, 12] = False
+    order = allocation_order(scores, banks, valid, 3)
+    assert banks[0, order[0]].tolist() == [3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 2, 3]
+    assert order[0, -1] == 12 and order[0, :4].tolist() == [0, 3, 7, 10]
+    keys = torch.tensor([[5, 7, 5, 9, 7, 7]])
+    kept = drop_duplicates(keys, torch.tensor([[True, True, True, True, False, True]]))
+    assert kept.tolist() == [[True, True, False, True, False, False]]

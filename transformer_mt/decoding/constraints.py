@@ -1,0 +1,270 @@
+"""Lexical constraints: target token sequences that every finished hypothesis must contain.
+
+A sentence's constraints are a list of target id sequences (a glossary term's target pieces, no
+BOS/EOS); an empty list leaves the sentence unconstrained. A finished hypothesis contains each
+constraint contiguously, the constraints in any order and non-overlapping (a constraint listed
+twice must appear twice). The search (``constrained_beam_search`` in
+:mod:`~transformer_mt.decoding.search`) is Post & Vilar's (2018) with the dynamic beam
+allocation of Hu et al. (2019), as fairseq's ``--constraints unordered`` runs it (fairseq's
+default keeps the constraints in the order given; here any order goes), vectorized over every
+row of the batch with tensor operations (fairseq loops over sentences and beams in Python):
+
+- EOS is masked (-inf) for every hypothesis that has not met all its constraints.
+- Each step's candidates per sentence: the 2K best extensions over its beams (as plain beam
+  search), each beam's best token, and for each beam the tokens that continue or start one of
+  its unmet constraints. Duplicates (the same beam and token) are dropped.
+- Each candidate's *bank* is the number of constraint tokens it has produced: the tokens of the
+  constraints it has met and of the longest one in progress. The candidates are ordered round
+  robin over the banks, fullest bank first (the best of every bank, then the second best of
+  every bank, ...); in that order the EOS candidates among the first K end hypotheses, and the
+  first K others stay on the beam. Hypotheses that met more constraints are thus never crowded
+  out by likelier ones that met fewer, and the best extension of the fullest bank always stays:
+  while a beam can advance a constraint, the fullest bank grows by one token a step, so within
+  ``total constraint tokens + 1`` steps some hypothesis meets them all (the search's budget is
+  raised to that, after any forced prefix, within the position table).
+
+A hypothesis that lacks a constraint never ends with EOS; where the position table leaves no
+room for a sentence's constraints, its n-best are unfinished hypotheses cut at the budget, the
+ones that lack some marked ``Hypothesis.constraints_met = False``.
+
+Which constraint a token counts for (:meth:`ConstraintRows.advance`): each unmet constraint
+follows its own KMP automaton over the tokens written since the last one was met. When tokens
+complete an unmet constraint, the longest completed one is met (the first listed among equals),
+unless another unmet constraint's match in progress is longer (it spans the completed one: that
+one is left to it); meeting a constraint restarts every automaton, so met constraints never
+overlap. Each rule only ever counts real, disjoint occurrences, so a hypothesis marked as meeting
+its constraints contains them. The reverse does not always hold (exact counting would have to
+try every assignment of occurrences): a constraint written inside another's longer match (``b``
+inside ``a b c``, both constraints) is left to the longer one, and if that match then fails,
+the shorter one must be written again elsewhere. fairseq's tracker (a trie over the
+constraints) has the same kind of gap.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from transformer_mt.errors import MTError
+
+Constraints = Sequence[Sequence[Sequence[int]]]
+"""Per sentence, its constraints: each a non-empty sequence of target ids (no BOS/EOS)."""
+
+
+def check_constraints(
+    constraints: Constraints, n_sent: int, vocab: int, banned: set[int]
+) -> list[list[list[int]]]:
+    """The constraints of ``n_sent`` sentences as lists, checked.
+
+    A count other than ``n_sent`` is a ValueError (the caller's bug); an empty constraint, an
+    id outside the target vocabulary ``0 .. vocab - 1`` or a ``banned`` id (PAD, BOS, EOS, a
+    language tag: ids search never writes) is an MTError naming the sentence and constraint."""
+    if len(constraints) != n_sent:
+        raise ValueError(f"{len(constraints)} constraint lists for {n_sent} sentences: one each")
+    checked = []
+    for i, sentence in enumerate(constraints):
+        for j, ids in enumerate(sentence):
+            where = f"sentence {i}, constraint {j}"
+            if len(ids) == 0:
+                raise MTError(f"{where} is empty: a constraint needs at least one target id")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise MTError(
+                    f"{where}: id {bad[0]} is outside the target vocabulary (0..{vocab - 1})"
+                )
+            never = sorted(banned.intersection(ids))
+            if never:
+                raise MTError(
+                    f"{where}: id {never[0]} is PAD, BOS, EOS or a language tag, which search "
+                    "never writes"
+                )
+        checked.append([[int(t) for t in ids] for ids in sentence])
+    return checked
+
+
+def kmp_steps(ids: Sequence[int]) -> list[list[int]]:
+    """The KMP automaton of ``ids`` (n tokens): ``steps[p][k]``, for states p in 0..n and k < n.
+
+    State p: the last p tokens read are ``ids[:p]``, and no longer prefix of ``ids`` ends there
+    (n: a whole match). ``steps[p][k]`` is the state after reading ``ids[k]`` in state p; a token
+    not in ``ids`` leads to state 0."""
+    n = len(ids)
+    border = [0] * (n + 1)  # border[p]: the longest proper prefix of ids[:p] that ends it
+    for p in range(2, n + 1):
+        q = border[p - 1]
+        while q and ids[q] != ids[p - 1]:
+            q = border[q]
+        border[p] = q + 1 if ids[q] == ids[p - 1] else 0
+    steps: list[list[int]] = []
+    for p in range(n + 1):
+        # Extend the match where the token continues it, else fall back to the border's state.
+        steps.append(
+            [
+                p + 1 if p < n and ids[p] == ids[k] else (0 if p == 0 else steps[border[p]][k])
+                for k in range(n)
+            ]
+        )
+    return steps
+
+
+@lru_cache(maxsize=4096)
+def _cached_steps(ids: tuple[int, ...]) -> list[list[int]]:
+    """:func:`kmp_steps`, kept for a glossary's terms that come back (never modify the lists)."""
+    return kmp_steps(ids)
+
+
+def _padded_steps(ids: list[int], width: int) -> list[list[int]]:
+    """:func:`kmp_steps` of ``ids`` padded with zeros to ``width + 1`` states of ``width``."""
+    pad = [0] * (width - len(ids))
+    rows = [row + pad for row in _cached_steps(tuple(ids))]
+    return rows + [[0] * width for _ in range(width + 1 - len(rows))]
+
+
+class ConstraintTable:
+    """The constraints of a batch as tensors, by sentence (its row in ``src``).
+
+    M is the most constraints a sentence has, L the longest constraint; a sentence with fewer
+    has empty slots (length 0), which count as met."""
+
+    def __init__(self, constraints: list[list[list[int]]], device: torch.device) -> None:
+        m = max(1, max(len(c) for c in constraints))
+        width = max((len(ids) for c in constraints for ids in c), default=1)
+        no_slot: list[int] = []  # an empty slot
+        slots: list[list[list[int]]] = [c + [no_slot] * (m - len(c)) for c in constraints]
+        # Built as nested lists and converted once: a tensor write per constraint costs more.
+        ids = [[seq + [-1] * (width - len(seq)) for seq in c] for c in slots]
+        steps = [[_padded_steps(seq, width) for seq in c] for c in slots]
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)  # (B, M, L), -1: none
+        self.lens = torch.tensor([[len(seq) for seq in c] for c in slots], device=device)  # (B, M)
+        self.steps = torch.tensor(steps, dtype=torch.long, device=device)  # (B, M, L+1, L)
+        self.totals = self.lens.sum(dim=1)  # (B,) constraint tokens of each sentence
+        self.most_tokens = int(self.totals.max())  # the fullest bank any hypothesis can reach
+
+    @classmethod
+    def of(
+        cls, constraints: Constraints | None, src: torch.Tensor, *, vocab: int, banned: set[int]
+    ) -> "ConstraintTable | None":
+        """The checked constraints (:func:`check_constraints`) of the sentences of ``src`` (B, S).
+
+        None when no sentence has one: search then runs exactly as without constraints."""
+        if constraints is None:
+            return None
+        checked = check_constraints(constraints, src.size(0), vocab, banned)
+        if not any(checked):
+            return None
+        return cls(checked, src.device)
+
+
+@dataclass
+class ConstraintRows:
+    """Where each hypothesis (row) stands with its sentence's constraints.
+
+    ``progress`` (R, M): the state of each constraint's KMP automaton (0 for met ones), ``met``
+    (R, M): met, or an empty slot."""
+
+    progress: torch.Tensor
+    met: torch.Tensor
+
+    @classmethod
+    def start(cls, table: ConstraintTable, sent: torch.Tensor) -> "ConstraintRows":
+        """Fresh rows for sentences ``sent`` (R,): nothing written yet."""
+        lens = table.lens[sent]  # (R, M)
+        return cls(torch.zeros_like(lens), lens == 0)
+
+    def select(self, index: torch.Tensor) -> "ConstraintRows":
+        """Rows ``index`` (R',)."""
+        return ConstraintRows(self.progress[index], self.met[index])
+
+    def all_met(self) -> torch.Tensor:
+        """(R,) bool: the row has met every constraint of its sentence."""
+        return self.met.all(dim=1)
+
+    def bank(self, table: ConstraintTable, sent: torch.Tensor) -> torch.Tensor:
+        """(R,) constraint tokens written: those of met constraints and the longest in progress.
+
+        ``sent`` (R,): each row's sentence."""
+        met_tokens = (table.lens[sent] * self.met).sum(dim=1)
+        return met_tokens + self.progress.masked_fill(self.met, 0).amax(dim=1)
+
+    def mask_eos(self, log_probs: torch.Tensor, eos_idx: int) -> torch.Tensor:
+        """``log_probs`` (R, V) with EOS at -inf for rows with unmet constraints (in place)."""
+        log_probs[:, eos_idx].masked_fill_(~self.all_met(), float("-inf"))
+        return log_probs
+
+    def next_tokens(
+        self, table: ConstraintTable, sent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens that advance each row: ids (R, 2M) and whether each is one (R, 2M).
+
+        Per unmet constraint, its next token (none where it is complete but left to a longer
+        match, see the module's text) and its first token (a fresh start, where a match is in
+        progress); the ids of the other entries are arbitrary (never negative)."""
+        ids, lens = table.ids[sent], table.lens[sent]  # (R, M, L), (R, M)
+        at = self.progress.clamp(max=ids.size(2) - 1)[..., None]  # (R, M, 1)
+        following = ids.gather(2, at).squeeze(2)  # (R, M)
+        first = ids[:, :, 0]
+        valid = torch.cat([~self.met & (self.progress < lens), ~self.met & (self.progress > 0)], 1)
+        return torch.cat([following, first], dim=1).clamp(min=0), valid
+
+    def advance(
+        self, table: ConstraintTable, sent: torch.Tensor, tokens: torch.Tensor
+    ) -> "ConstraintRows":
+        """The rows after each writes its token ``tokens`` (R,); ``sent`` (R,): their sentences.
+
+        Each unmet constraint's automaton reads the token; the longest constraint it completes
+        is met unless a longer match is in progress, and meeting one restarts every automaton
+        (the module's text says why)."""
+        ids, lens = table.ids[sent], table.lens[sent]  # (R, M, L), (R, M)
+        same = ids == tokens[:, None, None]  # (R, M, L)
+        # Every position holding the token leads to the same state: take the first.
+        k = same.to(torch.uint8).argmax(dim=2)  # (R, M)
+        slots = torch.arange(lens.size(1), device=lens.device)
+        steps = table.steps[sent[:, None], slots, self.progress, k]  # (R, M)
+        progress = torch.where(same.any(dim=2) & ~self.met, steps, 0)
+        completed = torch.where((progress == lens) & ~self.met, lens, 0)  # (R, M)
+        slot = completed.argmax(dim=1)  # (R,) the first of the longest completed
+        longest = completed.gather(1, slot[:, None]).squeeze(1)
+        meets = (longest > 0) & (progress.amax(dim=1) <= longest)  # (R,)
+        chosen = torch.nn.functional.one_hot(slot, lens.size(1)).bool() & meets[:, None]
+        progress = progress.masked_fill(meets[:, None], 0)
+        return ConstraintRows(progress, self.met | chosen)
+
+
+def drop_duplicates(keys: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``valid`` (n, N) without the later repeats of a key in a row of ``keys`` (n, N)."""
+    n_cand = keys.size(1)
+    # Invalid entries get distinct negative keys, so that they repeat nothing.
+    unique = -1 - torch.arange(n_cand, device=keys.device)
+    keys = torch.where(valid, keys, unique)
+    sorted_keys, order = keys.sort(dim=1, stable=True)
+    repeat = torch.zeros_like(valid)
+    repeat[:, 1:] = sorted_keys[:, 1:] == sorted_keys[:, :-1]
+    return valid & ~torch.zeros_like(valid).scatter_(1, order, repeat)
+
+
+def allocation_order(
+    scores: torch.Tensor, banks: torch.Tensor, valid: torch.Tensor, most: int
+) -> torch.Tensor:
+    """The dynamic beam allocation's order of each sentence's candidates.
+
+    ``scores``, ``banks`` and ``valid`` are (n, N), the banks at most ``most``. Returns (n, N)
+    candidate indices: the best valid candidate of each bank, fullest bank first, then the
+    second best of each, and so on; invalid candidates last."""
+    n_cand = scores.size(1)
+    by_score = scores.masked_fill(~valid, float("-inf")).argsort(
+        dim=1, descending=True, stable=True
+    )
+    bank = banks.masked_fill(~valid, -1).gather(1, by_score)
+    by_bank = bank.argsort(dim=1, descending=True, stable=True)
+    order = by_score.gather(1, by_bank)  # (n, N) by bank, then score, each descending
+    bank = bank.gather(1, by_bank)
+    # Rank within the bank: the distance to the bank's first entry.
+    pos = torch.arange(n_cand, device=scores.device).expand_as(bank)
+    first = torch.ones_like(valid)
+    first[:, 1:] = bank[:, 1:] != bank[:, :-1]
+    rank = pos - torch.where(first, pos, 0).cummax(dim=1).values
+    top = most + 1  # a bound, not bank.max(): no wait for the device
+    stripe = rank * top + (top - 1 - bank)  # round robin: rank first, then fuller bank first
+    stripe = stripe.masked_fill(bank < 0, n_cand * top)  # invalid ones after every stripe
+    return order.gather(1, stripe.argsort(dim=1, stable=True))

@@ -15,8 +15,6 @@ from transformer_mt.errors import MTError
 from transformer_mt.text import split as split_module
 from transformer_mt.text.split import SplitText, generic_pieces, split_text
 
-pytest.importorskip("sentencex", reason="the 'text' extra (sentencex) is not installed")
-
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 
 

@@ -135,6 +135,33 @@ def translate(
         ),
     ] = None,
     target_lang: TargetLangOpt = None,
+    no_split: Annotated[
+        bool,
+        typer.Option(
+            "--no-split",
+            help="Translate each line as one segment. By default a line holding several "
+            "sentences is cut into them, they are translated, and joined back with the line's own "
+            "spaces (not with --prefix-file, --alignments or --attention-dir, which are per line).",
+        ),
+    ] = False,
+    source_lang: Annotated[
+        str | None,
+        typer.Option(
+            "--source-lang",
+            help="The input's language, for the sentence splitting rules (default: the model's "
+            "source language); auto: each line's, detected among the model's source languages "
+            "(the text extra).",
+        ),
+    ] = None,
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            "--glossary",
+            help="A TSV file of terms, 'source term<TAB>target term' a line ('#' comments): "
+            "where a source term occurs (case-sensitive, whole words), the translation holds its "
+            "target term (constrained beam search: --beam 2 or more; --engine torch).",
+        ),
+    ] = None,
 ) -> None:
     """Translate text or a document, line by line in order.
 
@@ -153,6 +180,9 @@ def translate(
         alignment_layer,
         alignment_units,
         interactive,
+        no_split,
+        source_lang,
+        glossary,
     )
     if input is not None and _is_document(input):
         _translate_document(input, output, model, options, text.given())
@@ -187,6 +217,25 @@ class _TextOptions:
     alignment_layer: int | None
     alignment_units: str | None
     interactive: bool
+    no_split: bool = False
+    source_lang: str | None = None
+    glossary: Path | None = None
+
+    def extras(self) -> "TranslateExtras":
+        """What the engine is asked for besides the lines (the prefixes: read later)."""
+        from transformer_mt.engines.engine import TranslateExtras
+        from transformer_mt.text.glossary import read_glossary
+
+        return TranslateExtras(
+            alignments=self.alignments,
+            alignment_layer=self.alignment_layer,
+            alignment_units=self.alignment_units or "pieces",
+            attention_dir=self.attention_dir,
+            attention_layer=self.attention_layer,
+            split=not self.no_split,
+            source_lang=self.source_lang,
+            glossary=read_glossary(self.glossary) if self.glossary is not None else None,
+        )
 
     def given(self) -> list[str]:
         """The options given, as written on the command line."""
@@ -210,7 +259,6 @@ def _translate_text(
 
     `mt translate` on lines: a file or stdin (at a terminal or with --interactive, line by
     line) to a file or stdout."""
-    from transformer_mt.engines.engine import TranslateExtras
     from transformer_mt.engines.lines import format_results
 
     inputs = _check_translate_paths(
@@ -224,13 +272,13 @@ def _translate_text(
         text.alignment_layer,
         text.alignment_units,
     )
-    extras = TranslateExtras(
-        alignments=text.alignments,
-        alignment_layer=text.alignment_layer,
-        alignment_units=text.alignment_units or "pieces",
-        attention_dir=text.attention_dir,
-        attention_layer=text.attention_layer,
-    )
+    if text.glossary is not None and output is not None:
+        from transformer_mt.fileio import check_output
+
+        check_output(output, [text.glossary])
+        inputs.append(text.glossary)
+    extras = text.extras()  # a bad glossary file: one line, before the model loads
+    extras.check_engine(model.engine)
     at_terminal = input is None and text.prefix_file is None and sys.stdin is not None
     at_terminal = at_terminal and sys.stdin.isatty()
     if text.interactive or at_terminal:

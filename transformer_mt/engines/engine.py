@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +45,7 @@ from transformer_mt.engines.alignment import Alignment
 from transformer_mt.engines.attention import attention_matrices
 from transformer_mt.engines.lines import ensemble_model, translate_lines
 from transformer_mt.engines.loading import load_for_inference, validation_report
+from transformer_mt.engines.paragraphs import translate_split
 from transformer_mt.engines.results import (
     Attention,
     LineResult,
@@ -54,6 +55,9 @@ from transformer_mt.engines.results import (
     to_line_result,
 )
 from transformer_mt.errors import MTError
+
+if TYPE_CHECKING:
+    from transformer_mt.text.glossary import Glossary
 
 EOS_PIECE = "</s>"
 
@@ -74,6 +78,11 @@ class TranslateExtras:
     attention_layer: int | None = None  # decoder layer for the pictures (None: the mean)
     progress: bool = False  # a progress bar (sentences) on stderr
     first_line: int = 1  # the number of the first line, in pictures and warnings
+    # Cut each line into sentences, translate them, join them back (engines.paragraphs); lines
+    # with attention, prefixes, alignments or pictures (all per line) are not cut.
+    split: bool = False
+    source_lang: str | None = None  # the splitting rules' language; "auto": detected a line
+    glossary: "Glossary | None" = None  # terms whose targets each translation must hold (torch)
 
     def torch_only(self) -> str | None:
         """The first option given that only our torch engine gives, as the CLI names it."""
@@ -81,10 +90,27 @@ class TranslateExtras:
             ("--attention-dir", self.attention_dir is not None),
             ("--prefix-file", self.prefixes is not None),
             ("--alignments", self.alignments),
+            ("--glossary", self.glossary is not None),
         ):
             if given:
                 return option
         return None
+
+    def check_engine(self, kind: str) -> None:
+        """A one-line MTError where the engine ``kind`` cannot give what these extras ask."""
+        option = self.torch_only() if kind != "torch" else None
+        if option == "--glossary":  # CTranslate2 forces a target prefix, not terms anywhere
+            raise MTError(
+                "--glossary needs --engine torch: CTranslate2 has no constrained search (only a "
+                "target prefix); translate with the checkpoint the export came from"
+            )
+        if option is not None:
+            raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
+
+    def splits(self, attention: bool) -> bool:
+        """Whether lines are cut into sentences (not where a per-line extra is asked)."""
+        per_line = self.prefixes is not None or self.alignments or self.attention_dir is not None
+        return self.split and not (attention or per_line)
 
 
 @dataclass
@@ -285,6 +311,8 @@ class TorchEngine(Engine):
         extras: TranslateExtras | None = None,
     ) -> list[LineResult]:
         extras = extras or TranslateExtras()
+        if extras.splits(attention):
+            return translate_split(self, lines, decode, stop, target, extras)
         self._check_extras(extras, attention)
         lines = list(lines)
         prefix = self.source_prefix(target)
@@ -314,6 +342,9 @@ class TorchEngine(Engine):
             first_line=extras.first_line,
             src_prefix=prefix,
             on_batch=on_batch,
+            constraints=[extras.glossary.targets(line) for line in lines]
+            if extras.glossary is not None
+            else None,
         )
         out = []
         for i, nbest in enumerate(results):
@@ -429,9 +460,9 @@ class CT2Engine(Engine):
         from transformer_mt.engines.ct2 import translate_lines_ct2
 
         extras = extras or TranslateExtras()
-        option = extras.torch_only()
-        if option is not None:
-            raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
+        extras.check_engine(self.name)
+        if extras.splits(attention):
+            return translate_split(self, lines, decode, stop, target, extras)
         prefix = self.source_prefix(target)
         kept = untranslatable(lines)  # CTranslate2 would decode them: they go to it blank
         todo = ["" if i in kept else line for i, line in enumerate(lines)]

@@ -57,6 +57,7 @@ def translate_lines(
     first_line: int = 1,
     src_prefix: Sequence[int] = (),
     on_batch: OnBatch | None = None,
+    constraints: Sequence[Sequence[str]] | None = None,
 ) -> list[Translation]:
     """Translate ``lines`` into ``decode.nbest`` (text, score) pairs per line.
 
@@ -93,6 +94,8 @@ def translate_lines(
             (:meth:`LoadedModel.source_prefix`); alignments leave it out.
         on_batch: called after each decoded batch, after the pictures and alignments (the
             engine's attention and stop checks).
+        constraints: per input line, target texts every translation of it must contain (a
+            glossary's terms; see :func:`transformer_mt.decoding.text.translate_texts`).
     """
     callbacks: list = []
     if attention_dir is not None:
@@ -133,6 +136,7 @@ def translate_lines(
         prefixes=prefixes,
         src_prefix=src_prefix,
         first_line=first_line,
+        constraints=constraints,
     )
     if aligner is not None and alignments is not None:
         alignments[:] = aligner.per_line(len(lines), decode.nbest)

@@ -59,8 +59,8 @@ language, Chinese included (sentencex would use English rules for it), gets
 
 The generic rule knows no abbreviations: "Dr. Smith" is two pieces there.
 
-sentencex is the ``text`` extra; a language that needs it raises an :class:`MTError` naming the
-extra when it is not installed. A line sentencex cannot take (a lone surrogate, which is not
+sentencex is a dependency of the package (a broken install raises an :class:`MTError` saying how
+to reinstall it). A line sentencex cannot take (a lone surrogate, which is not
 UTF-8) gets the generic rule.
 """
 
@@ -74,7 +74,7 @@ from typing import Any
 
 from transformer_mt.errors import MTError
 
-EXTRA_HINT = "install the 'text' extra: pip install 'transformer-mt[text]'"
+EXTRA_HINT = "reinstall the package's dependencies: pip install 'transformer-mt'"
 
 SENTENCEX_LANGUAGES = frozenset(
     "am ar bg bn ca da de el en es fi fr gu hi hy it ja kk kn ml mr my nl pa pl pt ru sk ta te uk".split()

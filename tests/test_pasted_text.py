@@ -1,0 +1,156 @@
+"""Pasted text through an engine: paragraphs cut into sentences and joined back, glossaries kept,
+source languages detected (`mt translate --source-lang auto`)."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+from transformer_mt.engines.engine import TranslateExtras, load_engine
+from transformer_mt.engines.paragraphs import split_lines, translate_split
+from transformer_mt.engines.results import LineResult
+from transformer_mt.text.glossary import Entry, Glossary
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+CKPT = FIXTURE / "old_last.pt"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_engine("torch", CKPT)
+
+
+class _Recorder:
+    """An engine stand-in: each sentence's translation is its upper case; the calls are kept."""
+
+    pairs = (("en", "de"),)
+    src_lang = "en"
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def translate(self, lines, decode, stop=None, target=None, extras=None):
+        self.calls.append(list(lines))
+        return [LineResult(s.upper(), -1.0, [(s.upper(), -1.0), (s.lower(), -2.0)]) for s in lines]
+
+
+def test_a_paragraph_is_translated_a_sentence_at_a_time_and_joined_with_its_own_spacing(engine):
+    """Between sentences, spaces, line breaks and empty lines come back byte for byte; every
+    line's sentences go to the engine in one call (batched together)."""
+    recorder = _Recorder()
+    lines = [
+        "Dr. Smith came home.  He was tired!\n\nThen he slept.",
+        "   ",
+        "One sentence",
+        "Er kam z. B. am 19. Mai. Dann ging er.",
+    ]
+    decode = engine.run_decode.__class__(nbest=2, beam_size=2)
+    extras = TranslateExtras(split=True, source_lang="en")
+    results = translate_split(recorder, lines, decode, None, None, extras)  # type: ignore[arg-type]
+    assert len(recorder.calls) == 1
+    assert recorder.calls[0][:3] == ["Dr. Smith came home.", "He was tired!", "Then he slept."]
+    assert results[0].text == "DR. SMITH CAME HOME.  HE WAS TIRED!\n\nTHEN HE SLEPT."
+    assert results[0].nbest[1] == ("dr. smith came home.  he was tired!\n\nthen he slept.", -2.0)
+    assert results[1].text == ""  # a line of spaces: the line contract's empty line
+    assert results[2].text == "ONE SENTENCE"
+    assert [len(s.sentences) for s in split_lines(lines[3:], ["de"]).splits] == [2]
+
+
+def test_split_equals_the_sentences_translated_one_by_one_and_joined(engine):
+    """The model's own check: a line of two sentences gives what each gives alone."""
+    first, second = "The light friend saw the blue letter.", "The friend closed the woman."
+    decode = engine.run_decode
+    alone = engine.translate([first, second], decode)
+    together = engine.translate([f"{first} {second}"], decode, extras=TranslateExtras(split=True))
+    assert together[0].text == f"{alone[0].text} {alone[1].text}"
+    unsplit = engine.translate([f"{first} {second}"], decode)
+    assert unsplit[0].text != together[0].text  # one segment: another translation
+
+
+def test_mt_translate_splits_by_default_and_no_split_keeps_one_segment(tmp_path, engine):
+    src = tmp_path / "in.txt"
+    src.write_text("The light friend saw the blue letter. The friend closed the woman.\n")
+    base = ["translate", "-c", str(CKPT), "-i", str(src), "--beam", "1"]
+    split = runner.invoke(app, base)
+    whole = runner.invoke(app, [*base, "--no-split"])
+    assert split.exit_code == 0 and whole.exit_code == 0, split.output + whole.output
+    decode = engine.run_decode.__class__(beam_size=1)
+    sentences = src.read_text().strip().split(". ")
+    alone = engine.translate([sentences[0] + ".", sentences[1]], decode)
+    assert split.stdout == f"{alone[0].text} {alone[1].text}\n"
+    assert whole.stdout == engine.translate([src.read_text().strip()], decode)[0].text + "\n"
+
+
+def test_a_glossary_term_comes_out_as_the_glossary_says(tmp_path, engine):
+    line = "The horse pulls the mouse on a cup although the doctor watches a cold bird."
+    decode = engine.run_decode
+    plain = engine.translate([line], decode)[0].text
+    term = "trumenaul"  # a target word the model knows, not in the plain translation
+    assert term not in plain
+    glossary = Glossary([Entry("horse", term)])
+    kept = engine.translate([line], decode, extras=TranslateExtras(glossary=glossary))[0].text
+    assert term in kept  # its pieces, from a word start (the word may go on: "trumenaulen")
+    other = "The friend closed the woman."  # no source term: unconstrained, unchanged
+    with_glossary = engine.translate([other], decode, extras=TranslateExtras(glossary=glossary))
+    assert with_glossary[0].text == engine.translate([other], decode)[0].text
+    terms = tmp_path / "terms.tsv"
+    terms.write_text(f"# source\ttarget\nhorse\t{term}\n")
+    src = tmp_path / "in.txt"
+    src.write_text(line + "\n")
+    result = runner.invoke(
+        app, ["translate", "-c", str(CKPT), "-i", str(src), "--glossary", str(terms)]
+    )
+    assert result.exit_code == 0, result.output
+    assert term in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("horse\n", "terms.tsv:1"),
+        ("horse\tone\nhorse\ttwo\n", "terms.tsv:2"),
+        ("\tone\n", "terms.tsv:1"),
+    ],
+)
+def test_a_bad_glossary_is_one_line_naming_its_line(tmp_path, content, message):
+    terms = tmp_path / "terms.tsv"
+    terms.write_text(content)
+    src = tmp_path / "in.txt"
+    src.write_text("The horse.\n")
+    out = tmp_path / "out.txt"
+    args = ["translate", "-c", str(CKPT), "-i", str(src), "-o", str(out), "--glossary", str(terms)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_glossary_needs_a_beam_and_the_torch_engine(tmp_path):
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("horse\ttrumenaul\n")
+    src = tmp_path / "in.txt"
+    src.write_text("The horse pulls the mouse.\n")
+    base = ["translate", "-c", str(CKPT), "-i", str(src), "--glossary", str(terms)]
+    greedy = runner.invoke(app, [*base, "--beam", "1"])
+    assert greedy.exit_code == 1 and "beam" in greedy.output
+    ct2 = runner.invoke(app, [*base, "--engine", "ct2"])
+    assert ct2.exit_code == 1 and "--glossary needs --engine torch" in ct2.output
+
+
+def test_source_lang_auto_picks_each_lines_rules_among_the_models_languages():
+    pytest.importorskip("py3langid", reason="the text extra (py3langid) is not installed")
+    from transformer_mt.engines.paragraphs import line_languages
+
+    class Multi:
+        pairs = (("de", "en"), ("fr", "en"), ("cs", "en"))
+        src_lang = "de"
+
+    lines = [
+        "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
+        "Un homme fait du vélo dans la ville.",
+        "Muž jede na kole městem.",
+        "ok",
+    ]
+    assert line_languages(Multi(), lines, "auto") == ["de", "fr", "cs", "de"]  # type: ignore[arg-type]
+    assert line_languages(Multi(), lines, None) == ["de"] * 4  # type: ignore[arg-type]

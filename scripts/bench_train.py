@@ -3,17 +3,41 @@ torch.nn.Transformer of the same size, in the same process, on the same batches.
 
     python scripts/bench_train.py                         # Multi30k, the small CPU size, fp32
     python scripts/bench_train.py --runs 3 --steps 10     # quicker
-    python scripts/bench_train.py --device cuda --d-model 512 --heads 8 --ffn 2048 \\
-        --layers 6 --precision bf16 --batch-tokens 16384 --runs 3 --steps 10
+    python scripts/bench_train.py --device cuda --model base --precision bf16 \\
+        --batch-tokens 16384 --runs 3 --steps 10
         # a GPU; prints model FLOPs utilization (an epoch of Multi30k holds 41 such batches)
+    python scripts/bench_train.py --device cuda --data wmt --model big --precision fp16 \\
+        --batch-tokens 16384 --compile on --only ours --json figures.jsonl
+        # WMT-shaped batches, the big model, eager against compiled, figures appended as JSON
 
-Data: the Multi30k de->en training set (``$MT_SHARED_DATA`` or ../shared/data/multi30k), cleaned
-as `mt train` cleans it, with a joint 8k unigram sentencepiece model (trained once, cached in
-``--cache-dir``), cut into length-sorted batches of about ``--batch-tokens`` target tokens; the
-toy corpus when Multi30k is absent (a note says so). One run = ``--warmup`` untimed steps, then
-``--steps`` timed optimizer steps on batches no other run times (training sees a new shape every
-step, and so does memory reuse); the table shows the median over ``--runs`` runs, the two models
-alternating run by run, on the same batches, so that a noisy neighbour hurts both alike.
+Data (``--data multi30k``, the default): the Multi30k de->en training set (``$MT_SHARED_DATA`` or
+../shared/data/multi30k), cleaned as `mt train` cleans it, with a joint 8k unigram sentencepiece
+model (trained once, cached in ``--cache-dir``), cut into length-sorted batches of about
+``--batch-tokens`` target tokens; the toy corpus when Multi30k is absent (a note says so).
+``--data wmt``: batches shaped like WMT14 en-de's, with random token ids of a 32k vocabulary
+(speed depends on shapes, not on which ids): source lengths in subword tokens drawn from a
+log-normal distribution with median ``WMT_MEDIAN`` 26 and sigma ``WMT_SIGMA`` 0.55 (mean ~30,
+95th percentile ~64), cut to 1..250, and each target length the source's times a log-normal
+ratio (median 1.05, sigma 0.15). That approximates newstest2014 under a 32k joint BPE (3,003
+sentences of about 22 words, ~1.3 subwords a word, a right-skewed tail past 100 tokens): an
+assumed distribution, not one measured here.
+
+One run = ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps on batches no other
+run times (training sees a new shape every step, and so does memory reuse); the table shows the
+median over ``--runs`` runs, the two models alternating run by run, on the same batches, so that
+a noisy neighbour hurts both alike.
+
+Sizes (``--model``): ``small`` the CPU recipe's (d_model 256, 3+3 layers, 4 heads, FFN 1024),
+``base`` and ``big`` the paper's (512 / 1024, 6+6 layers, 8 / 16 heads, FFN 2048 / 4096);
+``--d-model`` etc. override a preset's value.
+
+The step is `mt train`'s: ours reads its right-padded targets with causal self-attention alone
+(SDPA's ``is_causal``), the loss runs over the vocabulary padded to ``--vocab-multiple`` rows
+(default as `mt train`: 64 on a GPU, 1 on a CPU), fp16 has a gradient scaler, AdamW is fused, the
+batches are copied from pinned memory without waiting, and on a GPU nothing in the step reads
+a number back. ``--pad-to-multiple N`` bounds the batch shapes as ``train.pad_to_multiple``
+does (lengths padded up to classes of N, rows to what the budget allows); the line about the
+batches says what padding that adds.
 
 Both models: shared source/target embeddings tied to a bias-free output Linear, sinusoidal
 positions, post-norm layers, the same dropout at the same sites (the residuals, embeddings,
@@ -24,8 +48,10 @@ the same loss code (``--loss``: by default the output projection fused into the 
 train` runs it) and the same malloc setting. nn.Transformer adds a final LayerNorm to each stack
 (it always does); that costs little.
 
-Model FLOPs per target token (printed): 3 x forward FLOPs (forward + backward ~ 3 forwards) of the
-matrix products, counted from the real (unpadded) lengths of each sentence, embeddings excluded:
+Model FLOPs per target token (printed, with the share of attention's products): 3 x forward FLOPs
+(forward + backward ~ 3 forwards) of the matrix products, counted from the real (unpadded)
+lengths of each sentence, embeddings excluded (padding and rows added by bounded shapes are work
+that counts nothing):
   forward = sum over sentences of
     L_enc * S * (8 d^2 + 4 d f + 4 S d)             encoder: Q,K,V,O; FFN; QK^T and AV
   + L_dec * T * (12 d^2 + 4 d f + 4 T d + 4 S d)    decoder: self Q,K,V,O + cross Q,O; FFN; both
@@ -34,16 +60,21 @@ matrix products, counted from the real (unpadded) lengths of each sentence, embe
   + T * 2 d V                                       output projection
 with S, T the source and target lengths (EOS/BOS included). That is the usual 6 x (parameters a
 token passes through) plus the attention terms. At the small size on Multi30k it is ~0.045 GFLOP
-per target token. Utilization = that x tokens/s / peak (``--peak-tflops``; default: H100 bf16
-dense, 989 TFLOP/s; printed on GPUs, or on any device when the flag is given).
+per target token. Utilization = that x tokens/s / peak (``--peak-tflops``; default: H100/H200 bf16
+and fp16 dense, 989 TFLOP/s; printed on GPUs, or on any device when the flag is given).
 
-``--compile dynamic`` or ``--compile static`` measures ours under torch.compile against ours
-eager instead of nn.Transformer: ``dynamic`` compiles one graph for every shape; ``static`` pads
-each batch's source and target lengths up to the next of ``--buckets`` (rows stay as they are,
-marked dynamic), so that one graph serves each pair of bucket lengths. Before the runs, the
-compiled model takes one step on each bucketed shape the runs will see: its compile time, printed,
-is what an hour of training would spend on it. The padded positions are PAD: tokens/s counts the
-same real target tokens for both.
+``--compile on|whole|dynamic`` measures ours under torch.compile against ours eager (the same
+batches) instead of nn.Transformer: ``on`` as `mt train` compiles (each encoder and decoder
+layer, static shapes: one graph per layer kind and batch shape, see
+transformer_mt/training/compiled.py), ``whole`` the whole model in one static graph per shape,
+``dynamic`` the whole model once for all shapes. ``on`` and ``whole`` bound the shapes
+(``--pad-to-multiple``, 8 unless given). Before the runs, the compiled model takes one step on each
+shape the runs will see: the graphs and the seconds that took are printed (what a run spends
+once on compiling). ``--max-shapes K`` takes the timed batches from the K most frequent shapes
+only (both models alike), where the compile time of every shape would not fit a device's time.
+The padded positions are PAD: tokens/s counts the same real target tokens for both.
+
+``--json PATH`` appends one JSON line per model measured (its figures and the run's settings).
 
 On a CPU without ``--peak-tflops`` the script measures the ceiling itself, in the same process:
 the rate of bare matrix products at the model's own shapes (a batch's target tokens x d_model
@@ -56,6 +87,7 @@ is the median over the rounds of its run's rate against that round's ceiling.
 
 import argparse
 import hashlib
+import json
 import math
 import os
 import resource
@@ -74,11 +106,12 @@ import torch
 from torch import nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.data.batching import make_batches, padding_fraction
+from transformer_mt.data.batching import make_batches, pad_batch, padded_shape, padding_report
 from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.host_memory import keep_freed_memory, release_freed_memory
 from transformer_mt.model import Transformer, model_args
+from transformer_mt.training.compiled import CompileCounter, compile_layers
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
@@ -124,32 +157,71 @@ def cached_tokenizer(src: list[str], trg: list[str], vocab: int, cache: Path) ->
     return tok
 
 
-def pad(rows: list[list[int]]) -> torch.Tensor:
-    out = np.full((len(rows), max(map(len, rows))), PAD_ID, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return torch.from_numpy(out)
+# WMT-shaped lengths (--data wmt): see the module docstring.
+WMT_MEDIAN, WMT_SIGMA = 26.0, 0.55  # source subword tokens: log-normal
+WMT_RATIO, WMT_RATIO_SIGMA = 1.05, 0.15  # target length / source length: log-normal
+WMT_LONGEST = 250  # as data.max_tokens_per_side 256 leaves room for EOS/BOS
+WMT_VOCAB = 32000
+
+
+def wmt_like(pairs: int, vocab: int, seed: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+    """``pairs`` random (source, target) id sequences of WMT-like lengths (ids 4 .. vocab-1)."""
+    rng = np.random.default_rng(seed)
+    src_lens = np.clip(np.rint(rng.lognormal(math.log(WMT_MEDIAN), WMT_SIGMA, pairs)), 1, None)
+    ratio = rng.lognormal(math.log(WMT_RATIO), WMT_RATIO_SIGMA, pairs)
+    trg_lens = np.clip(np.rint(src_lens * ratio), 1, WMT_LONGEST)
+    src_lens = np.minimum(src_lens, WMT_LONGEST)
+    ids = rng.integers(4, vocab, int(src_lens.sum() + trg_lens.sum()))
+    out: list[list[list[int]]] = [[], []]
+    at = 0
+    for side, lens in enumerate((src_lens, trg_lens)):
+        for n in lens.astype(int):
+            out[side].append(ids[at : at + n].tolist())
+            at += n
+    return out[0], out[1]
 
 
 def build_batches(
-    src_ids: list[list[int]], trg_ids: list[list[int]], batch_tokens: int, count: int
-) -> tuple[list[Batch], float]:
+    src_ids: list[list[int]],
+    trg_ids: list[list[int]],
+    batch_tokens: int,
+    count: int,
+    multiple: int = 0,
+    max_shapes: int = 0,
+) -> tuple[list[Batch], dict]:
     """The first ``count`` batches of a shuffled epoch of length-sorted, token-budget batches (as
-    `mt train` cuts them) and the target-side padding fraction of those batches."""
+    `mt train` cuts them, shapes bounded by ``multiple``), and their padding report (see
+    transformer_mt.data.batching.padding_report). ``max_shapes``: only batches of the most
+    frequent shapes of the epoch."""
     src_lens = np.array([len(s) + 1 for s in src_ids])  # + EOS
     trg_lens = np.array([len(t) + 1 for t in trg_ids])  # + BOS (input) / EOS (output)
-    index = make_batches(src_lens, trg_lens, batch_tokens, seed=1, epoch=0)[:count]
+    index = make_batches(src_lens, trg_lens, batch_tokens, seed=1, epoch=0, multiple=multiple)
+
+    def shape(b: np.ndarray) -> tuple[int, int]:
+        longest = int(max(src_lens[b].max(), trg_lens[b].max()))
+        return padded_shape(len(b), longest, batch_tokens, multiple)
+
+    if max_shapes:
+        counts: dict[tuple[int, int], int] = {}
+        for b in index:
+            counts[shape(b)] = counts.get(shape(b), 0) + 1
+        kept = set(sorted(counts, key=lambda k: -counts[k])[:max_shapes])
+        index = [b for b in index if shape(b) in kept]
+    index = index[:count]
     if len(index) < count:
         raise SystemExit(
             f"the corpus gives only {len(index)} batches; lower --runs/--steps/--warmup"
         )
     batches = []
     for b in index:
-        src = pad([src_ids[i] + [EOS_ID] for i in b])
-        trg_in = pad([[BOS_ID, *trg_ids[i]] for i in b])
-        trg_out = pad([[*trg_ids[i], EOS_ID] for i in b])
+        rows, width = shape(b) if multiple > 1 else (None, None)
+        sources = [[*src_ids[i], EOS_ID] for i in b]
+        targets = [trg_ids[i] for i in b]
+        src = pad_batch(sources, PAD_ID, width=width, rows=rows, fill=(EOS_ID,))
+        trg_in = pad_batch(targets, PAD_ID, bos=BOS_ID, width=width, rows=rows, fill=(BOS_ID,))
+        trg_out = pad_batch(targets, PAD_ID, eos=EOS_ID, width=width, rows=rows)
         batches.append((src, trg_in, trg_out))
-    return batches, padding_fraction(index, trg_lens)
+    return batches, padding_report(index, src_lens, trg_lens, batch_tokens, multiple)
 
 
 # --------------------------------------------------------------------------------------- models
@@ -241,15 +313,26 @@ def matmul_rate(
     return flop / statistics.median(times)
 
 
-def flops_per_target_token(batches: list[Batch], d: int, f: int, layers: int, vocab: int) -> float:
-    """Training FLOPs per target token from the model's shape (formula in the module docstring)."""
+def flops_per_target_token(
+    batches: list[Batch], d: int, f: int, layers: int, vocab: int, attention_only: bool = False
+) -> float:
+    """Training FLOPs per target token from the model's shape (formula in the module docstring);
+    ``attention_only``: the attention products' part (QK^T and AV) alone."""
     total, tokens = 0.0, 0
     for src, _, trg_out in batches:
-        s_len = (src != PAD_ID).sum(1).double()  # (B,) real source lengths
-        t_len = (trg_out != PAD_ID).sum(1).double()  # (B,) real target lengths
-        enc = layers * s_len * (8 * d * d + 4 * d * f + 4 * s_len * d)
-        dec = layers * t_len * (12 * d * d + 4 * d * f + 4 * t_len * d + 4 * s_len * d)
-        total += 3 * float((enc + dec + layers * s_len * 4 * d * d + t_len * 2 * d * vocab).sum())
+        real = (trg_out != PAD_ID).any(1)  # rows added by bounded shapes hold no target
+        s_len = (src[real] != PAD_ID).sum(1).double()  # (B,) real source lengths
+        t_len = (trg_out[real] != PAD_ID).sum(1).double()  # (B,) real target lengths
+        enc_attn = layers * s_len * 4 * s_len * d
+        dec_attn = layers * t_len * (4 * t_len * d + 4 * s_len * d)
+        if attention_only:
+            total += 3 * float((enc_attn + dec_attn).sum())
+        else:
+            enc = layers * s_len * (8 * d * d + 4 * d * f) + enc_attn
+            dec = layers * t_len * (12 * d * d + 4 * d * f) + dec_attn
+            total += 3 * float(
+                (enc + dec + layers * s_len * 4 * d * d + t_len * 2 * d * vocab).sum()
+            )
         tokens += int(t_len.sum())
     return total / tokens
 
@@ -295,63 +378,70 @@ class Contender:
     rates: list[float]
     peak_bytes: int = 0
     sampler: RssSampler | None = None
-    buckets: list[int] | None = None  # --compile static: lengths padded up to these
-
-
-def bucketed(batch: Batch, buckets: list[int] | None) -> Batch:
-    """``batch`` with its source and target lengths padded (PAD) up to the next bucket length,
-    rows marked dynamic for torch.compile; unchanged without buckets."""
-    if buckets is None:
-        return batch
-    out = []
-    for x in batch:
-        length = next((b for b in buckets if b >= x.size(1)), x.size(1))
-        x = nn.functional.pad(x, (0, length - x.size(1)), value=PAD_ID)
-        torch._dynamo.maybe_mark_dynamic(x, 0)
-        out.append(x)
-    src, trg_in, trg_out = out
-    return src, trg_in, trg_out
+    forward_kwargs: dict | None = None  # ours: right_padded=True, as `mt train` calls it
+    scaler: torch.amp.GradScaler | None = None  # fp16
+    counter: CompileCounter | None = None  # compiled: the graphs and compile time
+    compile_s: float = 0.0  # the steps that compiled, timed
 
 
 def make_step(
-    device: torch.device, precision: str, loss_kind: str
+    device: torch.device, precision: str, loss_kind: str, vocab_multiple: int = 1
 ) -> Callable[[Contender, Batch], None]:
     """One optimizer step, identical for both models: ``chunked`` is what `mt train` runs (the
-    output projection fused into the loss, block by block), ``logits`` the usual full logits and
-    loss."""
+    output projection fused into the loss, block by block, over the vocabulary padded to
+    ``vocab_multiple`` rows), ``logits`` the usual full logits and loss. Nothing in it reads a
+    number from the device (fp16's scaler skips and rescales on the device)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def step(c: Contender, batch: Batch) -> None:
         src, trg_in, trg_out = (x.to(device, non_blocking=True) for x in batch)
         ctx = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
         with ctx:
-            out = c.model(src, trg_in, features_only=loss_kind == "chunked")
+            out = c.model(
+                src, trg_in, features_only=loss_kind == "chunked", **(c.forward_kwargs or {})
+            )
         if loss_kind == "chunked":
             weight = c.model.out.weight
-            loss, _ = linear_label_smoothed_nll(out, weight, trg_out, PAD_ID, 0.1, dtype)
+            loss, _ = linear_label_smoothed_nll(
+                out, weight, trg_out, PAD_ID, 0.1, dtype, vocab_multiple=vocab_multiple
+            )
         else:
             loss, _ = label_smoothed_nll(out, trg_out, PAD_ID, 0.1)
-        (loss / (trg_out != PAD_ID).sum()).backward()
-        c.optimizer.step()
+        loss = loss / (trg_out != PAD_ID).sum()
+        if c.scaler is not None:
+            c.scaler.scale(loss).backward()
+            c.scaler.step(c.optimizer)
+            c.scaler.update()
+        else:
+            loss.backward()
+            c.optimizer.step()
         c.optimizer.zero_grad(set_to_none=True)
 
     return step
 
 
-def compile_steps(c: Contender, batches: list[Batch], step) -> None:
-    """One step of the compiled model on each shape class the runs will see (a graph each), timed:
-    what compiling costs a run before its steps run at the compiled speed."""
+def batch_shape(batch: Batch) -> tuple[int, ...]:
+    return (*batch[0].shape, batch[1].size(1))
+
+
+def compile_steps(c: Contender, batches: list[Batch], step, device: torch.device) -> None:
+    """One step of the compiled model on each shape the runs will see (its graphs), timed: what
+    compiling costs a run before its steps run at the compiled speed."""
     seen: dict[tuple[int, ...], Batch] = {}
     for batch in batches:
-        b = bucketed(batch, c.buckets)
-        key = (b[0].size(1), b[1].size(1)) if c.buckets else (0,)
-        seen.setdefault(key, b)
+        seen.setdefault(batch_shape(batch), batch)
+    sync(device)
     started = time.perf_counter()
     for b in seen.values():
         step(c, b)
-    spent = time.perf_counter() - started
-    what = f"{len(seen)} (source, target) bucket pairs" if c.buckets else "one dynamic graph"
-    print(f"  compile: {what}, {spent:.0f} s (one step each, compiling included)", flush=True)
+    sync(device)
+    c.compile_s = time.perf_counter() - started
+    graphs = f"{c.counter.graphs} graphs, " if c.counter else ""
+    print(
+        f"  compile: {len(seen)} batch shapes, {graphs}{c.compile_s:.0f} s (one step each, "
+        "compiling included)",
+        flush=True,
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -367,7 +457,6 @@ def timed_run(
     would otherwise count in this model's peak)."""
     if device.type == "cpu":
         release_freed_memory()
-    warm, timed = [bucketed(b, c.buckets) for b in warm], [bucketed(b, c.buckets) for b in timed]
     for batch in warm:
         step(c, batch)
     tokens = sum(int((out != PAD_ID).sum()) for _, _, out in timed)
@@ -388,17 +477,30 @@ def timed_run(
         c.peak_bytes = c.sampler.peak
 
 
-def main() -> None:
+SIZES = {  # --model: d_model, heads, FFN, layers (each stack)
+    "small": (256, 4, 1024, 3),
+    "base": (512, 8, 2048, 6),
+    "big": (1024, 16, 4096, 6),
+}
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs per model (median)")
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each run")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="token budget per batch")
-    parser.add_argument("--vocab", type=int, default=8000, help="joint sentencepiece vocabulary")
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--ffn", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    parser.add_argument("--data", choices=["multi30k", "wmt"], default="multi30k",
+                        help="Multi30k's batches, or WMT-shaped ones (see the docstring)")  # fmt: skip
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary: Multi30k's joint sentencepiece (default 8000), or "
+                        "--data wmt's (default 32000)")  # fmt: skip
+    parser.add_argument("--model", choices=list(SIZES), default="small",
+                        help="size preset: small (the CPU recipe's), base, big")  # fmt: skip
+    parser.add_argument("--d-model", type=int, default=None)
+    parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--ffn", type=int, default=None)
+    parser.add_argument("--layers", type=int, default=None, help="encoder and decoder layers each")
     parser.add_argument("--dropout", type=float, default=0.1, help="residual/embedding dropout")
     parser.add_argument(
         "--attn-dropout", type=float, default=None,
@@ -410,23 +512,35 @@ def main() -> None:
         help="ours: dropout inside the FFN; default --dropout, as nn.Transformer",
     )  # fmt: skip
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                        help="fp32, or autocast to bf16/fp16 (no gradient scaler: throughput only)")  # fmt: skip
+                        help="fp32, or autocast to bf16/fp16 (fp16 with a gradient scaler)")  # fmt: skip
     parser.add_argument("--loss", choices=["chunked", "logits"], default="chunked",
                         help="chunked: output projection fused into the loss, as `mt train` does; "
                         "logits: full (B, T, V) logits, then the loss")  # fmt: skip
+    parser.add_argument("--vocab-multiple", type=int, default=None,
+                        help="the loss's products over the vocabulary padded to this many rows "
+                        "(train.pad_vocab_to); default 64 on a GPU, 1 on a CPU")  # fmt: skip
+    parser.add_argument("--pad-to-multiple", type=int, default=None,
+                        help="bounded batch shapes, as train.pad_to_multiple (0: off); default 8 "
+                        "with --compile on/whole, else 0")  # fmt: skip
+    parser.add_argument("--max-shapes", type=int, default=0,
+                        help="time batches of the K most frequent shapes only (0: all)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = its default")
     parser.add_argument("--malloc-default", action="store_true",
                         help="leave glibc malloc as it is (default: keep freed memory, as `mt train` "
                         "does on CPU; see transformer_mt/host_memory.py)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="device peak for utilization; default on GPUs: 989 (H100 bf16 dense)")  # fmt: skip
+                        help="device peak for utilization; default on GPUs: 989 (H100/H200 "
+                        "bf16/fp16 dense)")  # fmt: skip
     parser.add_argument("--only", choices=["ours", "baseline"], default=None,
-                        help="measure one model only")  # fmt: skip
-    parser.add_argument("--compile", choices=["off", "dynamic", "static"], default="off",
+                        help="measure one model only (with --compile: ours compiled is kept)")  # fmt: skip
+    parser.add_argument("--compile", choices=["off", "on", "whole", "dynamic"], default="off",
                         help="ours under torch.compile against ours eager (see the docstring)")  # fmt: skip
-    parser.add_argument("--buckets", default="8,16,24,32,40,48,64,96,128,256",
-                        help="--compile static: the lengths batches are padded up to")  # fmt: skip
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend (aot_eager: tracing without code generation,"
+                        " for a quick check that compiling works)")  # fmt: skip
+    parser.add_argument("--json", type=Path, default=None,
+                        help="append one JSON line per model measured to this file")  # fmt: skip
     parser.add_argument("--cache-dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "transformer-mt-bench",
                         help="where the sentencepiece model is cached")  # fmt: skip
@@ -434,9 +548,46 @@ def main() -> None:
     for name, lowest in (("runs", 1), ("steps", 1), ("warmup", 0), ("batch_tokens", 256)):
         if getattr(args, name) < lowest:
             parser.error(f"--{name.replace('_', '-')} must be at least {lowest}")
+    for name, value in zip(("d_model", "heads", "ffn", "layers"), SIZES[args.model], strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name in ("attn_dropout", "ffn_dropout"):  # default: the sites nn.Transformer drops at
         if getattr(args, name) is None:
             setattr(args, name, args.dropout)
+    if args.pad_to_multiple is None:
+        args.pad_to_multiple = 8 if args.compile in ("on", "whole") else 0
+    if args.vocab is None:
+        args.vocab = WMT_VOCAB if args.data == "wmt" else 8000
+    return args
+
+
+def load_ids(
+    args: argparse.Namespace, count: int
+) -> tuple[list[list[int]], list[list[int]], int, str]:
+    """(source ids, target ids, vocabulary, description) of --data."""
+    if args.data == "wmt":
+        # Enough pairs for ``count`` batches of the budget, several times over (each run draws
+        # its batches from a shuffled epoch of them).
+        pairs = max(2_000, 4 * count * args.batch_tokens // 30)
+        src_ids, trg_ids = wmt_like(pairs, args.vocab)
+        what = (
+            f"WMT-shaped random ids: {pairs:,} pairs, source lengths log-normal (median "
+            f"{WMT_MEDIAN:g}, sigma {WMT_SIGMA:g}), target/source log-normal (median {WMT_RATIO:g}, "
+            f"sigma {WMT_RATIO_SIGMA:g}), at most {WMT_LONGEST}"
+        )
+        return src_ids, trg_ids, args.vocab, what
+    src, trg, corpus = load_pairs()
+    tok = cached_tokenizer(src, trg, args.vocab, args.cache_dir)
+    return (
+        tok.encode_batch(src),
+        tok.encode_batch(trg),
+        tok.vocab_size,
+        f"{corpus}: {len(src):,} pairs",
+    )
+
+
+def main() -> None:
+    args = parse_args()
     kept = False if args.malloc_default else keep_freed_memory()
 
     if args.threads > 0:
@@ -445,20 +596,22 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no CUDA GPU is visible")
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
+    vocab_multiple = args.vocab_multiple or (64 if device.type == "cuda" else 1)
 
-    src, trg, corpus = load_pairs()
-    tok = cached_tokenizer(src, trg, args.vocab, args.cache_dir)
-    src_ids, trg_ids = tok.encode_batch(src), tok.encode_batch(trg)
     # Every run times different batches (as training does: shapes vary from step to step); both
     # models see the same ones.
     count = args.warmup + args.runs * args.steps
-    batches, pad_frac = build_batches(src_ids, trg_ids, args.batch_tokens, count)
-    vocab = tok.vocab_size
-    flops = flops_per_target_token(
-        batches[args.warmup :], args.d_model, args.ffn, args.layers, vocab
+    src_ids, trg_ids, vocab, corpus = load_ids(args, count)
+    batches, report = build_batches(
+        src_ids, trg_ids, args.batch_tokens, count, args.pad_to_multiple, args.max_shapes
     )
+    if device.type == "cuda":  # copied without waiting, as mt train's batches are
+        batches = [(a.pin_memory(), b.pin_memory(), c.pin_memory()) for a, b, c in batches]
+    shape_args = (args.d_model, args.ffn, args.layers, vocab)
+    flops = flops_per_target_token(batches[args.warmup :], *shape_args)
+    attn_flops = flops_per_target_token(batches[args.warmup :], *shape_args, attention_only=True)
 
-    step = make_step(device, args.precision, args.loss)
+    step = make_step(device, args.precision, args.loss, vocab_multiple)
     contenders = []
     builds: tuple[tuple[str, Callable[..., nn.Module]], ...] = (
         ("ours", ours),
@@ -467,17 +620,20 @@ def main() -> None:
     if args.compile != "off":
         builds = (("ours", ours), (f"ours compiled ({args.compile})", ours))
     for name, build in builds:
-        if args.only and (name == "ours") != (args.only == "ours"):
+        compiled = name.startswith("ours compiled")
+        if args.only and not compiled and (name == "ours") != (args.only == "ours"):
             continue
         torch.manual_seed(0)
         model = build(args, vocab).to(device).train()
-        buckets = None
-        if name.startswith("ours compiled"):
-            model = torch.compile(model, dynamic=args.compile == "dynamic")
-            # one graph per bucket pair, not torch's default of at most 8 (then it runs eager)
-            torch._dynamo.config.recompile_limit = 256
-            if args.compile == "static":
-                buckets = sorted(int(b) for b in args.buckets.split(","))
+        counter = None
+        if compiled:
+            counter = CompileCounter(args.compile_backend)
+            if args.compile == "on":
+                compile_layers(model, counter)  # as mt train compiles
+            else:
+                # one graph per batch shape, not torch's default of at most 8 (then it runs eager)
+                torch._dynamo.config.recompile_limit = 256
+                model = torch.compile(model, backend=counter, dynamic=args.compile == "dynamic")
         opt = torch.optim.AdamW(  # as `mt train` builds it (weight decay 0: Adam)
             model.parameters(),
             lr=1e-4,
@@ -487,20 +643,35 @@ def main() -> None:
             fused=device.type in ("cpu", "cuda"),
         )
         sampler = RssSampler() if device.type == "cpu" else None
-        contenders.append(Contender(name, model, opt, [], sampler=sampler, buckets=buckets))
+        scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
+        kwargs = {"right_padded": True} if name.startswith("ours") else {}
+        contenders.append(
+            Contender(name, model, opt, [], sampler=sampler, forward_kwargs=kwargs,
+                      scaler=scaler, counter=counter)
+        )  # fmt: skip
 
     timed = batches[args.warmup :]
-    n_sent = sum(len(b[0]) for b in timed) / len(timed)
+    n_sent = sum(int((b[2] != PAD_ID).any(1).sum()) for b in timed) / len(timed)
     n_tok = sum(int((b[2] != PAD_ID).sum()) for b in timed) / len(timed)
-    print(f"data: {corpus}: {len(src):,} pairs, vocab {vocab}")
+    (real_s, real_t), (pad_s, pad_t) = report["real"], report["padded"]
+    shapes = report["shapes"]
+    print(f"data: {corpus}, vocab {vocab}")
+    bounded = (
+        f"; shapes bounded (--pad-to-multiple {args.pad_to_multiple}): {len(shapes)} in the "
+        f"batches cut, {len({batch_shape(b) for b in batches})} among those used"
+        if args.pad_to_multiple > 1
+        else ""
+    )
     print(
         f"batches: ~{args.batch_tokens} tokens budget; timed ones average {n_sent:.0f} sentences, "
-        f"{n_tok:.0f} target tokens, {pad_frac:.1%} target padding"
+        f"{n_tok:.0f} target tokens, {1 - real_t / pad_t:.1%} target padding "
+        f"({1 - real_s / pad_s:.1%} source){bounded}"
     )
     print(
         f"model: d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
         f"ffn {args.ffn}, dropout {args.dropout} (ours: attention {args.attn_dropout}, "
-        f"FFN {args.ffn_dropout}; nn.Transformer: {args.dropout} everywhere), {args.precision}, loss {args.loss}; device {device}, "
+        f"FFN {args.ffn_dropout}; nn.Transformer: {args.dropout} everywhere), {args.precision}, "
+        f"loss {args.loss} (vocabulary padded to {vocab_multiple}); device {device}, "
         f"{torch.get_num_threads()} threads; torch {torch.__version__}; glibc malloc "
         f"{'keeps freed memory' if kept else 'default'}"
     )
@@ -508,12 +679,13 @@ def main() -> None:
         n = sum(p.numel() for p in c.model.parameters())
         print(f"  {c.name}: {n:,} parameters")
     print(
-        f"model FLOPs per target token: {flops / 1e9:.4f} GFLOP (formula: see --help / docstring)"
+        f"model FLOPs per target token: {flops / 1e9:.4f} GFLOP, attention's products "
+        f"{attn_flops / flops:.1%} of it (formula: see --help / docstring)"
     )
     print(f"runs: {args.runs} x ({args.warmup} warm-up + {args.steps} timed steps)", flush=True)
     for c in contenders:
         if c.name.startswith("ours compiled"):
-            compile_steps(c, batches, step)
+            compile_steps(c, batches, step, device)
 
     measure_ceiling = device.type == "cpu" and not args.peak_tflops
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
@@ -572,7 +744,68 @@ def main() -> None:
         )
     if peak_tflops:
         print(f"MFU against {peak_tflops:g} TFLOP/s peak (--peak-tflops)")
+    if args.json:
+        write_json(args, contenders, device, vocab, vocab_multiple, flops, attn_flops,
+                   peak_tflops, report, batches)  # fmt: skip
     sys.stdout.flush()
+
+
+def write_json(
+    args: argparse.Namespace,
+    contenders: list[Contender],
+    device: torch.device,
+    vocab: int,
+    vocab_multiple: int,
+    flops: float,
+    attn_flops: float,
+    peak_tflops: float | None,
+    report: dict,
+    batches: list[Batch],
+) -> None:
+    """Append one JSON line per contender to ``args.json``: its figures and the settings."""
+    (real_s, real_t), (pad_s, pad_t) = report["real"], report["padded"]
+    common = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "data": args.data,
+        "model": args.model,
+        "d_model": args.d_model,
+        "layers": args.layers,
+        "heads": args.heads,
+        "ffn": args.ffn,
+        "vocab": vocab,
+        "vocab_multiple": vocab_multiple,
+        "precision": args.precision,
+        "batch_tokens": args.batch_tokens,
+        "pad_to_multiple": args.pad_to_multiple,
+        "shapes_used": len({batch_shape(b) for b in batches}),
+        "padding_source": round(1 - real_s / pad_s, 4),
+        "padding_target": round(1 - real_t / pad_t, 4),
+        "runs": args.runs,
+        "steps": args.steps,
+        "gflop_per_target_token": round(flops / 1e9, 5),
+        "attention_share_of_flops": round(attn_flops / flops, 4),
+        "peak_tflops": peak_tflops,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    with args.json.open("a", encoding="utf-8") as f:
+        for c in contenders:
+            med = statistics.median(c.rates)
+            record = {
+                **common,
+                "name": c.name,
+                "compile": args.compile if c.name.startswith("ours compiled") else "off",
+                "tokens_per_s": round(med),
+                "tokens_per_s_min": round(min(c.rates)),
+                "tokens_per_s_max": round(max(c.rates)),
+                "tflops": round(med * flops / 1e12, 2),
+                "mfu": round(med * flops / (peak_tflops * 1e12), 4) if peak_tflops else None,
+                "peak_mib": round(c.peak_bytes / 2**20),
+                "compiled_graphs": c.counter.graphs if c.counter else None,
+                "compile_s": round(c.compile_s, 1) if c.counter else None,
+            }
+            f.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
-from transformer_mt.engines.engine import TranslateExtras, load_engine
+from transformer_mt.engines.engine import load_engine
+from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.paragraphs import split_lines, translate_split
 from transformer_mt.engines.results import LineResult
 from transformer_mt.text.glossary import Entry, Glossary

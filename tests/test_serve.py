@@ -122,7 +122,8 @@ def test_libretranslate_contract(served, engine, lines):
     assert texts[0] == one.json()["translatedText"] and texts[1] == "" and len(texts) == 3
     wrong = client.post("/translate", json={"q": "x", "source": "de", "target": "en"})
     assert wrong.status_code == 400
-    assert "src -> trg" in wrong.json()["error"] and "'de'" in wrong.json()["error"]
+    assert wrong.json()["error"] == "de is not supported"  # LibreTranslate's words; ours apart:
+    assert "src -> trg" in wrong.json()["detail"] and "'de'" in wrong.json()["detail"]
 
 
 def test_libretranslate_form_bodies_lines_alternatives_and_detection(served, engine, lines):
@@ -147,7 +148,8 @@ def test_libretranslate_form_bodies_lines_alternatives_and_detection(served, eng
     assert alt.json() == {
         "translatedText": [nbest[0]],
         "alternatives": [nbest[1:]],
-        "detectedLanguage": [{"language": "src", "confidence": 100.0}],
+        # "src" is no language the detector knows: the model's language, confidence 0
+        "detectedLanguage": [{"language": "src", "confidence": 0.0}],
     }
     for body, field in (
         ({"q": "x", "source": "src", "target": "trg", "alternatives": "one"}, "'alternatives'"),
@@ -159,7 +161,7 @@ def test_libretranslate_form_bodies_lines_alternatives_and_detection(served, eng
     too_many = client.post(
         "/translate", json={"q": "x", "source": "src", "target": "trg", "alternatives": 99}
     )
-    assert too_many.status_code == 400 and "max_beam" in too_many.json()["error"]
+    assert too_many.status_code == 400 and "max_beam" in too_many.json()["detail"]
     lines_over = "\n".join(["x"] * (LIMITS.max_lines + 1))
     over = client.post("/translate", json={"q": lines_over, "source": "src", "target": "trg"})
     assert over.status_code == 413 and "max_lines" in over.json()["error"]
@@ -168,7 +170,8 @@ def test_libretranslate_form_bodies_lines_alternatives_and_detection(served, eng
 def test_libretranslate_languages_and_detect(served):
     """What LibreTranslate's clients ask first (Weblate, libretranslatepy, its page): GET
     /languages, LibreTranslate's shape, both ends of the model's pair listed (a client checks
-    source and target against the codes); POST /detect: the model's one source language."""
+    source and target against the codes); POST /detect: the model's one source language, with
+    confidence 0 for a toy language no detector knows."""
     client, _ = served
     languages = client.get("/languages")
     assert languages.status_code == 200, languages.text
@@ -186,7 +189,7 @@ def test_libretranslate_languages_and_detect(served):
     # libretranslatepy sends its GET with a form body (the api_key)
     with_body = client.request("GET", "/languages", content=b"api_key=k", headers=form)
     assert with_body.json() == languages.json()
-    detected = [{"language": "src", "confidence": 100.0}]
+    detected = [{"language": "src", "confidence": 0.0}]
     for kwargs in (
         {"json": {"q": "Di stair staustaet eni bistor ."}},
         {"json": {"q": "x", "api_key": None}},
@@ -1340,4 +1343,4 @@ def test_lines_with_nothing_to_translate_never_reach_the_decode_worker(fake_serv
     libre = client.post("/translate", json=body).json()
     assert libre["translatedText"] == ["7 \n A CAT", " 8 "]
     assert libre["alternatives"] == [["7 \n A CAT"], []]
-    assert engine.calls[calls:] == [[" a cat"]]
+    assert engine.calls[calls:] == [["a cat"]]  # sentences, stripped

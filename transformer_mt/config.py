@@ -654,10 +654,10 @@ class TrainConfig:
     )
     compile: bool = setting(
         False,
-        "torch.compile the model, one static graph per batch shape (train.pad_to_multiple bounds"
-        " the shapes; graphs counted and logged): on one H200, 15-25 % more tokens/s once"
-        " compiled (measured before shapes were bounded, when recompiling took 7 minutes of 10);"
-        " no gain measured on 2 CPUs",
+        "torch.compile the encoder and decoder layers, one static graph per layer kind and batch"
+        " shape (train.pad_to_multiple bounds the shapes; graphs counted and logged): on one"
+        " H200, 15-25 % more tokens/s once compiled (measured when the whole model recompiled"
+        " for 7 minutes of 10 as shapes varied); no gain measured on 2 CPUs",
     )
     pad_to_multiple: int | None = setting(
         None,

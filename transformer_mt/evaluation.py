@@ -86,7 +86,9 @@ def score_all(hyps: list[str], refs: list[list[str]], tokenize: str = "13a") -> 
     )
 
 
-def check_same_length(hyps: list[str], hyp_name: str, refs: list[list[str]], ref_names: list[str]):
+def check_same_length(
+    hyps: list[str], hyp_name: str, refs: list[list[str]], ref_names: list[str]
+) -> None:
     """Check that hypotheses and references have the same number of lines.
 
     Raise naming both files and their line counts when a reference does not match, or

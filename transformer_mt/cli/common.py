@@ -15,15 +15,15 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TextIO, TypeVar
 
 import typer
 from tqdm import tqdm
 from typer.core import TyperGroup
 
-from transformer_mt.config import option_help
+from transformer_mt.config import Config, DecodeConfig, option_help
 from transformer_mt.engines.options import declared, option_text
 from transformer_mt.errors import MTError
 
@@ -128,11 +128,15 @@ DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) w
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what the shell reports for a tool whose reader went away
 
 
-def user_errors(fn):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def user_errors(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Turn a user's mistake into one ``error:`` line and exit code 1 (see the module's doc)."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             result = fn(*args, **kwargs)
             sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
@@ -177,7 +181,7 @@ def _silence_stdout() -> None:
         pass  # not a real file descriptor (e.g. under typer's CliRunner)
 
 
-def load_config(config: Path | None, overrides: list[str] | None):
+def load_config(config: Path | None, overrides: list[str] | None) -> Config:
     from transformer_mt.config import load_config, recipe_path
 
     # Read through the package, not a path beside it: an installed `mt` trains the same recipe.
@@ -213,10 +217,18 @@ def _setup_logging() -> None:
     warnings.showwarning = _show_warning
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # as warnings name its files
+# The package's directory (this file is in its cli/), as warnings name its files.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """Show a warning: the package's as a ``warning:`` line, others as Python does.
 
     The package's own warnings (a line cut to the model's length, a skipped step) as bare
@@ -231,7 +243,7 @@ def note(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def decode_settings(base, **options):
+def decode_settings(base: DecodeConfig, **options: object) -> DecodeConfig:
     """The model's decode settings ``base`` with the command line's options applied, checked.
 
     An option left out (None) keeps the model's value; the values are checked as the config's

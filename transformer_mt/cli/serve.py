@@ -60,9 +60,13 @@ def serve(
     key_free_origin: str | None = _serve_option("--key-free-origin"),
     req_limit: int = _serve_option("--req-limit"),
     char_limit: int = _serve_option("--char-limit"),
+    forwarded_allow_ips: str | None = _serve_option("--forwarded-allow-ips"),
     files: bool = _serve_option("--files"),
     files_dir: Path | None = _serve_option("--files-dir"),
     files_ttl: float = _serve_option("--files-ttl"),
+    cache_lines: int = _serve_option("--cache-lines"),
+    glossary: list[str] | None = _serve_option("--glossary"),
+    public_url: str | None = _serve_option("--public-url"),
 ) -> None:
     """Serve the model over HTTP.
 
@@ -73,8 +77,9 @@ def serve(
 
     Requests that arrive together are gathered into batches and decoded together; with
     --engine torch, --continuous lets them join the running search between steps instead.
-    Opened beyond localhost: --api-keys, --req-limit and --char-limit. Ctrl-C or SIGTERM lets
-    the requests in flight finish (at most --shutdown-timeout), then stops.
+    Opened beyond localhost: --api-keys, --req-limit and --char-limit; behind a proxy,
+    --forwarded-allow-ips and --public-url. Ctrl-C or SIGTERM lets the requests in flight
+    finish (at most --shutdown-timeout), then stops.
     """
     from transformer_mt.serve.launch import serve as serve_model
 
@@ -106,9 +111,13 @@ def serve(
             "key_free_origin": key_free_origin,
             "req_limit": req_limit,
             "char_limit": char_limit,
+            "forwarded_allow_ips": forwarded_allow_ips,
             "files": files,
             "files_dir": files_dir,
             "files_ttl": files_ttl,
+            "cache_lines": cache_lines,
+            "glossary": tuple(glossary) if glossary else None,
+            "public_url": public_url,
         }
     )
     serve_model(checkpoint, settings)

@@ -33,7 +33,8 @@ from transformer_mt.errors import MTError
 
 if TYPE_CHECKING:
     from transformer_mt.config import DecodeConfig
-    from transformer_mt.engines.engine import Engine, TranslateExtras
+    from transformer_mt.engines.engine import Engine
+from transformer_mt.engines.options import TranslateExtras
 
 
 def _load_engine(model: "_ModelOptions") -> "Engine":
@@ -223,7 +224,7 @@ class _TextOptions:
 
     def extras(self) -> "TranslateExtras":
         """What the engine is asked for besides the lines (the prefixes: read later)."""
-        from transformer_mt.engines.engine import TranslateExtras
+        from transformer_mt.engines.options import TranslateExtras
         from transformer_mt.text.glossary import read_glossary
 
         return TranslateExtras(
@@ -297,7 +298,15 @@ def _translate_text(
 
 
 def _decode_options(
-    beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p, seed
+    beam: int | None,
+    nbest: int | None,
+    len_penalty: float | None,
+    batch_tokens: int | None,
+    sample: bool,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
 ) -> dict:
     """The decode options of `mt translate` as changes of a model's DecodeConfig.
 
@@ -507,7 +516,7 @@ def evaluate(
         assert src is not None  # exactly one of --hyp and --src, checked above
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
-        from transformer_mt.engines.engine import TranslateExtras
+        from transformer_mt.engines.options import TranslateExtras
 
         model = _ModelOptions(checkpoint, engine, device, quantize, target_lang, precision)
         translator = _load_engine(model)

@@ -31,9 +31,10 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 from transformer_mt.checkpoint import check_finite
 from transformer_mt.engines.ct2 import SETTINGS_FILE, import_ctranslate2, read_settings
@@ -42,6 +43,19 @@ from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_text_atomic
 from transformer_mt.model import Transformer
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer
+
+if TYPE_CHECKING:
+    # ctranslate2 ships no type hints: its spec classes are Any to mypy, named here for the reader.
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+    from ctranslate2.specs.attention_spec import MultiHeadAttentionSpec
+    from ctranslate2.specs.common_spec import LayerNormSpec, LinearSpec
+    from ctranslate2.specs.transformer_spec import FeedForwardSpec, TransformerSpec
+    from torch import nn
+
+    from transformer_mt.data.tokenizer import Tokenizer
+    from transformer_mt.model.layers import FeedForward
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_bfloat16", "bfloat16", "float16")
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which the model uses
@@ -277,14 +291,14 @@ def _plain_name(name: Any) -> bool:
     )
 
 
-def _pieces(tok, size: int) -> list[str]:
+def _pieces(tok: "Tokenizer", size: int) -> list[str]:
     """The vocabulary as CTranslate2 wants it: piece strings in id order, one per embedding row."""
     if tok.vocab_size != size:
         raise MTError(f"tokenizer has {tok.vocab_size} pieces but the model {size} embeddings")
     return tok.id_to_piece(range(size))
 
 
-def transformer_spec(model: Transformer, specs):
+def transformer_spec(model: Transformer, specs: ModuleType) -> "TransformerSpec":
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights (float32 numpy).
 
     Shaped by the model's config.
@@ -319,8 +333,9 @@ def transformer_spec(model: Transformer, specs):
         _norm(layer_spec.attention.layer_norm, layer.cross_attn_residual.norm)
         _ffn(layer_spec.ffn, layer.ffn, layer.ffn_residual.norm)
     if pre_norm:
-        _norm(spec.encoder.layer_norm, model.enc_norm)
-        _norm(spec.decoder.layer_norm, model.dec_norm)
+        # Pre-norm: the final norms are LayerNorms (an Identity only in a post-norm model).
+        _norm(spec.encoder.layer_norm, cast("nn.LayerNorm", model.enc_norm))
+        _norm(spec.decoder.layer_norm, cast("nn.LayerNorm", model.dec_norm))
     return spec
 
 
@@ -333,7 +348,7 @@ _ACTIVATIONS = {
 }
 
 
-def _numpy(tensor):
+def _numpy(tensor: "torch.Tensor") -> "npt.NDArray[np.float32]":
     """A float32 copy of ``tensor`` as a numpy array.
 
     CTranslate2 quantizes its arrays in place, and a view would share the model's own parameters
@@ -341,23 +356,23 @@ def _numpy(tensor):
     return tensor.detach().float().cpu().numpy().copy()
 
 
-def _linear(spec, module) -> None:
+def _linear(spec: "LinearSpec", module: "nn.Linear") -> None:
     spec.weight = _numpy(module.weight)
     if module.bias is not None:
         spec.bias = _numpy(module.bias)
 
 
-def _attention(spec, linears) -> None:
+def _attention(spec: "MultiHeadAttentionSpec", linears: Sequence["nn.Linear"]) -> None:
     for linear_spec, module in zip(spec.linear, linears, strict=True):
         _linear(linear_spec, module)
 
 
-def _norm(spec, module) -> None:
+def _norm(spec: "LayerNormSpec", module: "nn.LayerNorm") -> None:
     spec.gamma = _numpy(module.weight)
     spec.beta = _numpy(module.bias)
 
 
-def _ffn(spec, ffn, norm) -> None:
+def _ffn(spec: "FeedForwardSpec", ffn: "FeedForward", norm: "nn.LayerNorm") -> None:
     _linear(spec.linear_0, ffn.fc1)
     _linear(spec.linear_1, ffn.fc2)
     _norm(spec.layer_norm, norm)

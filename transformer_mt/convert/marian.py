@@ -27,6 +27,12 @@ What is converted, and how:
   ``length_penalty`` (Hugging Face divides a score by length^alpha, ours by GNMT's
   ((5 + length) / 6)^alpha: the same alpha, not the same ranking) and ``max_length``.
 
+Everything is checked before anything is written, each problem one line naming the file and
+field: ``config.json`` against one schema (:data:`CONFIG_SCHEMA`: types and ranges; token ids
+within the vocabulary), each sentencepiece model (it loads, and cuts text into pieces of the
+vocabulary: an empty or foreign one would read every text as <unk>), and every tensor's shape
+against the config (:func:`check_shapes`) before the model is built.
+
 A name that is not a local directory is fetched with ``huggingface_hub.snapshot_download``.
 """
 
@@ -42,7 +48,14 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import save_checkpoint
-from transformer_mt.config import Config, DecodeConfig, ModelConfig, validate_decode
+from transformer_mt.config import (
+    PROBABILITY,
+    Config,
+    DecodeConfig,
+    ModelConfig,
+    Range,
+    validate_decode,
+)
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, Tokenizer
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import check_output
@@ -93,6 +106,7 @@ def import_marian(source: str, output: Path) -> dict[str, Any]:
     trg_name = "target_vocab.json" if trg_vocab is not src_vocab else "vocab.json"
     trg_spm, trg_rows = convert_vocabulary(directory / "target.spm", trg_vocab, trg_name)
     weights = read_weights(directory)
+    check_shapes(weights, shape, config, (len(src_vocab), len(trg_vocab)), _weights_file(directory))
     src_emb, trg_emb = embeddings(weights)
     shared = src_spm == trg_spm and src_emb.shape == trg_emb.shape and torch.equal(src_emb, trg_emb)
     model_cfg = ModelConfig(**shape, share_embeddings=shared)
@@ -214,6 +228,76 @@ MARIAN_DEFAULTS: dict[str, Any] = {
 }
 
 
+_SIZE = Range(1, 1 << 16)
+_COUNT = Range(1, 1024)
+_ID = Range(0, 1 << 24, none_ok=True)  # null: not given; within the vocabulary: _check_specials
+# What each field of config.json that the import reads may hold: its kind (int, float: any
+# number, bool, str, list: of strings) and range. One schema, checked before anything else.
+CONFIG_SCHEMA: dict[str, tuple[type, Range | None]] = {
+    "model_type": (str, None),
+    "architectures": (list, Range(none_ok=True)),
+    "d_model": (int, _SIZE),
+    "encoder_layers": (int, _COUNT),
+    "decoder_layers": (int, _COUNT),
+    "encoder_attention_heads": (int, _COUNT),
+    "decoder_attention_heads": (int, _COUNT),
+    "encoder_ffn_dim": (int, Range(1, 1 << 20)),
+    "decoder_ffn_dim": (int, Range(1, 1 << 20)),
+    "activation_function": (str, None),
+    "max_position_embeddings": (int, Range(2, 1 << 16)),
+    "dropout": (float, PROBABILITY),
+    "attention_dropout": (float, PROBABILITY),
+    "activation_dropout": (float, PROBABILITY),
+    "scale_embedding": (bool, None),
+    "tie_word_embeddings": (bool, None),
+    "normalize_before": (bool, Range(none_ok=True)),
+    "add_final_layer_norm": (bool, Range(none_ok=True)),
+    "normalize_embedding": (bool, Range(none_ok=True)),
+    "vocab_size": (int, Range(1, 1 << 24, none_ok=True)),
+    "decoder_vocab_size": (int, Range(1, 1 << 24, none_ok=True)),
+    "pad_token_id": (int, _ID),
+    "eos_token_id": (int, _ID),
+    "decoder_start_token_id": (int, _ID),
+    "forced_eos_token_id": (int, _ID),
+}
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_KINDS[list] = "a list of strings"
+_TOKEN_IDS = ("pad_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id")
+
+
+def check_schema(config: Mapping[str, Any], where: Path) -> None:
+    """Refuse a field of ``config`` whose value is not of its :data:`CONFIG_SCHEMA` kind and range.
+
+    A field left out means MarianConfig's default (:data:`MARIAN_DEFAULTS`); null is accepted
+    where the range allows it (a token id or flag not given).
+
+    Raises:
+        MTError: one line naming the file, the field, its value and what it must be.
+    """
+    for key, (kind, allowed) in CONFIG_SCHEMA.items():
+        if key not in config:
+            continue
+        value = config[key]
+        if value is None and allowed is not None and allowed.none_ok:
+            continue
+        if _of_kind(value, kind) and (allowed is None or value is None or allowed.holds(value)):
+            continue
+        want = _KINDS[kind] + (
+            f", {allowed.describe()}" if allowed and kind in (int, float) else ""
+        )
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise MTError(f"{where}: field {key}={shown}: expected {want}")
+
+
+def _of_kind(value: Any, kind: type) -> bool:
+    """Whether ``value`` is of the schema's ``kind`` (a bool is no number, a number no bool)."""
+    if kind is float:
+        return type(value) in (int, float)
+    if kind is list:
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    return type(value) is kind
+
+
 def _setting(config: Mapping[str, Any], key: str) -> Any:
     """A field of a Marian ``config.json``, or MarianConfig's default when it is left out."""
     return config.get(key, MARIAN_DEFAULTS[key])
@@ -267,6 +351,7 @@ def marian_shape(config: Mapping[str, Any], where: Path) -> dict[str, Any]:
 
     That is post-norm, the sinusoid table in halves, a bias on the output projection, and the
     config's sizes, dropout, activation, embedding scale and tying."""
+    check_schema(config, where)
     check_marian(config, where)
     return dict(
         d_model=_setting(config, "d_model"),
@@ -290,7 +375,11 @@ def marian_shape(config: Mapping[str, Any], where: Path) -> dict[str, Any]:
 def _vocabularies(directory: Path, tok_cfg: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The source and target vocabularies (pieces in id order; one list object when shared)."""
     src = _vocab_file(directory / "vocab.json")
-    if not tok_cfg.get("separate_vocabs", False):
+    separate = tok_cfg.get("separate_vocabs", False)
+    if separate is not None and not isinstance(separate, bool):
+        where = directory / "tokenizer_config.json"
+        raise MTError(f"{where}: field separate_vocabs={separate!r}: expected true or false")
+    if not separate:
         return src, src
     return src, _vocab_file(directory / "target_vocab.json")
 
@@ -316,6 +405,12 @@ def _check_specials(
         for piece in ("<pad>", "</s>", "<unk>"):
             if piece not in vocab:
                 raise MTError(f"{directory / name}: no piece {piece}; not a Marian vocabulary")
+    for key in _TOKEN_IDS:  # an int by the schema, or null
+        if config.get(key) is not None and not 0 <= config[key] < len(trg):
+            raise MTError(
+                f"{directory / 'config.json'}: field {key}={config[key]} is not an id of the "
+                f"target vocabulary (0 to {len(trg) - 1})"
+            )
     expected = {"pad_token_id": "<pad>", "eos_token_id": "</s>"}
     for key, piece in expected.items():
         if config.get(key) is not None and trg[config[key]] != piece:
@@ -356,6 +451,7 @@ def convert_vocabulary(
     kinds = spm_pb2.ModelProto.SentencePiece.Type
     own = {p.piece: p for p in proto.pieces if p.type not in (kinds.CONTROL, kinds.UNKNOWN)}
     in_vocab = set(vocab)
+    _check_cuts(spm_path, [p.piece for p in proto.pieces if p.type == kinds.NORMAL], in_vocab)
     unknown = [p for p in own if p not in in_vocab]
     if unknown:
         log.warning(
@@ -377,12 +473,34 @@ def convert_vocabulary(
             new.type = kinds.UNKNOWN if our_id == UNK_ID else kinds.CONTROL
         elif piece in own:
             new.CopyFrom(own[piece])
+            if _TAG_RE.fullmatch(piece):  # a language tag: its id comes from --target-lang only
+                new.type = kinds.UNUSED
         else:  # a piece of the vocabulary only: its id exists, text never cuts into it
             new.piece, new.type, new.score = piece, kinds.UNUSED, 0.0
         pieces.append(new)
     del proto.pieces[:]
     proto.pieces.extend(pieces)
     return _with_our_specials(proto, spm_path), order
+
+
+def _check_cuts(spm_path: Path, normal: list[str], in_vocab: set[str]) -> None:
+    """Refuse a sentencepiece model that would read text as <unk>.
+
+    That is one without pieces to cut text into (``normal``: its normal pieces), or most of
+    whose pieces the vocabulary lacks (a sentencepiece model of another vocabulary: a Marian
+    vocabulary holds every piece of its sentencepiece models, or nearly)."""
+    if not normal:
+        raise MTError(
+            f"{spm_path}: no pieces to cut text into; every text would be read as <unk> "
+            "(a damaged or empty sentencepiece model)"
+        )
+    known = sum(piece in in_vocab for piece in normal if piece != "▁")
+    if 2 * known < len(normal):
+        some = f"only {known} of its {len(normal)} pieces are" if known else "none of its pieces is"
+        raise MTError(
+            f"{spm_path}: {some} in the vocabulary; text would be read as <unk> (the "
+            "sentencepiece model of another vocabulary?)"
+        )
 
 
 def _read_spm(spm_path: Path) -> tuple[Any, Any]:
@@ -397,11 +515,18 @@ def _read_spm(spm_path: Path) -> tuple[Any, Any]:
         raise MTError(
             f"{spm_path} not found; a Marian model directory has source.spm and target.spm"
         )
+    data = spm_path.read_bytes()
+    if not data:
+        raise MTError(f"{spm_path}: an empty file, not a sentencepiece model")
     proto = spm_pb2.ModelProto()
     try:
-        proto.ParseFromString(spm_path.read_bytes())
-    except Exception:  # protobuf's DecodeError, by implementation
-        raise MTError(f"{spm_path}: not a sentencepiece model") from None
+        proto.ParseFromString(data)
+        import sentencepiece
+
+        sentencepiece.SentencePieceProcessor(model_proto=data)
+    except Exception as err:  # protobuf's DecodeError, by implementation; sentencepiece's own
+        first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+        raise MTError(f"{spm_path}: not a sentencepiece model ({first})") from None
     return proto, spm_pb2
 
 
@@ -419,6 +544,70 @@ def _with_our_specials(proto: Any, spm_path: Path) -> bytes:
     except RuntimeError as err:
         raise MTError(f"{spm_path}: its pieces in our order do not load ({err})") from None
     return data
+
+
+def _weights_file(directory: Path) -> Path:
+    """The weights file :func:`read_weights` reads (for errors that name it)."""
+    safetensors_file = directory / "model.safetensors"
+    return safetensors_file if safetensors_file.is_file() else directory / "pytorch_model.bin"
+
+
+def check_shapes(
+    weights: Mapping[str, torch.Tensor],
+    shape: Mapping[str, Any],
+    config: Mapping[str, Any],
+    vocab_sizes: tuple[int, int],
+    where: Path,
+) -> None:
+    """Refuse weights that lack a tensor the model needs, or hold one of another shape.
+
+    Each tensor's shape follows from ``shape`` (:func:`marian_shape`'s sizes), the config's
+    vocabulary sizes and the vocabularies' (``vocab_sizes``: source, target; every id needs a
+    row). Checked before the model is built, which would allocate what the config says.
+
+    Raises:
+        MTError: one line naming the weights file, the tensor, its shape and the one expected.
+    """
+    d, ffn = shape["d_model"], shape["ffn_hidden"]
+    sides = (("encoder", "vocab_size"), ("decoder", "decoder_vocab_size"))
+    rows = []
+    for (side, size_key), least in zip(sides, vocab_sizes, strict=True):
+        name = f"model.{side}.embed_tokens.weight"
+        emb = _find(weights, name, "model.shared.weight", file=where)
+        size = config.get(size_key) or config.get("vocab_size") or (emb.shape or (0,))[0]
+        if tuple(emb.shape) != (size, d) or size < least:
+            raise MTError(
+                f"{where}: tensor {name} (or model.shared.weight) has shape "
+                f"{tuple(emb.shape)}; config.json and the vocabulary ask for ({size}, {d}), "
+                f"at least {least} rows (its pieces)"
+            )
+        rows.append(size)
+    expected: dict[str, tuple[int, ...]] = {"final_logits_bias": (1, rows[1])}
+    if not shape["tie_embeddings"]:
+        expected["lm_head.weight"] = (rows[1], d)
+    for side, count in (("encoder", shape["n_layers"]), ("decoder", shape["n_dec_layers"])):
+        blocks = ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",)
+        for i in range(count):
+            at = f"model.{side}.layers.{i}"
+            for part in (*(f"{b}.{x}_proj" for b in blocks for x in "qkv"), "self_attn.out_proj"):
+                expected |= {f"{at}.{part}.weight": (d, d), f"{at}.{part}.bias": (d,)}
+            if side == "decoder":
+                expected |= {f"{at}.encoder_attn.out_proj.weight": (d, d)}
+                expected |= {f"{at}.encoder_attn.out_proj.bias": (d,)}
+            expected |= {f"{at}.fc1.weight": (ffn, d), f"{at}.fc1.bias": (ffn,)}
+            expected |= {f"{at}.fc2.weight": (d, ffn), f"{at}.fc2.bias": (d,)}
+            for norm in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
+                if norm != "encoder_attn_layer_norm" or side == "decoder":
+                    expected |= {f"{at}.{norm}.weight": (d,), f"{at}.{norm}.bias": (d,)}
+    for name, want in expected.items():
+        if name == "final_logits_bias" and name not in weights:
+            continue  # none: a bias of zeros
+        got = tuple(_find(weights, name, file=where).shape)
+        if got != want and not (name == "final_logits_bias" and got == want[1:]):
+            raise MTError(
+                f"{where}: tensor {name} has shape {got}; config.json asks for {want} "
+                f"(d_model={d}, ffn_dim={ffn}, target vocabulary {rows[1]})"
+            )
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -446,11 +635,22 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _tensor(weights: Mapping[str, torch.Tensor], *names: str) -> torch.Tensor:
-    """The first of ``names`` the weights hold (tied tensors are saved under one name only)."""
+    """The first of ``names`` the weights hold, in float32 (tied tensors are saved once)."""
+    return _find(weights, *names).float()
+
+
+def _find(
+    weights: Mapping[str, torch.Tensor], *names: str, file: Path | None = None
+) -> torch.Tensor:
+    """The first of ``names`` the weights hold, as it is (tied tensors are saved once)."""
     for name in names:
         if name in weights:
-            return weights[name].float()
-    raise MTError(f"the weights lack {names[0]}; not a MarianMTModel's weights file")
+            return weights[name]
+    where = f"{file}: " if file is not None else ""
+    raise MTError(
+        f"{where}the weights lack {names[0]}; not a MarianMTModel's weights file, or not the "
+        "one config.json describes (its layer counts)"
+    )
 
 
 def embeddings(weights: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

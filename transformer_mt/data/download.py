@@ -130,7 +130,7 @@ def _open(
     offset: int,
     names: SettingNames,
     validator: str | None = None,
-):
+) -> http.client.HTTPResponse:
     """The HTTP response for ``url`` from byte ``offset`` on.
 
     With ``validator`` given, the response is the whole file if the file no longer matches it.

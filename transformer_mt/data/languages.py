@@ -4,8 +4,11 @@ One model may translate several pairs (Johnson et al., 2017): its training sourc
 languages (``{src_lang: fr, trg_lang: en}``), and when they have more than one target language,
 each source sentence starts with a tag naming the language to translate into (``<2en>``). The
 tag is a user-defined symbol of the sentencepiece model: one piece, never split, and never
-emitted by decoding. A model with one target language (one pair, or many-to-one) has no tags:
-its sources are read exactly as a bilingual model's.
+emitted by decoding. Its id is put before the source's ids (:func:`source_prefix`), never cut
+from text: a source line that holds ``<2de>`` is translated as text (the
+:class:`~transformer_mt.data.tokenizer.Tokenizer` cuts text without the tags). A model with one
+target language (one pair, or many-to-one) has no tags: its sources are read exactly as a
+bilingual model's.
 
 Everything here is derived from the config alone, so a checkpoint (which stores its config)
 knows its pairs and tags without any other record.

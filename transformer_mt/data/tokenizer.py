@@ -2,6 +2,11 @@
 
 Special ids are fixed for every vocabulary the project trains, so a checkpoint never has to guess
 them; they are also recorded in the checkpoint.
+
+A multilingual model's language tags (``<2en>``, an imported Marian model's ``>>deu<<``) are
+pieces of the vocabulary that text is never cut into: source text that happens to hold
+``<2de>`` is translated as the text it is, and the tag's id only ever comes from the target
+language asked for (:func:`~transformer_mt.data.languages.source_prefix`).
 """
 
 import io
@@ -23,6 +28,7 @@ SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
 # A target-language tag piece: ours (<2en>, data/languages.py) or an imported Marian model's
 # (>>deu<<, convert/marian.py).
 _TAG_RE = re.compile(r"<2[A-Za-z0-9_-]+>|>>[A-Za-z0-9_-]+<<")
+_UNUSED = 5  # sentencepiece's ModelProto.SentencePiece.Type.UNUSED: never cut from text
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,14 @@ class Tokenizer:
         # translation: decode drops them as it drops the special ids.
         pieces = (self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size()))
         self.tag_ids = frozenset(i for i, p in enumerate(pieces) if _TAG_RE.fullmatch(p))
+        # sentencepiece cuts a user-defined symbol (how training reserves a tag's piece) out of
+        # any text that holds it: text is cut by a copy of the model whose tags are unused
+        # pieces instead, with the same ids (`sp` still knows the tags by name).
+        cut = [i for i in self.tag_ids if i in self.sp.encode(self.sp.id_to_piece(i))]
+        self._text_sp = self.sp
+        if cut:
+            text_model = _with_unused_pieces(model_proto, frozenset(cut))
+            self._text_sp = spm.SentencePieceProcessor(model_proto=text_model)
 
     @property
     def vocab_size(self) -> int:
@@ -61,11 +75,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """One sentence to piece ids, without BOS/EOS."""
-        return self.sp.encode(text, out_type=int)
+        return self._text_sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Many sentences at once (sentencepiece encodes them on several threads)."""
-        return self.sp.encode(texts, out_type=int)
+        return self._text_sp.encode(texts, out_type=int)
 
     def sample_batch(self, texts: list[str], alpha: float, nbest: int = -1) -> list[list[int]]:
         """A sampled segmentation of each sentence (subword regularization).
@@ -73,7 +87,7 @@ class Tokenizer:
         Unigram models sample
         among the ``nbest`` best (-1 = all) with smoothing ``alpha``; BPE drops merges with
         probability ``alpha``. Not reproducible across processes: callers cache the result."""
-        return self.sp.encode(
+        return self._text_sp.encode(
             texts, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest
         )
 
@@ -84,7 +98,7 @@ class Tokenizer:
 
     def pieces(self, text: str) -> list[str]:
         """One sentence to its pieces as strings (for display and debugging)."""
-        return self.sp.encode(text, out_type=str)
+        return self._text_sp.encode(text, out_type=str)
 
     def id_to_piece(self, ids: Iterable[int]) -> list[str]:
         """The piece string of each id."""
@@ -165,3 +179,74 @@ class Tokenizer:
         if failure:  # pragma: no cover - sentencepiece always reports the iterator's error
             raise failure[0]
         return cls(buf.getvalue())
+
+
+def _with_unused_pieces(model_proto: bytes, ids: frozenset[int]) -> bytes:
+    """``model_proto`` with the pieces ``ids`` made unused: text is never cut into them.
+
+    The serialized ModelProto is rewritten as protobuf's wire format has it (field 1: the
+    pieces, in id order; a piece's field 3: its type), so that no protobuf package is needed;
+    every other byte is kept."""
+    out, pos, index = bytearray(), 0, 0
+    while pos < len(model_proto):
+        start = pos
+        key, pos = _varint(model_proto, pos)
+        end = _field_end(model_proto, pos, key & 7)
+        if key == (1 << 3 | 2):  # a piece
+            if index in ids:
+                _, body = _varint(model_proto, pos)
+                piece = _without_field(model_proto[body:end], 3) + bytes([3 << 3, _UNUSED])
+                out += _varint_bytes(key) + _varint_bytes(len(piece)) + piece
+            else:
+                out += model_proto[start:end]
+            index += 1
+        else:
+            out += model_proto[start:end]
+        pos = end
+    return bytes(out)
+
+
+def _without_field(message: bytes, number: int) -> bytes:
+    """A serialized message without its fields numbered ``number``."""
+    out, pos = bytearray(), 0
+    while pos < len(message):
+        start = pos
+        key, pos = _varint(message, pos)
+        pos = _field_end(message, pos, key & 7)
+        if key >> 3 != number:
+            out += message[start:pos]
+    return bytes(out)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos``, and the position after it."""
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise MTError("a damaged sentencepiece model (a field runs past its end)")
+        byte = data[pos]
+        pos, value, shift = pos + 1, value | (byte & 0x7F) << shift, shift + 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _varint_bytes(value: int) -> bytes:
+    """``value`` as a varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_end(data: bytes, pos: int, wire_type: int) -> int:
+    """Where a field's value that starts at ``pos`` ends."""
+    if wire_type == 0:
+        return _varint(data, pos)[1]
+    if wire_type == 2:
+        size, pos = _varint(data, pos)
+        return pos + size
+    if wire_type in (1, 5):
+        return pos + (8 if wire_type == 1 else 4)
+    raise MTError(f"a damaged sentencepiece model (wire type {wire_type})")

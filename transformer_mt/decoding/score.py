@@ -41,7 +41,9 @@ class PairScore:
         return self.logprob / self.tokens
 
 
-def check_pairs(sources: Sequence[str], src_name: str, targets: Sequence[str], trg_name: str):
+def check_pairs(
+    sources: Sequence[str], src_name: str, targets: Sequence[str], trg_name: str
+) -> None:
     """Raise a one-line MTError naming both files and their line counts when they differ."""
     if len(sources) != len(targets):
         raise MTError(
@@ -105,7 +107,10 @@ def score_pairs(
 
 
 def _score_batch(
-    models: list[Transformer], sources: list[list[int]], targets: list[list[int]], device
+    models: list[Transformer],
+    sources: list[list[int]],
+    targets: list[list[int]],
+    device: torch.device,
 ) -> list[float]:
     """The summed target log-probabilities of one batch.
 
@@ -125,7 +130,13 @@ def _score_batch(
     return per_token.sum(dim=1).tolist()
 
 
-def _token_log_probs(model, src, trg_in, trg_out, keep) -> torch.Tensor:
+def _token_log_probs(
+    model: Transformer,
+    src: torch.Tensor,
+    trg_in: torch.Tensor,
+    trg_out: torch.Tensor,
+    keep: torch.Tensor,
+) -> torch.Tensor:
     """One model's log-probability (N,) of each real target token."""
     hidden = model(src, trg_in, features_only=True)  # (B, T, D), after the final norm
     logits = model.out(hidden[keep])  # (N, V), N = real target tokens in the batch

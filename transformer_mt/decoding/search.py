@@ -390,9 +390,10 @@ class _Beams:
         forced: ForcedPrefixes | None,
         extra_len: torch.Tensor | None = None,
     ) -> "_Beams":
-        """Beams of BOS for the sentences of ``src``; ``extra_len`` (B,): tokens that each
-        budget must fit beyond its forced prefix (if any) and one more token (a constrained
-        search's constraint tokens)."""
+        """Beams of BOS for the sentences of ``src``.
+
+        ``extra_len`` (B,): tokens that each budget must fit beyond its forced prefix (if any)
+        and one more token (a constrained search's constraint tokens)."""
         k, n, dev = decode.beam_size, src.size(0), src.device
         min_lens = None if forced is None else forced.min_lens()
         if extra_len is not None:
@@ -829,8 +830,9 @@ def _end_constrained(
     met: torch.Tensor,
     alpha: float,
 ) -> None:
-    """:func:`_end_hypotheses` with each row's ``constraints_met`` (m,); -inf rows (beams that
-    no candidate could fill) end nothing."""
+    """:func:`_end_hypotheses` with each row's ``constraints_met`` (m,).
+
+    Rows at -inf (beams that no candidate could fill) end nothing."""
     for sentence, logp, row, ok in zip(
         sentences.tolist(), logp_sums.tolist(), ids.tolist(), met.tolist(), strict=True
     ):
@@ -839,8 +841,9 @@ def _end_constrained(
 
 
 def _best_constrained(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
-    """The ``nbest`` best of a sentence's ended hypotheses: those that meet the constraints
-    first, then by length-penalized score."""
+    """The ``nbest`` best of a sentence's ended hypotheses.
+
+    Those that meet the constraints first, then by length-penalized score."""
     best = sorted(hyps, key=lambda h: (h.constraints_met, h.score), reverse=True)[:nbest]
     assert best, "a done sentence holds at least one hypothesis"
     return DecodeResult(best)

@@ -13,21 +13,32 @@ What each format keeps: :mod:`~transformer_mt.documents.html` (HTML, and epub ch
 :mod:`~transformer_mt.documents.office` (.docx, .odt, .pptx, .epub). A .txt file is translated
 line by line, its empty lines and line ends kept. Segments with nothing to translate
 (:func:`has_text`: numbers, emoji, links alone) are not segments: they stay as they are.
+
+Reading a document costs at most what its bounds allow (:mod:`~transformer_mt.documents.limits`:
+bytes, zip members, segments, elements, nesting; by default those the environment sets), each
+checked as it is read. :func:`document_segments` and :func:`render_document` (and their HTML
+fragment forms) are the two phases as functions of bytes, for a server that parses in a process
+of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from transformer_mt.documents.limits import Budget, DocumentLimits
 from transformer_mt.engines.results import LineResult
 from transformer_mt.errors import MTError
 from transformer_mt.text.content import has_text
 
+if TYPE_CHECKING:  # read where an HTML document is (documents.html: imported when needed)
+    from transformer_mt.documents.html import HtmlPage
+
 # File suffixes a document may have, in the order LibreTranslate lists them.
 FILE_FORMATS: tuple[str, ...] = (".txt", ".html", ".docx", ".odt", ".pptx", ".epub")
 SUFFIXES = {".htm": ".html", ".xhtml": ".html"}  # other names of a format
+LINE_ENDS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines splits ("\r\n": one)
 
 
 class _Renderer(Protocol):
@@ -58,7 +69,7 @@ class Document:
 class _Html:
     """An :class:`~transformer_mt.documents.html.HtmlPage` written back as UTF-8."""
 
-    def __init__(self, page) -> None:
+    def __init__(self, page: HtmlPage) -> None:
         self.page = page
 
     def render(self, results: list[LineResult]) -> bytes:
@@ -69,9 +80,13 @@ class _Html:
 class _Text:
     """A text file: each line with text is a segment; line ends and other lines kept."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, budget: Budget) -> None:
+        ends = sum(text.count(end) for end in LINE_ENDS) - text.count("\r\n")
+        budget.add_elements(ends + 1, "lines")  # counted before a line is split off
         self.lines = text.splitlines(keepends=True)
         self.todo = [i for i, line in enumerate(self.lines) if has_text(line)]
+        for _ in self.todo:
+            budget.add_segment()
 
     def render(self, results: list[LineResult]) -> bytes:
         """The text with each line that had text translated (its indentation and end kept)."""
@@ -83,20 +98,28 @@ class _Text:
         return "".join(lines).encode("utf-8")
 
 
-def html_document(fragment: str) -> Document:
-    """An HTML fragment (LibreTranslate's ``format: "html"``) as a document to translate."""
+def html_document(
+    fragment: str, limits: DocumentLimits | None = None, name: str = "the HTML"
+) -> Document:
+    """An HTML fragment (LibreTranslate's ``format: "html"``) as a document to translate.
+
+    Read within ``limits`` (by default those the environment sets); ``name`` appears in errors."""
     from transformer_mt.documents.html import HtmlPage
 
-    page = HtmlPage(fragment)
+    page = HtmlPage(fragment, budget=Budget(limits or DocumentLimits.from_env(), name))
     return Document([s.line for s in page.segments], ".html", _Html(page))
 
 
-def read_document(data: bytes, suffix: str, name: str = "") -> Document:
+def read_document(
+    data: bytes, suffix: str, name: str = "", limits: DocumentLimits | None = None
+) -> Document:
     """Read a file's bytes as a document of the format ``suffix`` names.
 
     A file's bytes as a document; ``suffix`` picks the format (one of FILE_FORMATS), ``name``
     appears in errors. An MTError for an unknown suffix, a missing optional extra (naming the pip
-    extra to install) or a file the format's library cannot read."""
+    extra to install) or a file the format's library cannot read; a
+    :class:`~transformer_mt.documents.limits.DocumentTooLarge` past one of ``limits`` (by
+    default those the environment sets)."""
     suffix = SUFFIXES.get(suffix.lower(), suffix.lower())
     name = name or f"the {suffix} file"
     if suffix not in FILE_FORMATS:
@@ -104,22 +127,26 @@ def read_document(data: bytes, suffix: str, name: str = "") -> Document:
             f"{name}: {suffix or 'no suffix'} is not a document format; "
             f"translate one of: {', '.join(FILE_FORMATS)}"
         )
+    budget = Budget(limits or DocumentLimits.from_env(), name)
     if suffix in (".txt", ".html"):
+        budget.add_bytes(len(data))
         text = _utf8(data, name)
         if suffix == ".txt":
-            state = _Text(text)
+            state = _Text(text, budget)
             return Document([" ".join(state.lines[i].split()) for i in state.todo], suffix, state)
-        document = html_document(text)
-        return document
+        from transformer_mt.documents.html import HtmlPage
+
+        page = HtmlPage(text, budget=budget)
+        return Document([s.line for s in page.segments], ".html", _Html(page))
     from transformer_mt.documents import office
 
     readers = {".docx": office.read_docx, ".pptx": office.read_pptx, ".odt": office.read_odt}
     if suffix == ".epub":
-        book = office.Epub(data, name)
+        book = office.Epub(data, name, budget)
         return Document(book.segments, suffix, book)
     try:
-        paragraphs = readers[suffix](data)
-    except MTError:
+        paragraphs = readers[suffix](data, budget)
+    except (MTError, MemoryError):
         raise
     except Exception as err:  # each library has its own errors for a damaged file
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
@@ -141,3 +168,35 @@ def _utf8(data: bytes, name: str) -> str:
         raise MTError(
             f"{name}: byte {err.start} is not UTF-8; save the file as UTF-8 and try again"
         ) from None
+
+
+# --- the two phases as functions of bytes: what a server's parsing process runs --------------
+
+
+def document_segments(data: bytes, suffix: str, name: str, limits: DocumentLimits) -> list[str]:
+    """The segments of the document ``data`` (:func:`read_document`)."""
+    return read_document(data, suffix, name, limits).segments
+
+
+def render_document(
+    data: bytes, suffix: str, name: str, limits: DocumentLimits, results: list[LineResult]
+) -> bytes:
+    """The document ``data`` read again and rendered with ``results`` (one per segment)."""
+    return read_document(data, suffix, name, limits).render(results)
+
+
+def html_segments(fragments: list[str], limits: DocumentLimits, field: str) -> list[list[str]]:
+    """Each HTML fragment's segments (:func:`html_document`; errors name ``field[i]``)."""
+    return [
+        html_document(text, limits, f"{field}[{i}]").segments for i, text in enumerate(fragments)
+    ]
+
+
+def render_html(
+    fragments: list[str], limits: DocumentLimits, field: str, results: list[list[LineResult]]
+) -> list[str]:
+    """Each HTML fragment read again and rendered with its results."""
+    return [
+        html_document(text, limits, f"{field}[{i}]").render(found).decode("utf-8")
+        for i, (text, found) in enumerate(zip(fragments, results, strict=True))
+    ]

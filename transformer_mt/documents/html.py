@@ -27,10 +27,14 @@ over markup). What becomes what:
 
 from __future__ import annotations
 
+import bisect
 import html
+import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from typing import Any
 
+from transformer_mt.documents.limits import Budget, DocumentLimits
 from transformer_mt.documents.placement import word_links
 from transformer_mt.engines.results import LineResult
 from transformer_mt.text.content import has_text
@@ -104,18 +108,17 @@ class Segment:
         target = result.text.split()
         if not target:
             return self.raw
-        spans = _word_spans(self.text)
-        links = word_links(result, len(spans))
+        spans = _Spans(self.text)
+        links = word_links(result, len(spans.starts))
         layout = _Layout(len(target))
         ranges: dict[int, tuple[int, int]] = {}
         for element in self.elements:  # parents come before their children
             bounds = (0, len(target)) if element.parent is None else ranges[id(element.parent)]
-            s0, s1 = _word_span(spans, element.start, element.end)
-            span = links.span(s0, s1)
+            span = links.span(*spans.words_within(element.start, element.end))
             ranges[id(element)] = layout.fit(element, span, bounds)
         for point in self.points:
             bounds = (0, len(target)) if point.parent is None else ranges[id(point.parent)]
-            at = links.point(_words_before(spans, point.at))
+            at = links.point(spans.words_before(point.at))
             glue = _glue(self.text, point.at)
             layout.add_point(point.raw, min(max(at, bounds[0]), bounds[1]), glue)
         body = layout.render([escape(word, self.xml) for word in target])
@@ -134,27 +137,28 @@ def _glue(text: str, at: int) -> int:
     return 1 if at < len(text) and not text[at].isspace() else 0
 
 
-def _word_spans(text: str) -> list[tuple[int, int]]:
-    """The ``[start, end)`` offsets of each whitespace word of ``text``."""
-    spans, start = [], None
-    for i, ch in enumerate(text + " "):
-        if ch.isspace() and start is not None:
-            spans.append((start, i))
-            start = None
-        elif not ch.isspace() and start is None:
-            start = i
-    return spans
+class _Spans:
+    """The whitespace words of a text: ``[start, end)`` character offsets, found by bisection."""
 
+    def __init__(self, text: str) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        start = None
+        for i, ch in enumerate(text + " "):
+            if ch.isspace() and start is not None:
+                self.starts.append(start)
+                self.ends.append(i)
+                start = None
+            elif not ch.isspace() and start is None:
+                start = i
 
-def _words_before(spans: list[tuple[int, int]], at: int) -> int:
-    """How many words start before offset ``at``."""
-    return sum(1 for start, _ in spans if start < at)
+    def words_before(self, at: int) -> int:
+        """How many words start before offset ``at``."""
+        return bisect.bisect_left(self.starts, at)
 
-
-def _word_span(spans: list[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
-    """The words ``[s0, s1)`` with a character in ``[start, end)`` (the caller knows one has)."""
-    inside = [w for w, (a, b) in enumerate(spans) if a < end and b > start]
-    return inside[0], inside[-1] + 1
+    def words_within(self, start: int, end: int) -> tuple[int, int]:
+        """The words ``[s0, s1)`` with a character in ``[start, end)`` (the caller knows some)."""
+        return bisect.bisect_right(self.ends, start), bisect.bisect_left(self.starts, end)
 
 
 class _Layout:
@@ -165,7 +169,7 @@ class _Layout:
         self.before: list[list[str]] = [[] for _ in range(n + 1)]  # opening, at boundary t
         self.after: list[list[str]] = [[] for _ in range(n + 1)]  # closing, at boundary t
         self.points: list[list[tuple[int, str]]] = [[] for _ in range(n + 1)]  # (glue, raw)
-        self.taken: dict[int, list[tuple[int, int]]] = {}  # parent id -> its children's ranges
+        self.taken: dict[int, _Ranges] = {}  # parent id -> its children's ranges
 
     def fit(
         self, element: _Element, span: tuple[int, int], bounds: tuple[int, int]
@@ -176,17 +180,17 @@ class _Layout:
         before it; an empty range keeps the element as a point."""
         t0 = min(max(span[0], bounds[0]), bounds[1])
         t1 = min(max(span[1], t0), bounds[1])
-        siblings = self.taken.setdefault(id(element.parent), [])
-        for a, b in siblings:
+        siblings = self.taken.setdefault(id(element.parent), _Ranges())
+        for a, b in siblings.overlapping(t0, t1):  # in the order they were placed
             if a < t1 and t0 < b:  # overlap: keep the part after the sibling, else before it
                 t0, t1 = (b, max(t1, b)) if t1 > b else (t0, a)
                 t0, t1 = min(t0, bounds[1]), min(max(t1, t0), bounds[1])
         if element.close is None or t0 >= t1:
             self.points[t0].append((1, element.open + (element.close or "")))
             return (t0, t0)
-        siblings.append((t0, t1))
+        siblings.add(t0, t1)
         self.before[t0].append(element.open)
-        self.after[t1].insert(0, element.close)
+        self.after[t1].append(element.close)  # written in reverse: the innermost closes first
         return (t0, t1)
 
     def add_point(self, raw: str, at: int, glue: int) -> None:
@@ -201,9 +205,9 @@ class _Layout:
 
         At each boundary, the elements that end, a
         space, the points, then the elements that start."""
-        out = []
+        out: list[str] = []
         for t in range(self.n + 1):
-            out.extend(self.after[t])
+            out.extend(reversed(self.after[t]))
             out.extend(raw for glue, raw in self.points[t] if glue < 0)
             apart = [raw for glue, raw in self.points[t] if glue == 0]
             if t == self.n:
@@ -218,17 +222,55 @@ class _Layout:
         return "".join(out)
 
 
-class HtmlPage:
-    """An HTML text read for translation: markup kept as written, and the segments between."""
+class _Ranges:
+    """Ranges placed inside one parent: disjoint, non-empty, kept in order of their starts.
 
-    def __init__(self, source: str, xml: bool = False) -> None:
-        parser = _Events(source)
-        parser.feed(source)
-        parser.close()
+    A new range only ever shrinks as it clears the ranges it overlaps, so only those
+    (a contiguous run, found by bisection) can move it."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.order: list[int] = []  # when each was placed
+
+    def overlapping(self, t0: int, t1: int) -> list[tuple[int, int]]:
+        """The ranges with ``b > t0`` and ``a < t1``, in the order they were placed."""
+        k = bisect.bisect_right(self.ends, t0)
+        found = []
+        while k < len(self.starts) and self.starts[k] < t1:
+            found.append((self.order[k], self.starts[k], self.ends[k]))
+            k += 1
+        return [(a, b) for _, a, b in sorted(found)]
+
+    def add(self, a: int, b: int) -> None:
+        """Place the range ``[a, b)`` (clear of every other)."""
+        k = bisect.bisect_left(self.starts, a)
+        self.starts.insert(k, a)
+        self.ends.insert(k, b)
+        self.order.insert(k, len(self.order))
+
+
+class HtmlPage:
+    """An HTML text read for translation: markup kept as written, and the segments between.
+
+    ``budget`` counts its elements, segments and inline nesting against a document's limits
+    (:mod:`~transformer_mt.documents.limits`; by default those the environment sets), while it
+    is read: past one, a :class:`~transformer_mt.documents.limits.DocumentTooLarge`."""
+
+    def __init__(self, source: str, xml: bool = False, budget: Budget | None = None) -> None:
+        budget = budget or Budget(DocumentLimits.from_env(), "the HTML")
         self.xml = xml  # XHTML (an epub's chapter): text escaped as XML knows it
-        builder = _Builder(xml)
-        for event in parser.events:
-            builder.add(*event)
+        builder = _Builder(xml, budget)
+        # After the last ">" nothing can end a tag, a comment or a declaration: the parser
+        # would read that tail as text, but only after scanning it to its end once per "<" in it.
+        end = source.rfind(">") + 1
+        parser = _Events(source[:end], builder, budget)
+        parser.feed(source[:end])
+        parser.close()
+        if parser.cdata_elem is not None:  # an unclosed <script> or <style>: kept as written
+            builder.add("markup", "", parser.rawdata + source[end:], {})
+        elif end < len(source):
+            builder.add("text", "", html.unescape(source[end:]), {})
         self.parts: list[str | Segment] = builder.finish()
 
     @property
@@ -247,35 +289,86 @@ class HtmlPage:
         )
 
 
+# What ends a comment, and a marked section (<![CDATA[...]]>, <![if ...]>), in any version of
+# html.parser: a construct with none after its start is text, found without a scan per "<".
+COMMENT_END = re.compile(r"-!?\s*>")
+SECTION_END = re.compile(r"]\s*>")
+DOCTYPE = "<!doctype"
+SUBSET_END = re.compile(r"]\s*>")  # a DOCTYPE's internal subset: "[ <!ENTITY ...> ]>"
+
+
 class _Events(HTMLParser):
-    """The HTML parser's events as ``(kind, tag, text, attributes)``.
+    """The HTML parser's events handed to a :class:`_Builder` as they come.
 
-    The parser's events as ``(kind, tag, text, attributes)``: "start", "void" and "end" tags
-    as written, "text" unescaped, "markup" (comments, declarations, the text of a script or a
-    style) as written."""
+    Events ``(kind, tag, text, attributes)``: "start", "void" and "end" tags as written,
+    "text" unescaped, "markup" (comments, declarations, the text of a script or a style) as
+    written. Linear in its input: a comment or marked section that nothing ends is known as such
+    at once (``html.parser`` would look for its end once per "<" after it), and a DOCTYPE's
+    internal subset is read whole (the parser would end it at its first ">")."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, builder: _Builder, budget: Budget) -> None:
         super().__init__(convert_charrefs=True)
-        self.events: list[tuple[str, str, str, dict[str, str]]] = []
+        self.builder, self.budget = builder, budget
         self._raw_text: str | None = None  # inside <script> or <style>
         self._source = source  # fed whole: an end tag is read back as written (SVG's camelCase)
-        self._line_starts = [0]
-        for line in source.splitlines(keepends=True):
-            self._line_starts.append(self._line_starts[-1] + len(line))
+        self._line_starts = [0]  # html.parser counts lines by "\n" alone
+        at = source.find("\n")
+        while at >= 0:
+            self._line_starts.append(at + 1)
+            at = source.find("\n", at + 1)
+        self._buffer: str | None = None  # the parser's buffer that _last describes
+        self._last: dict[re.Pattern, int] = {}  # pattern -> where its last match ends there
+
+    def _ends_after(self, i: int, pattern: re.Pattern) -> bool:
+        """Whether a match of ``pattern`` ends after offset ``i`` of the parser's buffer."""
+        if self.rawdata is not self._buffer:
+            self._buffer, self._last = self.rawdata, {}
+        if pattern not in self._last:
+            self._last[pattern] = max((m.end() for m in pattern.finditer(self.rawdata)), default=-1)
+        return self._last[pattern] > i
+
+    def parse_comment(self, i: int, *args: Any, **kwargs: Any) -> int:
+        if not self._ends_after(i + 4, COMMENT_END):
+            return -1  # nothing ends it: text up to the next ">", as html.parser has it
+        return super().parse_comment(i, *args, **kwargs)
+
+    def parse_marked_section(self, i: int, *args: Any, **kwargs: Any) -> int:
+        if not self._ends_after(i + 3, SECTION_END):
+            return -1
+        try:
+            return super().parse_marked_section(i, *args, **kwargs)
+        except AssertionError:  # "<![name" of a kind it does not know: text, as any junk
+            return -1
+
+    def parse_html_declaration(self, i: int) -> int:
+        rawdata = self.rawdata
+        if rawdata[i : i + 9].lower() == DOCTYPE:
+            close = rawdata.find(">", i + 9)
+            bracket = rawdata.find("[", i + 9, close) if close >= 0 else -1
+            if bracket >= 0:  # an internal subset
+                if not self._ends_after(bracket, SUBSET_END):
+                    return -1
+                end = SUBSET_END.search(rawdata, bracket)  # the DOCTYPE ends at "]>"
+                assert end is not None
+                self.handle_decl(rawdata[i + 2 : end.end() - 1])
+                return end.end()
+        return super().parse_html_declaration(i)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.budget.add_elements(1, "HTML elements")
         kind = "void" if tag in VOID else "start"
-        self.events.append((kind, tag, self.get_starttag_text() or "", _attributes(attrs)))
+        self.builder.add(kind, tag, self.get_starttag_text() or "", _attributes(attrs))
         if tag in RAW_TEXT:
             self._raw_text = tag
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.events.append(("void", tag, self.get_starttag_text() or "", _attributes(attrs)))
+        self.budget.add_elements(1, "HTML elements")
+        self.builder.add("void", tag, self.get_starttag_text() or "", _attributes(attrs))
 
     def handle_endtag(self, tag: str) -> None:
         if tag == self._raw_text:
             self._raw_text = None
-        self.events.append(("end", tag, self._end_tag_text(tag), {}))
+        self.builder.add("end", tag, self._end_tag_text(tag), {})
 
     def _end_tag_text(self, tag: str) -> str:
         """The end tag being handled as the source writes it (the parser lowercases names)."""
@@ -286,19 +379,19 @@ class _Events(HTMLParser):
         return raw if raw.lower().startswith(f"</{tag}") else f"</{tag}>"
 
     def handle_data(self, data: str) -> None:
-        self.events.append(("markup" if self._raw_text else "text", "", data, {}))
+        self.builder.add("markup" if self._raw_text else "text", "", data, {})
 
     def handle_comment(self, data: str) -> None:
-        self.events.append(("markup", "", f"<!--{data}-->", {}))
+        self.builder.add("markup", "", f"<!--{data}-->", {})
 
     def handle_decl(self, decl: str) -> None:
-        self.events.append(("markup", "", f"<!{decl}>", {}))
+        self.builder.add("markup", "", f"<!{decl}>", {})
 
     def handle_pi(self, data: str) -> None:
-        self.events.append(("markup", "", f"<?{data}>", {}))
+        self.builder.add("markup", "", f"<?{data}>", {})
 
     def unknown_decl(self, data: str) -> None:
-        self.events.append(("markup", "", f"<![{data}]>", {}))
+        self.builder.add("markup", "", f"<![{data}]>", {})
 
 
 def _attributes(attrs: list[tuple[str, str | None]]) -> dict[str, str]:
@@ -319,8 +412,8 @@ class _Opaque:
 class _Builder:
     """Parser events -> the parts of an :class:`HtmlPage` (see the module's docstring)."""
 
-    def __init__(self, xml: bool = False) -> None:
-        self.xml = xml
+    def __init__(self, xml: bool, budget: Budget) -> None:
+        self.xml, self.budget = xml, budget
         self.parts: list[str | Segment] = []
         self.opaque: _Opaque | None = None
         self._reset()
@@ -333,6 +426,7 @@ class _Builder:
         self.elements: list[_Element] = []
         self.points: list[_Point] = []
         self.stack: list[_Element] = []
+        self.open: dict[str, int] = {}  # tag -> its elements on the stack
 
     def add(self, kind: str, tag: str, text: str, attrs: dict[str, str]) -> None:
         """Take one parser event."""
@@ -357,9 +451,10 @@ class _Builder:
 
     def finish(self) -> list[str | Segment]:
         """The parts, once every event was added (an element left open is kept as written)."""
-        if self.opaque is not None:
-            self.parts.append("".join(self.opaque.pieces))
+        if self.opaque is not None:  # an element to keep as written that nothing closed
+            whole, inline = "".join(self.opaque.pieces), self.opaque.inline
             self.opaque = None
+            self._point(whole) if inline else self._break(whole)
         self._flush()
         return self.parts
 
@@ -382,23 +477,27 @@ class _Builder:
 
     def _open(self, tag: str, raw: str) -> None:
         """An inline element starts."""
+        self.budget.check_depth(len(self.stack) + 1, "HTML inline elements")
         parent = self.stack[-1] if self.stack else None
         element = _Element(tag, raw, None, self.length, parent=parent, raw_from=len(self.raw))
         self.raw.append(raw)
         self.elements.append(element)
         self.stack.append(element)
+        self.open[tag] = self.open.get(tag, 0) + 1
 
     def _close(self, tag: str, raw: str) -> None:
         """End the innermost open element ``tag``.
 
         Misnested elements opened inside it end with it and stay unclosed; an end tag with no open
         element is kept as a point."""
-        opened = [i for i, element in enumerate(self.stack) if element.tag == tag]
-        if not opened:
+        if not self.open.get(tag):
             self._point(raw)
             return
-        element = self.stack[opened[-1]]
-        del self.stack[opened[-1] :]
+        while True:  # each element leaves the stack once: linear in all
+            element = self.stack.pop()
+            self.open[element.tag] -= 1
+            if element.tag == tag:
+                break
         self.raw.append(raw)
         element.close, element.end, element.raw_to = raw, self.length, len(self.raw)
 
@@ -414,6 +513,7 @@ class _Builder:
         its HTML as written."""
         text, raw = "".join(self.text), "".join(self.raw)
         if has_text(text):
+            self.budget.add_segment()
             self.parts.append(self._segment(text, raw))
         elif raw:
             self.parts.append(raw)
@@ -425,34 +525,33 @@ class _Builder:
         The segment: an element with no words is kept whole as a point (its contents with
         it), one left open keeps its start tag as a point; the others are placed by words."""
         kept: list[_Element] = []
-        placed: set[int] = set()  # ids of the elements in kept
-        whole: set[int] = set()
         points: list[_Point] = []
+        # what a child of each element sees above it: (False, None) inside an element kept
+        # whole, else (True, its nearest placed ancestor); parents come before their children
+        seen: dict[int, tuple[bool, _Element | None]] = {}
+        inked = [0]  # inked[i]: characters before offset i that are not whitespace
+        for ch in text:
+            inked.append(inked[-1] + (not ch.isspace()))
 
         def parent_of(node: _Element | _Point) -> tuple[bool, _Element | None]:
             """(False, None) inside an element kept whole, else (True, nearest placed parent)."""
-            parent = node.parent
-            while parent is not None and id(parent) not in placed:
-                if id(parent) in whole:
-                    return False, None  # inside an element kept whole
-                parent = parent.parent
-            return True, parent
+            return (True, None) if node.parent is None else seen[id(node.parent)]
 
         for element in self.elements:
             shown, parent = parent_of(element)
             if not shown:
-                whole.add(id(element))
-                continue
-            if element.close is None:
+                seen[id(element)] = (False, None)
+            elif element.close is None:  # its start tag a point; its children see past it
                 points.append(_Point(element.open, element.start, parent))
-            elif not text[element.start : element.end].strip():
-                whole.add(id(element))
+                seen[id(element)] = (True, parent)
+            elif inked[element.end] == inked[element.start]:  # no words
+                seen[id(element)] = (False, None)
                 contents = "".join(self.raw[element.raw_from : element.raw_to])
                 points.append(_Point(contents, element.start, parent))
             else:
                 element.parent = parent
                 kept.append(element)
-                placed.add(id(element))
+                seen[id(element)] = (True, element)
         for point in self.points:
             shown, parent = parent_of(point)
             if shown:

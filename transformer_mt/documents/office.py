@@ -14,20 +14,31 @@ What is left as it was: text outside paragraphs' runs (a docx's footnotes, a cha
 attribute text (alt texts), and paragraphs with nothing to translate.
 
 The libraries are imported when a file of their format is read: a missing one is an MTError
-naming ``pip install 'transformer-mt[documents]'``.
+naming ``pip install 'transformer-mt[documents]'``. Before a library sees a file, the zip and its
+XML are checked against the document's bounds (:func:`check_zip`,
+:mod:`~transformer_mt.documents.limits`): a library builds a tree of whatever it is given.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import posixpath
 import zipfile
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote
 from xml.etree import ElementTree
 
 from transformer_mt.documents.html import HtmlPage
+from transformer_mt.documents.limits import (
+    Budget,
+    DocumentLimits,
+    check_xml_bytes,
+    open_zip,
+    scan_zip_xml,
+)
 from transformer_mt.documents.placement import distribute, words_of
 from transformer_mt.engines.results import LineResult
 from transformer_mt.errors import MTError
@@ -80,8 +91,14 @@ class Paragraph:
 class Paragraphs:
     """A document's paragraphs with text to translate, and how to save the document."""
 
-    def __init__(self, paragraphs: list[Paragraph], save: Callable[[], bytes]) -> None:
-        self.paragraphs = [p for p in paragraphs if has_text(p.line)]
+    def __init__(
+        self, paragraphs: Iterable[Paragraph], save: Callable[[], bytes], budget: Budget
+    ) -> None:
+        self.paragraphs = []
+        for paragraph in paragraphs:  # each counted as it is read
+            if has_text(paragraph.line):
+                budget.add_segment()
+                self.paragraphs.append(paragraph)
         self.save = save
 
     @property
@@ -138,42 +155,67 @@ A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
 DOCX_PARTS = ("/word/document.xml", "/word/header", "/word/footer")
 
 
-def read_docx(data: bytes) -> Paragraphs:
+OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # a compound file: encrypted OOXML, .doc, .ppt
+
+
+def check_zip(data: bytes, suffix: str, budget: Budget) -> None:
+    """Check a zip-based document against ``budget`` before its library reads it.
+
+    Its members (count, encryption, declared sizes: :func:`open_zip`) and the elements and
+    depth of every XML member in it (:func:`scan_zip_xml`). A password-protected .docx, .pptx
+    (or an old .doc, .ppt) is a compound file, not a zip: an MTError that says so."""
+    if data[:8] == OLE_MAGIC:
+        raise MTError(
+            f"{budget.name}: not a zip-based {suffix} file but a compound file: a "
+            f"password-protected (encrypted) document or an old binary format; remove the "
+            f"password or save it as {suffix}, then translate that"
+        )
+    with open_zip(data, budget) as archive:
+        scan_zip_xml(archive, budget)
+
+
+def read_docx(data: bytes, budget: Budget) -> Paragraphs:
     """A .docx: the paragraphs of its body (tables and text boxes included), headers, footers."""
     docx = need("docx", ".docx")
+    check_zip(data, ".docx", budget)
     document = docx.Document(io.BytesIO(data))
-    paragraphs: list[Paragraph] = []
-    for part in document.part.package.iter_parts():
-        if str(part.partname).startswith(DOCX_PARTS) and hasattr(part, "element"):
-            breaks = {W + "tab", W + "br", W + "cr"}
-            paragraphs += _xml_paragraphs(part.element, W + "p", W + "t", breaks)
+    breaks = {W + "tab", W + "br", W + "cr"}
+    paragraphs = itertools.chain.from_iterable(
+        _xml_paragraphs(part.element, W + "p", W + "t", breaks)
+        for part in document.part.package.iter_parts()
+        if str(part.partname).startswith(DOCX_PARTS) and hasattr(part, "element")
+    )
 
     def save() -> bytes:
         out = io.BytesIO()
         document.save(out)
         return out.getvalue()
 
-    return Paragraphs(paragraphs, save)
+    return Paragraphs(paragraphs, save, budget)
 
 
-def read_pptx(data: bytes) -> Paragraphs:
+def read_pptx(data: bytes, budget: Budget) -> Paragraphs:
     """A .pptx: the paragraphs of every slide's shapes (tables and groups included) and notes."""
     pptx = need("pptx", ".pptx")
+    check_zip(data, ".pptx", budget)
     presentation = pptx.Presentation(io.BytesIO(data))
-    paragraphs: list[Paragraph] = []
-    for slide in presentation.slides:
-        roots = [slide.element]
-        if slide.has_notes_slide:
-            roots.append(slide.notes_slide.element)
-        for root in roots:
-            paragraphs += _xml_paragraphs(root, A + "p", A + "t", {A + "br"})
+    paragraphs = itertools.chain.from_iterable(
+        _xml_paragraphs(root, A + "p", A + "t", {A + "br"})
+        for slide in presentation.slides
+        for root in _slide_roots(slide)
+    )
 
     def save() -> bytes:
         out = io.BytesIO()
         presentation.save(out)
         return out.getvalue()
 
-    return Paragraphs(paragraphs, save)
+    return Paragraphs(paragraphs, save, budget)
+
+
+def _slide_roots(slide: Any) -> list[Any]:
+    """A slide's XML, and its notes' where it has notes."""
+    return [slide.element, slide.notes_slide.element] if slide.has_notes_slide else [slide.element]
 
 
 # --- OpenDocument text (.odt), through odfpy ------------------------------------------------
@@ -183,26 +225,33 @@ ODF_BREAKS = {"s", "tab", "line-break"}  # text:s (spaces), text:tab, text:line-
 ODF_SKIP = {"note", "annotation", "p", "h", "frame"}  # read on their own, or not text
 
 
-def read_odt(data: bytes) -> Paragraphs:
+def read_odt(data: bytes, budget: Budget) -> Paragraphs:
     """Read an .odt: its paragraphs and headings in document order.
 
     An .odt: its paragraphs and headings in document order (tables, lists, frames and notes
     included), and those of its page headers and footers."""
     opendocument = need("odf.opendocument", ".odt")
+    check_zip(data, ".odt", budget)
     document = opendocument.load(io.BytesIO(data))
-    paragraphs: list[Paragraph] = []
-    for root in (document.text, document.masterstyles):
-        for element in _odf_paragraphs(root):
-            paragraph = Paragraph()
-            _collect_odf(element, paragraph)
-            paragraphs.append(paragraph)
+    paragraphs = (
+        _odf_paragraph(element)
+        for root in (document.text, document.masterstyles)
+        for element in _odf_paragraphs(root)
+    )
 
     def save() -> bytes:
         out = io.BytesIO()
         document.save(out)
         return out.getvalue()
 
-    return Paragraphs(paragraphs, save)
+    return Paragraphs(paragraphs, save, budget)
+
+
+def _odf_paragraph(element: Any) -> Paragraph:
+    """The runs of a text:p or text:h element."""
+    paragraph = Paragraph()
+    _collect_odf(element, paragraph)
+    return paragraph
 
 
 def _odf_paragraphs(node: Any) -> Iterator[Any]:
@@ -246,18 +295,31 @@ CONTAINER = "META-INF/container.xml"
 XHTML_TYPES = {"application/xhtml+xml", "text/html"}
 
 
+EPUB_ERRORS = (
+    zipfile.BadZipFile,
+    KeyError,
+    ElementTree.ParseError,
+    UnicodeDecodeError,
+    zlib.error,
+    EOFError,
+)  # what a damaged epub raises while it is read
+
+
 class Epub:
     """An epub: its chapters as :class:`HtmlPage` (XHTML), every other member kept as read."""
 
-    def __init__(self, data: bytes, name: str) -> None:
+    def __init__(self, data: bytes, name: str, budget: Budget | None = None) -> None:
+        budget = budget or Budget(DocumentLimits.from_env(), name)
         self.data = data
         try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            with open_zip(data, budget) as archive:
+                members = _chapters(archive, name, budget)
+                _refuse_drm(archive, members, name, budget)
                 self.chapters = {
-                    member: HtmlPage(archive.read(member).decode("utf-8"), xml=True)
-                    for member in _chapters(archive, name)
+                    member: HtmlPage(archive.read(member).decode("utf-8"), True, budget)
+                    for member in members
                 }
-        except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, UnicodeDecodeError) as err:
+        except EPUB_ERRORS as err:
             raise MTError(f"{name}: not a readable epub ({err}); is it an .epub file?") from None
 
     @property
@@ -280,14 +342,19 @@ class Epub:
         return out.getvalue()
 
 
-def _chapters(archive: zipfile.ZipFile, name: str) -> list[str]:
+def _xml_member(archive: zipfile.ZipFile, member: str, budget: Budget) -> ElementTree.Element:
+    """The XML member ``member``, parsed once :func:`check_xml_bytes` has counted it."""
+    return ElementTree.fromstring(check_xml_bytes(archive.read(member), budget, member))
+
+
+def _chapters(archive: zipfile.ZipFile, name: str, budget: Budget) -> list[str]:
     """The members holding the book's XHTML documents, in the package's manifest order."""
-    container = ElementTree.fromstring(archive.read(CONTAINER))
+    container = _xml_member(archive, CONTAINER, budget)
     rootfile = next((e for e in container.iter() if e.tag.endswith("rootfile")), None)
     package_path = rootfile.get("full-path") if rootfile is not None else None
     if not package_path:
         raise MTError(f"{name}: its {CONTAINER} names no package document (a rootfile)")
-    package = ElementTree.fromstring(archive.read(package_path))
+    package = _xml_member(archive, package_path, budget)
     base = posixpath.dirname(package_path)
     members = set(archive.namelist())
     chapters = []
@@ -297,3 +364,25 @@ def _chapters(archive: zipfile.ZipFile, name: str) -> list[str]:
             if member in members:
                 chapters.append(member)
     return chapters
+
+
+ENCRYPTION = "META-INF/encryption.xml"
+
+
+def _refuse_drm(archive: zipfile.ZipFile, chapters: list[str], name: str, budget: Budget) -> None:
+    """An MTError when ``META-INF/encryption.xml`` lists a chapter: the book has DRM.
+
+    (Fonts listed there, obfuscated as the standard allows, are copied as they are.)"""
+    if ENCRYPTION not in archive.namelist():
+        return
+    encrypted = {
+        posixpath.normpath(unquote(item.get("URI", "")))
+        for item in _xml_member(archive, ENCRYPTION, budget).iter()
+        if item.tag.endswith("}CipherReference")
+    }
+    locked = [member for member in chapters if member in encrypted]
+    if locked:
+        raise MTError(
+            f"{name}: {len(locked)} of its chapters are encrypted ({locked[0]}, listed in "
+            f"{ENCRYPTION}: DRM); only a book without DRM can be translated"
+        )

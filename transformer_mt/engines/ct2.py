@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from transformer_mt.config import DecodeConfig, config_from_dict
@@ -27,7 +28,7 @@ from transformer_mt.errors import MTError
 SETTINGS_FILE = "transformer_mt.json"
 
 
-def import_ctranslate2():
+def import_ctranslate2() -> ModuleType:
     """The ctranslate2 module, or a one-line error saying how to install it."""
     try:
         import ctranslate2

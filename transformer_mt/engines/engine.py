@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -45,6 +45,7 @@ from transformer_mt.engines.alignment import Alignment
 from transformer_mt.engines.attention import attention_matrices
 from transformer_mt.engines.lines import ensemble_model, translate_lines
 from transformer_mt.engines.loading import load_for_inference, validation_report
+from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.paragraphs import translate_split
 from transformer_mt.engines.results import (
     Attention,
@@ -56,61 +57,7 @@ from transformer_mt.engines.results import (
 )
 from transformer_mt.errors import MTError
 
-if TYPE_CHECKING:
-    from transformer_mt.text.glossary import Glossary
-
 EOS_PIECE = "</s>"
-
-
-@dataclass(frozen=True)
-class TranslateExtras:
-    """What a translation may ask besides lines, decode settings and a target language.
-
-    Each is off by default. Our torch engine gives them all (pictures and alignments from one
-    checkpoint, not an ensemble); the CTranslate2 engine refuses prefixes, alignments and
-    pictures in one line."""
-
-    prefixes: Sequence[str] | None = None  # one target prefix per line ("" for none)
-    alignments: bool = False  # each LineResult gets its word alignments
-    alignment_layer: int | None = None  # decoder layer for them (None: the mean of all)
-    alignment_units: str = "pieces"  # "pieces" or "words" (engines.alignment)
-    attention_dir: Path | None = None  # one cross-attention heatmap PNG per line, here
-    attention_layer: int | None = None  # decoder layer for the pictures (None: the mean)
-    progress: bool = False  # a progress bar (sentences) on stderr
-    first_line: int = 1  # the number of the first line, in pictures and warnings
-    # Cut each line into sentences, translate them, join them back (engines.paragraphs); lines
-    # with attention, prefixes, alignments or pictures (all per line) are not cut.
-    split: bool = False
-    source_lang: str | None = None  # the splitting rules' language; "auto": detected a line
-    glossary: "Glossary | None" = None  # terms whose targets each translation must hold (torch)
-
-    def torch_only(self) -> str | None:
-        """The first option given that only our torch engine gives, as the CLI names it."""
-        for option, given in (
-            ("--attention-dir", self.attention_dir is not None),
-            ("--prefix-file", self.prefixes is not None),
-            ("--alignments", self.alignments),
-            ("--glossary", self.glossary is not None),
-        ):
-            if given:
-                return option
-        return None
-
-    def check_engine(self, kind: str) -> None:
-        """A one-line MTError where the engine ``kind`` cannot give what these extras ask."""
-        option = self.torch_only() if kind != "torch" else None
-        if option == "--glossary":  # CTranslate2 forces a target prefix, not terms anywhere
-            raise MTError(
-                "--glossary needs --engine torch: CTranslate2 has no constrained search (only a "
-                "target prefix); translate with the checkpoint the export came from"
-            )
-        if option is not None:
-            raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
-
-    def splits(self, attention: bool) -> bool:
-        """Whether lines are cut into sentences (not where a per-line extra is asked)."""
-        per_line = self.prefixes is not None or self.alignments or self.attention_dir is not None
-        return self.split and not (attention or per_line)
 
 
 @dataclass
@@ -319,7 +266,9 @@ class TorchEngine(Engine):
         matrices: dict[int, Attention] = {}
         done: set[int] = set()
 
-        def on_batch(batch_lines: list[int], src: torch.Tensor, decoded) -> None:
+        def on_batch(
+            batch_lines: list[int], src: torch.Tensor, decoded: list[DecodeResult]
+        ) -> None:
             done.update(batch_lines)
             if attention:
                 self._keep_attention(matrices, batch_lines, src, decoded, len(prefix))
@@ -342,9 +291,7 @@ class TorchEngine(Engine):
             first_line=extras.first_line,
             src_prefix=prefix,
             on_batch=on_batch,
-            constraints=[extras.glossary.targets(line) for line in lines]
-            if extras.glossary is not None
-            else None,
+            constraints=extras.line_terms(lines),
         )
         out = []
         for i, nbest in enumerate(results):
@@ -399,7 +346,7 @@ class TorchEngine(Engine):
         matrices: dict[int, Attention],
         batch_lines: list[int],
         src: torch.Tensor,
-        decoded,
+        decoded: list[DecodeResult],
         prefix: int,
     ) -> None:
         """Put the cross-attention of each best hypothesis of a decoded batch in ``matrices``."""

@@ -11,6 +11,7 @@ formats. Documents go through :mod:`transformer_mt.documents.translate`.
 
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import Tokenizer
@@ -22,6 +23,11 @@ from transformer_mt.engines.loading import LoadedModel
 from transformer_mt.engines.results import LineResult
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
+
+if TYPE_CHECKING:
+    import torch
+
+    from transformer_mt.decoding import DecodeResult
 
 
 def ensemble_model(loaded: Sequence[LoadedModel], names: Sequence[str]) -> SearchModel:
@@ -118,9 +124,11 @@ def translate_lines(
     if on_batch is not None:
         callbacks.append(on_batch)
 
-    def each_callback(*args) -> None:
+    def each_callback(
+        batch_lines: list[int], src: "torch.Tensor", decoded: "list[DecodeResult]"
+    ) -> None:
         for callback in callbacks:
-            callback(*args)
+            callback(batch_lines, src, decoded)
 
     lines = list(lines)
     decode = decode or DecodeConfig()

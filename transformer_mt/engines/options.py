@@ -1,5 +1,8 @@
 """Which model translates, and how: the options `mt translate`, `mt evaluate` and `mt serve` share.
 
+Besides the model options, :class:`TranslateExtras`: what one translation may ask beyond lines,
+decode settings and a target language (prefixes, alignments, pictures, splitting, glossaries).
+
 Each is declared once here (default, help, choices, option name). The command line builds its
 options from these declarations (:func:`declared`), and the server's settings reuse them
 (:func:`model_setting`), so that `--engine`, `--device`, `--quantize`, `--precision` and
@@ -8,10 +11,16 @@ read before any model loads.
 """
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformer_mt.config import check_settings, setting
+from transformer_mt.errors import MTError
+
+if TYPE_CHECKING:
+    from transformer_mt.text.glossary import Glossary
 
 
 @dataclass(frozen=True)
@@ -75,3 +84,66 @@ def option_text(name: str) -> str:
     text, choices = metadata["help"], metadata["choices"]
     text += f" ({' or '.join(choices)})" if choices else ""
     return text[:1].upper() + text[1:] + "."
+
+
+@dataclass(frozen=True)
+class TranslateExtras:
+    """What a translation may ask besides lines, decode settings and a target language.
+
+    Each is off by default. Our torch engine gives them all (pictures and alignments from one
+    checkpoint, not an ensemble); the CTranslate2 engine refuses prefixes, alignments and
+    pictures in one line."""
+
+    prefixes: Sequence[str] | None = None  # one target prefix per line ("" for none)
+    alignments: bool = False  # each LineResult gets its word alignments
+    alignment_layer: int | None = None  # decoder layer for them (None: the mean of all)
+    alignment_units: str = "pieces"  # "pieces" or "words" (engines.alignment)
+    attention_dir: Path | None = None  # one cross-attention heatmap PNG per line, here
+    attention_layer: int | None = None  # decoder layer for the pictures (None: the mean)
+    progress: bool = False  # a progress bar (sentences) on stderr
+    first_line: int = 1  # the number of the first line, in pictures and warnings
+    # Cut each line into sentences, translate them, join them back (engines.paragraphs); lines
+    # with attention, prefixes, alignments or pictures (all per line) are not cut.
+    split: bool = False
+    source_lang: str | None = None  # the splitting rules' language; "auto": detected a line
+    glossary: "Glossary | None" = None  # terms whose targets each translation must hold (torch)
+    terms: Sequence[Sequence[str]] | None = None  # or, per line, the target terms themselves
+
+    def line_terms(self, lines: Sequence[str]) -> list[list[str]] | None:
+        """Per line, the target terms its translation must hold (None: no constraints)."""
+        if self.terms is not None:
+            if len(self.terms) != len(lines):
+                raise ValueError(f"{len(self.terms)} term lists for {len(lines)} lines")
+            return [list(terms) for terms in self.terms]
+        if self.glossary is not None:
+            return [self.glossary.targets(line) for line in lines]
+        return None
+
+    def torch_only(self) -> str | None:
+        """The first option given that only our torch engine gives, as the CLI names it."""
+        for option, given in (
+            ("--attention-dir", self.attention_dir is not None),
+            ("--prefix-file", self.prefixes is not None),
+            ("--alignments", self.alignments),
+            ("--glossary", self.glossary is not None or self.terms is not None),
+        ):
+            if given:
+                return option
+        return None
+
+    def check_engine(self, kind: str) -> None:
+        """A one-line MTError where the engine ``kind`` cannot give what these extras ask."""
+        option = self.torch_only() if kind != "torch" else None
+        if option == "--glossary":  # CTranslate2 forces a target prefix, not terms anywhere
+            raise MTError(
+                "--glossary needs --engine torch: CTranslate2 has no constrained search (only a "
+                "target prefix); translate with the checkpoint the export came from"
+            )
+        if option is not None:
+            raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
+
+    def splits(self, attention: bool) -> bool:
+        """Whether lines are cut into sentences (not where a per-line extra is asked)."""
+        per_line = self.prefixes is not None or self.alignments or self.attention_dir is not None
+        per_line = per_line or self.terms is not None
+        return self.split and not (attention or per_line)

@@ -6,7 +6,7 @@ badly. With ``TranslateExtras.split`` an engine cuts each line into sentences
 call (so they are batched together), and puts each line's translations back between its original
 separators: spaces, line breaks and empty lines between sentences come back byte for byte. The
 whitespace around the whole line is dropped, as the line contract drops it (a line of spaces
-translates to an empty line).
+translates to an empty line), except where the caller keeps it (the server's texts).
 
 The language that chooses the splitting rules is ``TranslateExtras.source_lang``; none: the
 model's source language; ``"auto"``: each line's own, detected among the model's source
@@ -20,15 +20,43 @@ prefixes, alignments, attention) do not split: their callers translate line by l
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from transformer_mt.engines.results import LineResult
+from transformer_mt.errors import MTError
 from transformer_mt.text.split import SplitText, split_text
 
 if TYPE_CHECKING:
     from transformer_mt.config import DecodeConfig
-    from transformer_mt.engines.engine import Engine, TranslateExtras
+    from transformer_mt.engines.options import TranslateExtras
     from transformer_mt.engines.results import StopCheck
+
+
+class Translator(Protocol):
+    """What splitting needs of an engine (:class:`~transformer_mt.engines.engine.Engine`)."""
+
+    @property
+    def pairs(self) -> Sequence[tuple[str, str]]:
+        """The (source, target) languages it translates."""
+        ...
+
+    @property
+    def src_lang(self) -> str:
+        """Its (first) source language."""
+        ...
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        decode: "DecodeConfig",
+        attention: bool = False,
+        stop: "StopCheck | None" = None,
+        target: str | None = None,
+        extras: "TranslateExtras | None" = None,
+    ) -> list[LineResult]:
+        """One result per line (see :meth:`Engine.translate`)."""
+        ...
+
 
 AUTO = "auto"  # source_lang: detect each line's language among the model's
 
@@ -44,21 +72,27 @@ class Paragraphs:
         """Every line's sentences, in order."""
         return [sentence for split in self.splits for sentence in split.sentences]
 
-    def join(self, results: Sequence[LineResult], nbest: int) -> list[LineResult]:
-        """One result per line from one result per sentence (in :attr:`sentences`' order)."""
+    def join(
+        self, results: Sequence[LineResult], nbest: int, outer: bool = False
+    ) -> list[LineResult]:
+        """One result per line from one result per sentence (in :attr:`sentences`' order).
+
+        ``outer``: keep the whitespace around each line too (the server's texts), not only
+        between its sentences (the line contract's lines)."""
         out, start = [], 0
         for split in self.splits:
             mine = results[start : start + len(split.sentences)]
             start += len(split.sentences)
-            out.append(_joined(split, mine, nbest))
+            out.append(_joined(split, mine, nbest, outer))
         return out
 
 
-def _joined(split: SplitText, results: Sequence[LineResult], nbest: int) -> LineResult:
+def _joined(split: SplitText, results: Sequence[LineResult], nbest: int, outer: bool) -> LineResult:
     """One line's result from its sentences' results (see the module's docstring)."""
     if not results:  # nothing but whitespace
-        return LineResult("", 0.0, [("", 0.0)] * nbest)
-    inner = SplitText(split.sentences, ["", *split.separators[1:-1], ""])
+        text = split.join([]) if outer else ""
+        return LineResult(text, 0.0, [(text, 0.0)] * nbest)
+    inner = split if outer else SplitText(split.sentences, ["", *split.separators[1:-1], ""])
     alternatives = []
     for k in range(nbest):
         picked = [r.nbest[min(k, len(r.nbest) - 1)] for r in results]
@@ -72,18 +106,21 @@ def split_lines(lines: Sequence[str], languages: Sequence[str]) -> Paragraphs:
     return Paragraphs([split_text(line, lang) for line, lang in zip(lines, languages, strict=True)])
 
 
-def line_languages(engine: "Engine", lines: Sequence[str], source_lang: str | None) -> list[str]:
+def line_languages(engine: Translator, lines: Sequence[str], source_lang: str | None) -> list[str]:
     """The language of each line, for its splitting rules (see the module's docstring)."""
     sources = list(dict.fromkeys(src for src, _ in engine.pairs if src)) or [engine.src_lang]
     if source_lang != AUTO:
         return [source_lang or sources[0]] * len(lines)
     from transformer_mt.text.detect import detect
 
-    return [detect(line, sources, sources[0])[0].language for line in lines]
+    try:
+        return [detect(line, sources, sources[0])[0].language for line in lines]
+    except MTError:  # no detector installed (the text extra): the model's first language
+        return [sources[0]] * len(lines)
 
 
 def translate_split(
-    engine: "Engine",
+    engine: Translator,
     lines: Sequence[str],
     decode: "DecodeConfig",
     stop: "StopCheck | None",
@@ -93,5 +130,9 @@ def translate_split(
     """``engine.translate`` on the sentences of ``lines``, joined back into one result a line."""
     paragraphs = split_lines(lines, line_languages(engine, lines, extras.source_lang))
     each = dataclasses.replace(extras, split=False)
+    if all(len(split.sentences) <= 1 for split in paragraphs.splits):
+        # A sentence a line (a corpus): the lines as they are, so that each keeps its index
+        # (a sampled line's draws depend on it) and nothing changes.
+        return engine.translate(lines, decode, stop=stop, target=target, extras=each)
     results = engine.translate(paragraphs.sentences, decode, stop=stop, target=target, extras=each)
     return paragraphs.join(results, decode.nbest)

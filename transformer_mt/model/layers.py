@@ -51,8 +51,14 @@ class MultiHeadAttention(nn.Module):
         cache: AttentionCache | None = None,
         *,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x`` (B, T, D) to itself, or to ``memory`` (M, S, D) when cross.
+
+        ``mask`` is True where a query may attend to a key (bool, broadcasting to (B, H, T, Tk)),
+        or the same as an additive float bias (0 or -inf); None: every key. ``causal``: each
+        query attends to itself and the keys before it, and to no others, without a mask (SDPA's
+        ``is_causal``, which flash kernels take); ``mask`` must then be None.
 
         Cross-attention allows M < B with B = G * M: each memory row serves G consecutive rows of
         ``x`` (beam search's G beams of one sentence), whose queries attend to it together as
@@ -87,10 +93,11 @@ class MultiHeadAttention(nn.Module):
         drop = self.drop_prob if self.training else 0.0
         weights = None
         if need_weights:
-            y, weights = _explicit_attention(q, k, v, mask, drop)  # (M, H, G*T, Dh / Tk)
+            # (M, H, G*T, Dh / Tk)
+            y, weights = _explicit_attention(q, k, v, mask, drop, causal=causal)
             weights = _split_groups(weights, group)  # (B, H, T, Tk)
         else:
-            y = _attention(q, k, v, mask, drop)  # (M, H, G*T, Dh)
+            y = _attention(q, k, v, mask, drop, causal=causal)  # (M, H, G*T, Dh)
         y = y.unflatten(2, (group, length)).permute(0, 2, 3, 1, 4)  # (M, G, T, H, Dh)
         y = y.reshape(batch, length, self.n_head * self.d_head)  # (B, T, D)
         return self.out_proj(y), weights
@@ -142,42 +149,76 @@ def _explicit_is_faster(q: torch.Tensor) -> bool:
 
 
 def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, drop: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    drop: float,
+    *,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Compute softmax(q k^T / sqrt(Dh), masked) v by the faster path for where it runs.
 
     See :func:`_explicit_is_faster`. On the fused path, low-precision inputs on CPU are attended in
-    fp32 (with autocast off, which would cast them back) and the result returned in their dtype."""
+    fp32 (with autocast off, which would cast them back) and the result returned in their dtype.
+    ``mask``: bool (True: may attend) or an additive float bias; ``causal``: no mask, each query
+    attends to the keys up to its own position (SDPA's ``is_causal``)."""
+    if causal and mask is not None:
+        raise ValueError("causal attention takes no mask")
     if _explicit_is_faster(q):
-        return _explicit_attention(q, k, v, mask, drop)[0]
+        return _explicit_attention(q, k, v, mask, drop, causal=causal)[0]
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)  # a float bias in the products' dtype (SDPA's kernels want it)
     if q.device.type != "cpu" or q.dtype in (torch.float32, torch.float64):
-        return functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        return functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal
+        )
     with torch.autocast("cpu", enabled=False):
         y = functional.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=drop
+            q.float(),
+            k.float(),
+            v.float(),
+            attn_mask=None if mask is None else mask if mask.dtype == torch.bool else mask.float(),
+            dropout_p=drop,
+            is_causal=causal,
         )
     return y.to(q.dtype)
 
 
 def _explicit_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, drop: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    drop: float,
+    *,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Compute softmax(q k^T / sqrt(Dh), masked) v, and the weights (fp32, before dropout).
 
     The products in the dtype of ``q``, ``k``, ``v``, the scores and softmax in fp32 (as autocast
     would on a GPU; float64 inputs: in float64), the weights cast back for the second product;
     ``drop`` is dropout on the weights, as in the fused kernel. The one explicit path: attention
-    pictures, and where :func:`_explicit_is_faster`."""
+    pictures, and where :func:`_explicit_is_faster`. ``mask`` and ``causal`` as in
+    :func:`_attention` (causal: query i attends to keys 0..i, as SDPA's ``is_causal``)."""
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
-            return _explicit_attention(q, k, v, mask, drop)
+            return _explicit_attention(q, k, v, mask, drop, causal=causal)
+    if causal:
+        if mask is not None:
+            raise ValueError("causal attention takes no mask")
+        queries, keys = q.size(-2), k.size(-2)
+        mask = torch.ones(queries, keys, dtype=torch.bool, device=q.device).tril()
     # In place where autograd allows it (no backward needs these scores): fewer allocations.
     scores = (q @ k.transpose(-2, -1)).to(torch.promote_types(q.dtype, torch.float32))
     scores.mul_(1.0 / math.sqrt(q.size(-1)))
-    if mask is not None:
+    if mask is not None and mask.dtype != torch.bool:
+        scores.add_(mask)  # an additive bias: 0, or -inf where a key is masked
+        mask = ~torch.isneginf(mask)
+    elif mask is not None:
         scores.masked_fill_(mask.logical_not(), float("-inf"))
     weights = scores.softmax(dim=-1)
-    if mask is not None:
+    if mask is not None and not causal:  # a causal query always has its own key
         # A query with no key to attend to gets zeros, as from the fused kernel (softmax over
         # -inf alone is NaN); no input the CLI builds has one (every source ends with EOS).
         blind = mask.logical_not().all(dim=-1, keepdim=True)
@@ -377,13 +418,17 @@ class DecoderLayer(nn.Module):
         cross_cache: AttentionCache | None = None,
         *,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode ``x`` (B, T, D) against itself and ``memory`` (B, S, D) -> (B, T, D).
 
-        ``x`` attends to itself under ``trg_mask`` and to ``memory`` under ``src_mask``; with
+        ``x`` attends to itself under ``trg_mask`` (or, ``causal``, to its positions up to each
+        query's, with ``trg_mask`` None) and to ``memory`` under ``src_mask``; with
         ``need_weights`` the cross-attention weights (B, H, T, S), else None. The caches are given
         in incremental decoding."""
-        y, _ = self.self_attn(self.self_attn_residual.sublayer_input(x), trg_mask, cache=self_cache)
+        y, _ = self.self_attn(
+            self.self_attn_residual.sublayer_input(x), trg_mask, cache=self_cache, causal=causal
+        )
         x = self.self_attn_residual.add(x, y)
         y, weights = self.cross_attn(
             self.cross_attn_residual.sublayer_input(x),

@@ -22,7 +22,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.dropout import Dropout
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
-from transformer_mt.model.masks import make_pad_mask, make_trg_mask
+from transformer_mt.model.masks import attention_bias, make_pad_mask, make_trg_mask
 from transformer_mt.model.transformer_config import TransformerConfig
 
 
@@ -181,9 +181,26 @@ class Transformer(nn.Module):
         """Encode source ids (B, S) into memory (B, S, D); also returns the source pad mask."""
         src_mask = make_pad_mask(src, self.src_pad_idx)  # (B, 1, 1, S)
         x = self._embed(self.src_emb, src)
+        key_mask = self._key_mask(src_mask)
         for layer in self.encoder:
-            x = layer(x, src_mask)
+            x = layer(x, key_mask)
         return self.enc_norm(x), src_mask
+
+    def _key_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """A key mask as the layers take it.
+
+        On a GPU an additive bias in the products' dtype
+        (:func:`~transformer_mt.model.masks.attention_bias`), made once for all layers (SDPA
+        would turn a bool mask into one in each); elsewhere the bool mask itself (the CPU's
+        kernels and explicit path are tuned for it)."""
+        if mask.device.type != "cuda" or mask.dtype != torch.bool:
+            return mask
+        dtype = (
+            torch.get_autocast_dtype("cuda")
+            if torch.is_autocast_enabled("cuda")
+            else self.src_emb.weight.dtype
+        )
+        return attention_bias(mask, dtype)
 
     def decode(
         self,
@@ -192,11 +209,19 @@ class Transformer(nn.Module):
         src_mask: torch.Tensor,
         cache: DecoderCache | None = None,
         features_only: bool = False,
+        *,
+        right_padded: bool = False,
     ) -> torch.Tensor:
         """Target ids (B, T) and memory (M, S, D) to logits (B, T, dec_voc_size).
 
         With ``features_only``: to the decoder states (B, T, D) that the output projection ``out``
         maps to logits (a trainer can fuse that projection into its loss).
+
+        ``right_padded`` (no cache): the caller's word that each row of ``trg`` is its tokens
+        followed by padding, as in training. Self-attention then needs the causal mask alone
+        (SDPA's ``is_causal``, no mask made: flash kernels on a GPU): a token never sees the
+        padding after it, so every real position's output is what the padding mask gives; the
+        padded positions' outputs (which no loss reads) differ.
 
         Usually M = B. Beam search passes one memory row (and ``src_mask`` row) per sentence for
         its K beams: B = M * K, rows i*K .. i*K + K-1 reading memory row i.
@@ -205,7 +230,9 @@ class Transformer(nn.Module):
         ``cache``, ``trg`` holds only the new position of each row (one per step; more is an
         error): it attends to everything cached plus itself, so no mask is needed.
         """
-        x, _ = self._decoder_stack(trg, memory, src_mask, cache, need_weights=False)
+        x, _ = self._decoder_stack(
+            trg, memory, src_mask, cache, need_weights=False, right_padded=right_padded
+        )
         x = self.dec_norm(x)
         return x if features_only else self.out(x)
 
@@ -227,14 +254,18 @@ class Transformer(nn.Module):
         cache: DecoderCache | None,
         *,
         need_weights: bool,
+        right_padded: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Embeddings and decoder layers: states (B, T, D) before the final norm.
 
         With ``need_weights``, also each layer's cross-attention weights (B, H, T, S).
+        ``right_padded``: see :meth:`decode`.
         """
         trg_mask: torch.Tensor | None
+        causal = cache is None and right_padded
         if cache is None:
-            trg_mask = make_trg_mask(trg, self.trg_pad_idx)  # (B, 1, T, T)
+            # (B, 1, T, T), or none for causal attention
+            trg_mask = None if causal else make_trg_mask(trg, self.trg_pad_idx)
             x = self._embed(self.trg_emb, trg)
         else:
             if trg.size(1) != 1:
@@ -246,10 +277,11 @@ class Transformer(nn.Module):
                 x = self.trg_emb(trg) * self.emb_scale + self.positions.at(positions)[:, None]
                 x = self.dropout(x)
         weights = []
+        key_mask = self._key_mask(src_mask)
         for i, layer in enumerate(self.decoder):
             caches = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x, layer_weights = layer(
-                x, memory, trg_mask, src_mask, *caches, need_weights=need_weights
+                x, memory, trg_mask, key_mask, *caches, need_weights=need_weights, causal=causal
             )
             if need_weights:
                 weights.append(layer_weights)
@@ -273,14 +305,22 @@ class Transformer(nn.Module):
         return weights.detach()
 
     def forward(
-        self, src: torch.Tensor, trg: torch.Tensor, features_only: bool = False
+        self,
+        src: torch.Tensor,
+        trg: torch.Tensor,
+        features_only: bool = False,
+        *,
+        right_padded: bool = False,
     ) -> torch.Tensor:
         """Teacher-forced logits: src (B, S), trg (B, T) -> (B, T, dec_voc_size).
 
         With ``features_only``, the decoder states (B, T, D) before the output projection.
+        ``right_padded``: each row of ``trg`` is its tokens, then padding (see :meth:`decode`).
         """
         memory, src_mask = self.encode(src)
-        return self.decode(trg, memory, src_mask, features_only=features_only)
+        return self.decode(
+            trg, memory, src_mask, features_only=features_only, right_padded=right_padded
+        )
 
 
 def _upgrade_old_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:

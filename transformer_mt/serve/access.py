@@ -4,17 +4,21 @@ A keys file (``mt serve --api-keys FILE``, managed with ``mt serve-keys add/list
 JSON: ``{"keys": [{"name", "sha256", "req_limit", "char_limit"}]}``. It holds each key's SHA-256,
 never the key itself: the key is printed once, when it is added. A key given in a request is
 hashed and compared with every entry in constant time (:func:`hmac.compare_digest`); keys are
-never logged. A running server reads the file again when it changes.
+never logged. A running server reads the file again when it changes; a file that is removed
+revokes every key (a file that cannot be read keeps the keys read before, with a warning).
 
 What a translating request meets, in LibreTranslate's order and with its answers:
 
 1. a key that is given but unknown: 403 "Invalid API key";
-2. no key where one is required (``require_api_key``, unless the request's Origin matches
-   ``key_free_origin``): 400 "Please contact the server operator to get an API key";
+2. no key where one is required (``require_api_key``, unless the request's whole Origin matches
+   ``key_free_origin``, an RE2 pattern: linear-time matching, so that no Origin header can
+   stall the server): 400 "Please contact the server operator to get an API key";
 3. more requests in the last minute than the limit (per key: the key's own; otherwise per
-   client address: ``req_limit``): 429 "Slowdown: N per 1 minute" with ``Retry-After``;
-4. a text longer than the character limit (the key's, or ``char_limit``): 400 "Invalid
-   request: request (N) exceeds text limit (L)".
+   client address: ``req_limit``): 429 "Slowdown: N per 1 minute" with ``Retry-After``. The
+   client address is the connection's peer; X-Forwarded-For is read only from the proxies
+   ``forwarded_allow_ips`` names (:meth:`Access.client`);
+4. more characters than the character limit (the key's, or ``char_limit``), the texts of a
+   batch summed: 400 "Invalid request: request (N) exceeds text limit (L)".
 
 Each check comes before any decoding. With ``mt serve --workers N`` the request counts are the
 server's, not each worker's: the workers keep them in one SQLite file (:class:`SharedRateLimiter`).
@@ -22,6 +26,7 @@ server's, not each worker's: the workers keep them in one SQLite file (:class:`S
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -34,6 +39,7 @@ import unicodedata
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import atomic_write
@@ -87,14 +93,19 @@ def _document(path: Path) -> dict:
     return data
 
 
-def _entry(path: Path, i: int, entry: object) -> ApiKey:
-    """One entry of a keys file, checked."""
+def _entry(path: Path, i: int, entry: object, check_name: bool = True) -> ApiKey:
+    """One entry of a keys file, checked (its name too, unless ``check_name`` is False)."""
     where = f"{path}: keys[{i}]"
     if not isinstance(entry, dict) or set(entry) - {"name", "sha256", "req_limit", "char_limit"}:
         raise MTError(f"{where}: an entry has name, sha256, req_limit and char_limit only")
     name, digest = entry.get("name"), entry.get("sha256")
     if not isinstance(name, str) or not isinstance(digest, str):
         raise MTError(f"{where}: name and sha256 must be strings")
+    if check_name and _name_problem(name):
+        raise MTError(
+            f"{where}: key name {name!r}: {_name_problem(name)}; remove the entry "
+            "(mt serve-keys remove) and add the key again under another name"
+        )
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise MTError(f"{where}: sha256 must be 64 lowercase hex digits")
     for limit in ("req_limit", "char_limit"):
@@ -106,11 +117,19 @@ def _entry(path: Path, i: int, entry: object) -> ApiKey:
 
 def check_key_name(name: str) -> None:
     """A key name is printable text with something in it (it is listed one per line)."""
+    problem = _name_problem(name)
+    if problem:
+        raise MTError(f"key name {name!r}: {problem}")
+
+
+def _name_problem(name: str) -> str | None:
+    """What makes ``name`` no key name (None: nothing)."""
     if not name.strip() or any(unicodedata.category(char).startswith("C") for char in name):
-        raise MTError(
-            f"key name {name!r}: use printable characters (no tabs, line breaks or other "
-            "control characters), and at least one that is not a space"
+        return (
+            "use printable characters (no tabs, line breaks or other control characters), "
+            "and at least one that is not a space"
         )
+    return None
 
 
 def _write_document(path: Path, data: dict) -> None:
@@ -141,12 +160,14 @@ def add_key(
 
 
 def remove_key(path: Path, name: str) -> None:
-    """Remove the key named ``name`` from the keys file; everything else stays as it was."""
-    keys = read_keys(path)
-    if not any(key.name == name for key in keys):
-        have = ", ".join(key.name for key in keys) or "none"
-        raise MTError(f"{path}: no key named {name!r} (keys: {have})")
+    """Remove the key named ``name`` from the keys file; everything else stays as it was.
+
+    An entry whose name a keys file may not hold (a line break, nothing) can be removed too."""
     data = _document(path)
+    keys = [_entry(path, i, entry, check_name=False) for i, entry in enumerate(data["keys"])]
+    if not any(key.name == name for key in keys):
+        have = ", ".join(repr(key.name) if _name_problem(key.name) else key.name for key in keys)
+        raise MTError(f"{path}: no key named {name!r} (keys: {have or 'none'})")
     data["keys"] = [entry for entry in data["keys"] if entry["name"] != name]
     _write_document(path, data)
 
@@ -227,12 +248,10 @@ class Access:
                 f"`mt serve-keys add {settings.api_keys} NAME`"
             )
         self.keys: list[ApiKey] = []
-        self._file_stamp: tuple[int, int] | None = None  # the keys file's (mtime_ns, size) read
+        self._file_stamp: tuple[int, ...] | None = None  # the keys file's stat, as read
         self._reload(strict=True)
-        try:
-            self._free_origin = re.compile(settings.key_free_origin or r"(?!)")  # (?!): none
-        except re.error as err:
-            raise MTError(f"--key-free-origin {settings.key_free_origin!r}: {err}") from None
+        self._free_origin = origin_pattern(settings.key_free_origin)
+        self._trust_every, self._proxies = settings.trusted_proxies()
         shared = os.environ.get(SHARED_LIMITS_ENV)
         self.limiter: RateLimiter | SharedRateLimiter = (
             SharedRateLimiter(Path(shared)) if shared else RateLimiter()
@@ -241,21 +260,29 @@ class Access:
     def _reload(self, strict: bool = False) -> None:
         """Read the keys file again where it changed (`mt serve-keys` works on a running server).
 
-        A file that became unreadable keeps the keys read before, with one warning per change; with
-        ``strict`` (at start), its MTError is raised instead."""
+        A removed file revokes every key: no key is valid until the file is back (with
+        ``require_api_key``, only a key-free Origin is then served). A file that became
+        unreadable keeps the keys read before, with one warning per change; with ``strict`` (at
+        start), its MTError is raised instead."""
         path = self.settings.api_keys
         if path is None:
             return
         try:
             stat = path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
+            stamp: tuple[int, ...] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        except FileNotFoundError:
+            stamp = ()  # gone: no keys
         except OSError:
-            stamp = (-1, -1)  # gone: the keys read before stay
+            stamp = (-1,)  # cannot be looked at: the keys read before stay
         if stamp == self._file_stamp:
             return
         self._file_stamp = stamp
+        if stamp == ():
+            self.keys = []
+            logger.warning("the keys file %s is gone: every key is revoked until it is back", path)
+            return
         try:
-            self.keys = read_keys(path) if stamp != (-1, -1) else self.keys
+            self.keys = read_keys(path) if stamp != (-1,) else self.keys
         except (OSError, MTError) as err:
             if strict:
                 raise
@@ -270,6 +297,38 @@ class Access:
                 found = entry
         return found
 
+    def client(self, peer: str, forwarded_for: list[str]) -> str:
+        """The address a request's limit counts: its peer's, or the client its proxies name.
+
+        Only a peer that ``forwarded_allow_ips`` trusts may name another client. Its
+        X-Forwarded-For addresses (``forwarded_for``: the header's values) are read from the
+        right, as each proxy appends the address it got the request from: the first one that
+        is not a trusted proxy is the client. An entry that is no IP address ends the reading
+        (the last trusted proxy counts). Addresses are written as :mod:`ipaddress` writes them
+        (an IPv4-mapped IPv6 address as IPv4), so that one client has one name."""
+        client = _address(peer) or peer
+        if not forwarded_for or not self._trusts(client):
+            return client
+        hops = [hop for value in forwarded_for for hop in value.split(",")]
+        for hop in reversed(hops):
+            address = _address(hop)
+            if address is None:
+                break
+            client = address
+            if not self._trusts(address):
+                break
+        return client
+
+    def _trusts(self, address: str) -> bool:
+        """Whether ``address`` is a proxy of ``forwarded_allow_ips``."""
+        if self._trust_every:
+            return True
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in self._proxies)
+
     def check(self, api_key: str | None, origin: str, client: str, texts: list[str]) -> None:
         """Refuse a request that may not go on; count it otherwise.
 
@@ -280,16 +339,19 @@ class Access:
         entry = self.lookup(api_key) if api_key else None
         if api_key and entry is None:
             raise ApiError(403, INVALID_KEY)
-        if entry is None and self.settings.require_api_key and not self._free_origin.match(origin):
+        if entry is None and self.settings.require_api_key and not self._key_free(origin):
             raise ApiError(400, NEED_KEY)
         self._count(entry, client)
         char_limit = (entry and entry.char_limit) or self.settings.char_limit
-        for text in texts:
-            if char_limit and len(text) > char_limit:
-                raise ApiError(
-                    400,
-                    f"Invalid request: request ({len(text)}) exceeds text limit ({char_limit})",
-                )
+        total = sum(len(text) for text in texts)  # a batch counts as a whole, as LibreTranslate's
+        if char_limit and total > char_limit:
+            raise ApiError(
+                400, f"Invalid request: request ({total}) exceeds text limit ({char_limit})"
+            )
+
+    def _key_free(self, origin: str) -> bool:
+        """Whether the whole of ``origin`` matches ``key_free_origin`` (in linear time)."""
+        return self._free_origin is not None and self._free_origin.fullmatch(origin) is not None
 
     def _count(self, entry: ApiKey | None, client: str) -> None:
         """The request limit: a key's own, per key; else the server's, per client address."""
@@ -301,3 +363,52 @@ class Access:
         if wait is not None:
             retry = str(max(1, math.ceil(wait)))
             raise ApiError(429, f"Slowdown: {limit} per 1 minute", {"Retry-After": retry})
+
+
+def _address(text: str) -> str | None:
+    """The IP address ``text`` holds (``1.2.3.4``, ``1.2.3.4:5``, ``[::1]:5``), or None.
+
+    Written as :mod:`ipaddress` writes it; an IPv4-mapped IPv6 address as its IPv4 address."""
+    text = text.strip()
+    if text.startswith("["):  # [v6] or [v6]:port
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:  # v4:port
+        text = text.partition(":")[0]
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def origin_pattern(pattern: str | None) -> Any:
+    """``--key-free-origin`` compiled by RE2 (linear-time matching), or None where none is given.
+
+    Python's ``re`` backtracks: a pattern such as ``(a+)+$`` and one crafted Origin header would
+    keep a worker busy for ever. RE2 matches any pattern in time linear in the header, and
+    refuses what it cannot match so (backreferences, lookarounds).
+
+    Raises:
+        MTError: RE2 is not installed, or the pattern is not one it compiles (naming the option).
+    """
+    if not pattern:
+        return None
+    try:
+        import re2
+    except ImportError:
+        raise MTError(
+            "--key-free-origin needs google-re2 (linear-time regular expressions, so that no "
+            "Origin header can stall the server): pip install google-re2, or 'transformer-mt[serve]'"
+        ) from None
+    options = re2.Options()
+    options.log_errors = False  # RE2 would log its own multi-line complaint on stderr
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as err:
+        reason = err.args[0] if err.args else err
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        raise MTError(
+            f"--key-free-origin {pattern!r}: {reason} (RE2's syntax: Python's without "
+            "backreferences and lookarounds)"
+        ) from None

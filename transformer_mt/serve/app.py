@@ -49,10 +49,11 @@ import socket
 import threading
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from transformer_mt.engines.engine import Engine, load_engine
 from transformer_mt.errors import MTError
@@ -72,13 +73,21 @@ try:
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
     from starlette.staticfiles import StaticFiles
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from transformer_mt.serve import routes_files, routes_libre, routes_v1
     from transformer_mt.serve.access import Access
+    from transformer_mt.serve.cache import TranslationCache
     from transformer_mt.serve.file_store import SHARED_FILES_ENV, FileStore
     from transformer_mt.serve.forms import first_error, json_bytes
     from transformer_mt.serve.metrics import ServerMetrics
-    from transformer_mt.serve.state import ProcessState, Readiness, ServerState
+    from transformer_mt.serve.state import (
+        ProcessState,
+        Readiness,
+        ServerState,
+        close_parsing,
+        load_glossaries,
+    )
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise MTError(
         f"`mt serve` needs FastAPI, uvicorn, python-multipart, langcodes and prometheus-client "
@@ -135,10 +144,10 @@ class _CountRequests:
     ASGI middleware keeping :class:`RequestCounts` and the HTTP metrics (requests by route
     and status, latency, requests in flight)."""
 
-    def __init__(self, app, counts: RequestCounts, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, counts: RequestCounts, metrics: ServerMetrics) -> None:
         self.app, self.counts, self.metrics = app, counts, metrics
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -148,7 +157,7 @@ class _CountRequests:
         status = 500  # an exception that escapes becomes starlette's 500
         started = False
 
-        async def tracked_send(message) -> None:
+        async def tracked_send(message: Message) -> None:
             nonlocal started, status
             if message["type"] == "http.response.start":
                 started, status = True, message["status"]
@@ -171,7 +180,7 @@ class _CountRequests:
             self.metrics.answered(_route(scope), scope["method"], status, seconds)
 
 
-def _route(scope) -> str:
+def _route(scope: Scope) -> str:
     """The route template a request matched, or "unmatched".
 
     A template such as ``/download_file/{name}`` is kept as it is, not filled with the name, so
@@ -182,7 +191,7 @@ def _route(scope) -> str:
 _SHUTTING_DOWN = "the server shut down before answering; send the request again"
 
 
-async def _send_json_error(send, status: int, message: str) -> bool:
+async def _send_json_error(send: Send, status: int, message: str) -> bool:
     """Send a ``{"error": message}`` answer; False when the client is gone.
 
     Send a whole ``{"error": message}`` response through ASGI ``send``; False when the
@@ -203,10 +212,10 @@ class _Cors:
     The headers go on every answer; a browser's preflight (OPTIONS with
     Access-Control-Request-Method) is answered at once."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -216,7 +225,7 @@ class _Cors:
             await send({"type": "http.response.body", "body": b""})
             return
 
-        async def with_cors(message) -> None:
+        async def with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), *CORS_HEADERS]}
             await send(message)
@@ -284,13 +293,17 @@ def _install(app: FastAPI, engine: Engine) -> None:
     metrics = app.state.process.metrics
     batcher = Batcher(engine, settings.batching, settings.limits.max_waiting, observer=metrics)
     access = Access(settings.access)
-    app.state.server = ServerState(engine, batcher, settings.limits, settings, access, None)
+    glossaries = load_glossaries(settings.glossaries)
+    cache = TranslationCache(settings.cache_lines, metrics.cache_lookup)
+    app.state.server = ServerState(
+        engine, batcher, settings.limits, settings, access, None, glossaries, cache
+    )
     app.state.batcher = batcher
     app.summary = f"Translate {engine.src_lang} -> {engine.trg_lang} ({engine.name} engine)"
 
 
 @asynccontextmanager
-async def _lifespan(app: FastAPI):
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Run the decode worker and the downloads while the app serves.
 
     The decode worker and the downloads live while the app serves; a model still to load
@@ -354,6 +367,7 @@ def _stop(app: FastAPI) -> None:
     state.batcher.close()
     if state.files is not None:
         state.files.close()
+    close_parsing()
 
 
 async def _in_own_thread(work: Callable[[], Engine]) -> Engine:
@@ -391,7 +405,12 @@ async def _in_own_thread(work: Callable[[], Engine]) -> Engine:
 
 
 async def _api_error(_request: Request, err: ApiError) -> JSONResponse:
-    return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+    body = (
+        {"error": err.message}
+        if err.detail is None
+        else {"error": err.message, "detail": err.detail}
+    )
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 async def _http_error(_request: Request, err: HTTPException) -> JSONResponse:
@@ -449,7 +468,7 @@ def _run_uvicorn(app: FastAPI, sockets: list[socket.socket], settings: ServeSett
 
     logged: list[str] = []  # uvicorn raises each signal it caught again: log the stop once
 
-    def stopped(signum: int, _frame) -> None:
+    def stopped(signum: int, _frame: FrameType | None) -> None:
         if not logged:
             logged.append(signal.Signals(signum).name)
             _log_stop(logged[0], app.state.requests, settings.shutdown_timeout_s)
@@ -462,6 +481,9 @@ def _run_uvicorn(app: FastAPI, sockets: list[socket.socket], settings: ServeSett
         app,
         access_log=settings.access_log,
         log_level="info",
+        # X-Forwarded-For is read by the app, from the proxies --forwarded-allow-ips names only
+        # (uvicorn's default trusts 127.0.0.1, and FORWARDED_ALLOW_IPS from the environment).
+        proxy_headers=False,
         # Annotated int, read as asyncio.wait_for's timeout: seconds as a float.
         timeout_graceful_shutdown=typing.cast(int, settings.shutdown_timeout_s),
     )
@@ -491,7 +513,7 @@ class _Server(uvicorn.Server):
         self._timer: threading.Timer | None = None  # set when draining begins
         self._drained = False  # the drain time is over (or was cut short)
 
-    def handle_exit(self, sig: int, frame) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Drain first, then uvicorn's graceful shutdown.
 
         Drain first (see the class docstring), then uvicorn's graceful shutdown. A signal
@@ -510,7 +532,7 @@ class _Server(uvicorn.Server):
             self._drained = True
         super().handle_exit(sig, frame)
 
-    def _drain_over(self, sig: int, frame) -> None:
+    def _drain_over(self, sig: int, frame: FrameType | None) -> None:
         """The drain time has passed: uvicorn's graceful shutdown."""
         self._drained = True
         super().handle_exit(sig, frame)

@@ -72,6 +72,7 @@ from transformer_mt.config import DecodeConfig
 from transformer_mt.decoding.continuous import ContinuousSearch
 from transformer_mt.decoding.search import DecodeResult
 from transformer_mt.engines.engine import Engine
+from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.results import DecodeStopped, LineResult, empty_result
 from transformer_mt.host_memory import release_freed_memory
 from transformer_mt.serve.settings import BatchSettings
@@ -130,14 +131,17 @@ class _Job:
     tokens: int = 0  # counted by the worker (the event loop does no tokenizing)
     gone: bool = False  # its client left (set on the event loop, read by the worker)
     target: str | None = None  # the language a multilingual model translates into
+    terms: list[list[str]] | None = None  # per line, glossary terms its translation must hold
 
     @property
     def key(self) -> tuple:
         """The key of the jobs that may decode together.
 
         Jobs decode together only with equal settings (and, in a multilingual model's batch
-        calls, one target language: its tag starts every source of the call)."""
-        return (*dataclasses.astuple(self.decode), self.attention, self.target)
+        calls, one target language: its tag starts every source of the call); constrained jobs
+        (glossary terms) only with each other."""
+        constrained = self.terms is not None
+        return (*dataclasses.astuple(self.decode), self.attention, self.target, constrained)
 
 
 _STOP = object()
@@ -208,7 +212,12 @@ class Batcher:
         return self._submit(lines, decode, attention, target).future
 
     def _submit(
-        self, lines: list[str], decode: DecodeConfig, attention: bool, target: str | None = None
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        attention: bool,
+        target: str | None = None,
+        terms: list[list[str]] | None = None,
     ) -> _Job:
         with self._lock:
             if self._closed:
@@ -217,7 +226,7 @@ class Batcher:
                 raise Busy(f"{self._waiting} requests are waiting (max_waiting); try again later")
             self._waiting += 1
             self.observer.waiting(1)
-            job = _Job(list(lines), decode, attention, time.monotonic(), target=target)
+            job = _Job(list(lines), decode, attention, time.monotonic(), target=target, terms=terms)
             job.future.add_done_callback(self._answered)
             self._queue.put(job)  # under the lock: never behind the stop sign
         return job
@@ -229,13 +238,16 @@ class Batcher:
         attention: bool = False,
         gone: Callable[[], Awaitable[object]] | None = None,
         target: str | None = None,
+        terms: list[list[str]] | None = None,
     ) -> list[LineResult]:
         """:meth:`submit`, awaited.
+
+        ``terms``: per line, the target terms its translation must hold (a glossary's).
 
         ``gone()`` is awaited beside it and completes when the client has left: then the request is
         dropped if still queued, or stops after its current decode batch, and this raises
         :class:`ClientGone` at once (the log says how many lines were left undecoded)."""
-        job = self._submit(lines, decode, attention, target)
+        job = self._submit(lines, decode, attention, target, terms)
         answer = asyncio.wrap_future(job.future)
         if gone is None:
             return await answer
@@ -431,7 +443,11 @@ class Batcher:
         Decode ``lines`` (those of ``batch``, in order) as one engine call and answer each job;
         it stops between decode batches once every client of ``batch`` has left."""
         try:
-            results = self._translate(lines, batch[0], lambda: all(j.gone for j in batch))
+            terms = None
+            if batch[0].terms is not None:  # the key keeps constrained jobs together
+                terms = [t for job in batch for t in (job.terms or [[]] * len(job.lines))]
+            stop = lambda: all(j.gone for j in batch)  # noqa: E731
+            results = self._translate(lines, batch[0], stop, terms)
         except DecodeStopped as stopped:  # every client of the batch left
             self._stopped(batch, set(stopped.left))
             return
@@ -468,7 +484,7 @@ class Batcher:
         self.batches += 1
         self.observer.batch(1, len(job.lines), job.tokens)
         try:
-            results = self._translate(job.lines, job, lambda: job.gone)
+            results = self._translate(job.lines, job, lambda: job.gone, job.terms)
         except DecodeStopped as stopped:
             job.future.set_exception(ClientGone(len(stopped.left)))
         except Exception as err:
@@ -476,12 +492,23 @@ class Batcher:
         else:
             job.future.set_result(results)
 
-    def _translate(self, lines: list[str], job: _Job, stop: Callable[[], bool]) -> list:
-        """The engine's results for ``lines`` with ``job``'s settings.
+    def _translate(
+        self,
+        lines: list[str],
+        job: _Job,
+        stop: Callable[[], bool],
+        terms: list[list[str]] | None = None,
+    ) -> list:
+        """The engine's results for ``lines`` with ``job``'s settings (and per line ``terms``).
 
         The observer is told how long it took before any job is answered."""
         started = time.monotonic()
         try:
+            if terms is not None:
+                extras = TranslateExtras(terms=terms)
+                return self.engine.translate(
+                    lines, job.decode, job.attention, stop, job.target, extras=extras
+                )
             return self.engine.translate(lines, job.decode, job.attention, stop, job.target)
         finally:
             self.observer.decoded(time.monotonic() - started)
@@ -584,7 +611,9 @@ class _ContinuousWorker:
 
     def _joins(self, job: _Job) -> bool:
         """Whether ``job`` can decode in the running search (or start a new one)."""
-        if job.attention or not 1 <= job.decode.nbest <= job.decode.beam_size:
+        if job.attention or job.terms is not None:
+            return False  # the batch path answers it (the running search has no constraints)
+        if not 1 <= job.decode.nbest <= job.decode.beam_size:
             return False  # the batch path answers (or refuses) it
         if self.search is None or not self.flights:
             return self.engine.continuous_search(job.decode) is not None

@@ -23,6 +23,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from transformer_mt.serve.settings import ApiError, Limits
 
@@ -139,7 +140,7 @@ async def form_items(
     return items
 
 
-def _replay(body: bytes):
+def _replay(body: bytes) -> Receive:
     """An ASGI ``receive`` that gives ``body`` (already read and checked) once."""
     sent = False
 

@@ -15,7 +15,7 @@ from transformer_mt.serve.access import Access
 from transformer_mt.serve.app import serve_process
 from transformer_mt.serve.metrics import ServerMetrics
 from transformer_mt.serve.settings import ServeSettings
-from transformer_mt.serve.state import ProcessState, Readiness
+from transformer_mt.serve.state import ProcessState, Readiness, load_glossaries
 from transformer_mt.serve.workers import supervise
 
 
@@ -27,6 +27,7 @@ def serve(path: Path | str, settings: ServeSettings) -> None:
     mistake in the options, and a model that fails to load ends the server with its error."""
     check_engine(settings.engine, path, settings.quantize, settings.precision)  # options first
     Access(settings.access)  # the keys file, read and checked
+    load_glossaries(settings.glossaries)  # each file read and checked
     sockets = bind_sockets(settings.host, settings.port)
     try:
         for sock in sockets:  # connections wait in the backlog until a worker accepts them

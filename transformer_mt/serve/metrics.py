@@ -22,6 +22,8 @@ What the metrics say (all prefixed ``mt_``):
   ``rate(mt_source_tokens_total[1m]) / rate(mt_batch_decode_seconds_sum[1m])`` the decode
   workers' speed while busy;
 - ``abandoned_requests_total``: requests whose client left before their answer;
+- ``translation_cache_hits_total`` / ``translation_cache_misses_total``: lines answered from the
+  translation cache, and lines looked up there and decoded (the hit rate: hits / both);
 - ``workers_ready``: processes whose model is loaded (the sum over live processes).
 """
 
@@ -109,6 +111,12 @@ class ServerMetrics(BatchObserver):
         )
         self.lines = Counter("mt_translated_lines_total", "Lines decoded", registry=own)
         self.tokens = Counter("mt_source_tokens_total", "Source pieces decoded", registry=own)
+        self.cache_hits = Counter(
+            "mt_translation_cache_hits_total", "Lines answered from the cache", registry=own
+        )
+        self.cache_misses = Counter(
+            "mt_translation_cache_misses_total", "Lines looked up, not cached", registry=own
+        )
         self.abandoned_requests = Counter(
             "mt_abandoned_requests_total",
             "Requests whose client left before their answer",
@@ -138,6 +146,10 @@ class ServerMetrics(BatchObserver):
 
     def decoded(self, seconds: float) -> None:
         self.decode_seconds.observe(seconds)
+
+    def cache_lookup(self, hit: bool) -> None:
+        """A line looked up in the translation cache: found, or not."""
+        (self.cache_hits if hit else self.cache_misses).inc()
 
     def abandoned(self) -> None:
         self.abandoned_requests.inc()

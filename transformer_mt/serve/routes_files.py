@@ -20,8 +20,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from transformer_mt.documents.document import FILE_FORMATS, read_document
-from transformer_mt.errors import MTError
+from transformer_mt.documents.document import FILE_FORMATS, document_segments, render_document
 from transformer_mt.serve.file_store import NAME
 from transformer_mt.serve.forms import (
     MULTIPART,
@@ -37,6 +36,8 @@ from transformer_mt.serve.state import (
     ServerState,
     check_languages,
     decode_lines,
+    document_limits,
+    parse,
     request_decode,
     server_state,
 )
@@ -63,19 +64,37 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
     suffix = PurePath(filename).suffix.lower()
     if suffix not in FILE_FORMATS:
         formats = ", ".join(FILE_FORMATS)
-        raise ApiError(400, f"Invalid request: file format not supported ({formats})")
+        raise ApiError(400, "Invalid request: file format not supported", detail=formats)
     check_languages(state, fields.source, fields.target)
     state.check_access(request, fields.api_key, [])
-    try:
-        document = await run_in_threadpool(read_document, data, suffix, filename)
-    except MTError as err:
-        raise ApiError(400, str(err)) from None
+    # Read (and, translated, read again and written) in a parsing process: never on the event loop.
+    limits = document_limits()
+    segments = await parse(state, document_segments, data, suffix, filename, limits)
     decode = request_decode(state.engine.decode, {}, state.limits, {})
     target = fields.target if state.engine.lang_tags else None
-    results = await decode_lines(state, request, document.segments, decode, True, target)
-    translated = await run_in_threadpool(document.render, results)
+    results = await decode_lines(state, request, segments, decode, True, target)
+    translated = await parse(state, render_document, data, suffix, filename, limits, results)
     name = await run_in_threadpool(state.files.put, translated, suffix, _download_name(filename))
-    return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
+    return {"translatedFileUrl": _file_url(request, state, name)}
+
+
+def _file_url(request: Request, state: ServerState, name: str) -> str:
+    """Where the download ``name`` is: under ``--public-url``, else where the request came in.
+
+    Without ``--public-url``, the scheme, address and port of the connection the request came
+    in on (its Host header, which the client writes, is never copied); a connection without an
+    address gets the path alone. An absolute URL, as LibreTranslate answers: its clients fetch
+    the URL as they get it."""
+    path = str(request.app.url_path_for("download_file", name=name))
+    public = state.settings.files.download_url(path)
+    if public is not None:
+        return public
+    server = request.scope.get("server")
+    if not server or server[1] is None:
+        return path
+    host, port = server
+    host = f"[{host}]" if ":" in host else host
+    return f"{request.scope.get('scheme', 'http')}://{host}:{port}{path}"
 
 
 async def _read_upload(request: Request, state: ServerState) -> tuple[FileRequest, str, bytes]:

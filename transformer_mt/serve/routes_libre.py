@@ -14,23 +14,29 @@ with nothing to translate (emoji, punctuation, numbers, a URL) comes back unchan
 ("Invalid request: missing q parameter", "zz is not supported", ...), ours after it.
 """
 
-import langcodes
 from fastapi import APIRouter, Depends, Request
 
-from transformer_mt.data.toy import TOY_LANGUAGE_NAMES
-from transformer_mt.documents.document import FILE_FORMATS, html_document
+from transformer_mt.documents.document import FILE_FORMATS, html_segments, render_html
+from transformer_mt.engines.paragraphs import line_languages, split_lines
 from transformer_mt.errors import MTError
 from transformer_mt.serve.forms import Strict, body_schema, read_fields
+from transformer_mt.serve.languages import is_toy, language_name
 from transformer_mt.serve.settings import ApiError
 from transformer_mt.serve.state import (
+    INLINE_PARSE_CHARS,
     ServerState,
     check_languages,
     check_lines,
     decode_lines,
+    document_limits,
+    parse,
     request_decode,
     server_state,
 )
 from transformer_mt.text.content import has_text
+from transformer_mt.text.detect import Detection
+from transformer_mt.text.detect import detect as detect_language
+from transformer_mt.text.glossary import Entry, Glossary
 
 router = APIRouter()
 
@@ -50,12 +56,14 @@ class LibreRequest(Strict):
     format: str | None = None  # "text" (the default) or "html"
     alternatives: int = 0  # this many more translations (the n-best's next), plain text only
     api_key: str | None = None  # where the server has keys (`mt serve --api-keys`)
+    # Ours: a glossary's name (`mt serve --glossary NAME=FILE`) or {"source term": "target"}.
+    glossary: str | dict[str, str] | None = None
 
 
 class DetectRequest(Strict):
     """``POST /detect``'s fields."""
 
-    q: str | None = None  # the answer is the model's source language whatever it says
+    q: str | None = None  # the text: which of the model's source languages it is in
     api_key: str | None = None
 
 
@@ -73,11 +81,8 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
     reply: dict = {"translatedText": translated}
     if req.alternatives > 0:
         reply["alternatives"] = alternatives or [[] for _ in texts]
-    if req.source == "auto":  # a source the model knows, as LibreTranslate reports one
-        source = next(src for src, trg in state.engine.pairs if trg == req.target)
-        translatable = any(has_text(line) for text in texts for line in text.split("\n"))
-        detected = {"language": source, "confidence": 100.0 if translatable else 0.0}
-        reply["detectedLanguage"] = [detected] * len(texts)
+    if req.source == "auto":  # the best of the model's sources, as LibreTranslate reports it
+        reply["detectedLanguage"] = [_detected(state, text)[0] for text in texts]
     if isinstance(req.q, str):  # one text: one answer, not a list
         reply = {key: value[0] for key, value in reply.items()}
     return reply
@@ -98,11 +103,12 @@ def _checked(req: LibreRequest, state: ServerState) -> list[str]:
     if req.alternatives > most:
         raise ApiError(
             400,
-            f"Invalid request: alternatives parameter must be <= {most} (max_beam - 1 here)",
+            f"Invalid request: alternatives parameter must be <= {most}",
+            detail=f"the server's max_beam ({most + 1}) - 1",
         )
     check_languages(state, req.source, req.target)
     if (req.format or "text") not in ("text", "html"):
-        raise ApiError(400, f"{req.format} format is not supported (text or html)")
+        raise ApiError(400, f"{req.format} format is not supported", detail="text or html")
     return [req.q] if isinstance(req.q, str) else req.q
 
 
@@ -112,16 +118,23 @@ def _missing(name: str) -> ApiError:
 
 
 async def _translate_texts(
-    state: ServerState, request: Request, req: LibreRequest, texts: list[str], target
+    state: ServerState, request: Request, req: LibreRequest, texts: list[str], target: str | None
 ) -> tuple[list[str], list[list[str]]]:
-    """Plain texts, line by line: per text its translation and its alternatives.
+    """Plain texts, sentence by sentence: per text its translation and its alternatives.
 
-    Lines with nothing to translate are kept as they are (never decoded: :func:`decode_lines`),
-    and a text of such lines alone has no alternatives.
+    Each text is cut into sentences (by the rules of ``source``, or of each text's detected
+    language for "auto"), the sentences of all texts are decoded together and joined back with
+    each text's own spaces and line breaks (:mod:`~transformer_mt.engines.paragraphs`).
+    Sentences with nothing to translate are kept as they are (never decoded:
+    :func:`decode_lines`), and a text of such sentences alone has no alternatives.
     """
-    split = [text.split("\n") for text in texts]
-    lines = [line.removesuffix("\r") for text in split for line in text]
-    check_lines(lines, state.limits, "q lines", state.engine)
+    texts = [text.replace("\r\n", "\n") for text in texts]  # a form's line breaks: LF
+    languages = line_languages(state.engine, texts, req.source)
+    paragraphs = split_lines(texts, languages)
+    lines = paragraphs.sentences
+    check_lines(lines, state.limits, "q sentences", state.engine)
+    glossary = _glossary(state, req.glossary)
+    terms = [glossary.targets(line) for line in lines] if glossary is not None else None
     nbest = 1 + max(0, req.alternatives)
     # The model's decode settings, its beam capped by max_beam as /v1/translate caps it, and
     # widened to give the alternatives asked for.
@@ -129,44 +142,69 @@ async def _translate_texts(
     decode = request_decode(
         state.engine.decode, {"beam_size": beam, "nbest": nbest}, state.limits, LIBRE_NAMES
     )
-    results = await decode_lines(state, request, lines, decode, False, target)
-    kept = [not has_text(line) for line in lines]
-    per_line = [
-        [line] * nbest if keep else [t for t, _ in r.nbest] + [""] * (nbest - len(r.nbest))
-        for line, keep, r in zip(lines, kept, results, strict=True)
-    ]
-    rows, flags = iter(per_line), iter(kept)
+    results = await decode_lines(state, request, lines, decode, False, target, terms)
+    joined = paragraphs.join(results, nbest, outer=True)
     translated, alternatives = [], []
-    for text in split:
-        hyps = [next(rows) for _ in text]
-        untranslated = all([next(flags) for _ in text])
-        joined = ["\n".join(h[k] for h in hyps) for k in range(nbest)]
-        translated.append(joined[0])
-        alternatives.append([] if untranslated else joined[1:])
+    for split, result in zip(paragraphs.splits, joined, strict=True):
+        translated.append(result.text)
+        untranslated = not any(has_text(sentence) for sentence in split.sentences)
+        alternatives.append([] if untranslated else [text for text, _ in result.nbest[1:]])
     return translated, alternatives
 
 
+def _glossary(state: ServerState, given: str | dict[str, str] | None) -> Glossary | None:
+    """The request's glossary: one of the server's by name, or its own terms; None for none."""
+    if given is None:
+        return None
+    if isinstance(given, str):
+        if given not in state.glossaries:
+            have = ", ".join(sorted(state.glossaries)) or "none (mt serve --glossary NAME=FILE)"
+            raise ApiError(
+                400, f"Invalid request: no glossary named {given!r} (glossaries: {have})"
+            )
+        return state.glossaries[given]
+    try:
+        return Glossary([Entry(source, target) for source, target in given.items()])
+    except (ValueError, MTError) as err:
+        raise ApiError(400, f"Invalid request: glossary: {err}") from None
+
+
+def _detected(state: ServerState, text: str) -> list[dict]:
+    """LibreTranslate's detections of ``text`` among the model's source languages, best first.
+
+    Text too short or ambiguous to tell, or in a language the model does not translate from,
+    gets the model's first source language with confidence 0."""
+    sources = list(dict.fromkeys(src for src, _ in state.engine.pairs))
+    try:
+        found = detect_language(text, sources, sources[0])
+    except MTError:  # the detector is not installed (the text extra): no reason to choose
+        found = [Detection(sources[0], 0.0)]
+    return [{"language": d.language, "confidence": d.confidence} for d in found]
+
+
 async def _translate_html(
-    state: ServerState, request: Request, texts: list[str], target
+    state: ServerState, request: Request, texts: list[str], target: str | None
 ) -> list[str]:
     """HTML fragments translated, their markup kept.
 
     HTML fragments: their text translated (with attention, which places inline markup),
-    their markup kept."""
-    try:
-        documents = [html_document(text) for text in texts]
-    except MTError as err:
-        raise ApiError(400, str(err)) from None
-    segments = [segment for doc in documents for segment in doc.segments]
+    their markup kept. Parsed (and, translated, parsed again and written) in a parsing process
+    where they are not small (:func:`parse`): never for long on the event loop; a fragment
+    stops being read past max_lines segments."""
+    most = state.limits.max_lines
+    why = {"max_segments": f"max_lines={most} per request: mt serve --max-lines"}
+    limits = document_limits(why, max_segments=most)
+    here = sum(len(text) for text in texts) <= INLINE_PARSE_CHARS
+    found = await parse(state, html_segments, texts, limits, "q", here=here)
+    segments = [segment for text in found for segment in text]
     check_lines(segments, state.limits, "q segments", state.engine)
     decode = request_decode(state.engine.decode, {}, state.limits, LIBRE_NAMES)
     results = await decode_lines(state, request, segments, decode, True, target)
-    out, start = [], 0
-    for doc in documents:
-        end = start + len(doc.segments)
-        out.append(doc.render(results[start:end]).decode("utf-8"))
-        start = end
-    return out
+    grouped, start = [], 0
+    for text in found:
+        grouped.append(results[start : start + len(text)])
+        start += len(text)
+    return await parse(state, render_html, texts, limits, "q", grouped, here=here)
 
 
 @router.get("/languages")
@@ -180,39 +218,21 @@ async def languages(state: ServerState = Depends(server_state)) -> list:
         targets.setdefault(src, []).append(trg)
     for _, trg in state.engine.pairs:  # a client checks both ends against this list
         targets.setdefault(trg, [])
-    toy = _is_toy(state.engine.pairs)
+    toy = is_toy(state.engine.pairs)
     return [
         {"code": code, "name": language_name(code, toy), "targets": to}
         for code, to in targets.items()
     ]
 
 
-def _is_toy(pairs: list[tuple[str, str]]) -> bool:
-    """Whether every language of ``pairs`` is one of the built-in toy corpus's."""
-    return all(lang in TOY_LANGUAGE_NAMES for pair in pairs for lang in pair)
-
-
-def language_name(code: str, toy: bool = False) -> str:
-    """A language code's English name ("de" -> "German"), or the code where langcodes knows none.
-
-    ``toy``: the model speaks the built-in toy corpus's languages, named as the toy names them."""
-    if toy and code in TOY_LANGUAGE_NAMES:
-        return TOY_LANGUAGE_NAMES[code]
-    try:
-        language = langcodes.Language.get(code)
-    except (langcodes.LanguageTagError, ValueError):
-        return code
-    return language.display_name() if language.is_valid() else code
-
-
 @router.post("/detect", openapi_extra=body_schema(DetectRequest))
 async def detect(request: Request, state: ServerState = Depends(server_state)) -> list:
-    """LibreTranslate's language detection: the model knows one source language."""
+    """LibreTranslate's language detection, among the languages the model translates from."""
     req = await read_fields(request, DetectRequest, state.limits)
     if not req.q:
         raise _missing("q")
     state.check_access(request, req.api_key, [req.q])
-    return [{"language": state.engine.src_lang, "confidence": 100.0}]
+    return _detected(state, req.q)
 
 
 @router.get("/frontend/settings")
@@ -220,7 +240,7 @@ async def frontend_settings(state: ServerState = Depends(server_state)) -> dict:
     """What LibreTranslate's page and clients read first: limits, keys, files, languages."""
     access, files = state.settings.access, state.files
     source, target = state.engine.pairs[0]
-    toy = _is_toy(state.engine.pairs)
+    toy = is_toy(state.engine.pairs)
     return {
         "charLimit": access.char_limit or -1,
         "frontendTimeout": state.settings.frontend_timeout_ms,

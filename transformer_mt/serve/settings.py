@@ -16,7 +16,9 @@ given in KiB or milliseconds says so with :func:`unit_setting`: the one conversi
 
 import dataclasses
 import functools
+import ipaddress
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,8 @@ from transformer_mt.config import (
 from transformer_mt.engines.options import model_setting
 from transformer_mt.errors import MTError
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 # On SIGTERM uvicorn waits for every open connection; a client that never finishes sending its
 # body (or never reads its answer) would keep the process alive for good. After this long
 # (`mt serve --shutdown-timeout`) the requests left are cancelled and their connections closed;
@@ -42,11 +46,20 @@ SHUTDOWN_TIMEOUT_S = 30.0
 
 
 class ApiError(Exception):
-    """A refused request: its HTTP status, one line for ``{"error": ...}``, extra headers."""
+    """A refused request: its HTTP status, one line for ``{"error": ...}``, extra headers.
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    ``detail``: ours, in a field of its own (``{"error": ..., "detail": ...}``), so that
+    ``error`` is word for word what LibreTranslate answers where it has an answer."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        detail: str | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers
+        self.status, self.message, self.headers, self.detail = status, message, headers, detail
 
 
 @dataclass(frozen=True)
@@ -217,8 +230,8 @@ class AccessSettings:
     )
     key_free_origin: str | None = setting(
         None,
-        "with --require-api-key: requests whose Origin matches this regex need no key (e.g. "
-        "your own page)",
+        "with --require-api-key: requests whose whole Origin matches this regex need no key "
+        "(e.g. your own page); RE2 syntax, matched in linear time",
         option="--key-free-origin",
     )
     req_limit: int = setting(
@@ -229,15 +242,46 @@ class AccessSettings:
     )
     char_limit: int = setting(
         0,
-        "characters per text, LibreTranslate's (per key: the key's own); 0: no limit",
+        "characters per request, the texts of a batch together, LibreTranslate's (per key: the "
+        "key's own); 0: no limit",
         range=AT_LEAST_0,
         option="--char-limit",
+    )
+    forwarded_allow_ips: str | None = setting(
+        None,
+        "the proxies trusted to name the client in X-Forwarded-For (for --req-limit): "
+        "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8), or * for every peer; "
+        "none: no proxy, the header is ignored",
+        option="--forwarded-allow-ips",
     )
 
     def __post_init__(self) -> None:
         check_declared(self)
         if self.require_api_key and self.api_keys is None:
             raise MTError("--require-api-key needs --api-keys FILE (create it: mt serve-keys add)")
+        self.trusted_proxies()
+
+    def trusted_proxies(self) -> tuple[bool, tuple[IPNetwork, ...]]:
+        """``forwarded_allow_ips`` read: (every peer is trusted, the trusted networks).
+
+        An address is a network of one (``127.0.0.1`` is ``127.0.0.1/32``).
+
+        Raises:
+            MTError: an entry that is neither ``*`` nor an address or network, naming it.
+        """
+        entries = [e.strip() for e in (self.forwarded_allow_ips or "").split(",") if e.strip()]
+        networks = []
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+            except ValueError:
+                raise MTError(
+                    f"--forwarded-allow-ips {self.forwarded_allow_ips!r}: {entry!r} is not an "
+                    "IP address or network (e.g. 127.0.0.1,10.0.0.0/8,::1, or * for every peer)"
+                ) from None
+        return "*" in entries, tuple(networks)
 
     @property
     def enabled(self) -> bool:
@@ -267,9 +311,49 @@ class FileSettings:
     max_file_bytes: int = setting(
         8 << 20, "bytes of one uploaded file (its request body) at most", range=AT_LEAST_1
     )
+    public_url: str | None = setting(
+        None,
+        "the server's URL as its clients reach it (https://mt.example.org, or with the path a "
+        "proxy serves it under): /translate_file's translatedFileUrl starts with it; none: the "
+        "address and port the request came in on, never its Host header",
+        option="--public-url",
+    )
+    parse_processes: int = setting(
+        1,
+        "documents (/translate_file) and HTML bodies (/translate with format html) parsed at "
+        "once, each in a process of its own at a lower CPU priority, never on the event loop "
+        "(small HTML bodies aside); more wait their turn",
+        range=Range(1, 64),
+    )
+    parse_waiting: int = setting(
+        16, "parses waiting for a parsing process; more get a 503", range=AT_LEAST_0
+    )
+    parse_memory_bytes: int = setting(
+        1 << 30,
+        "address space of a parsing process: a parse that needs more gets a 413 (the "
+        "documents' own bounds, the MT_DOC_MAX_* variables, apply first)",
+        range=Range(lo=256 << 20),
+    )
 
     def __post_init__(self) -> None:
         check_declared(self)
+        if self.public_url is not None:
+            url = urllib.parse.urlsplit(self.public_url)
+            if url.scheme not in ("http", "https") or not url.hostname or "@" in url.netloc:
+                raise MTError(
+                    f"--public-url {self.public_url!r}: an http:// or https:// URL with a "
+                    "host is needed (e.g. https://mt.example.org)"
+                )
+            if url.query or url.fragment or self.public_url.rstrip("/").endswith(("?", "#")):
+                raise MTError(f"--public-url {self.public_url!r}: no query or fragment")
+            try:
+                url.port  # noqa: B018 (a port out of range raises)
+            except ValueError:
+                raise MTError(f"--public-url {self.public_url!r}: a bad port") from None
+
+    def download_url(self, path: str) -> str | None:
+        """``path`` (``/download_file/NAME``) under ``public_url``, or None without one."""
+        return None if self.public_url is None else self.public_url.rstrip("/") + path
 
 
 @dataclass(frozen=True)
@@ -308,6 +392,20 @@ class ServeSettings:
     )
     frontend_timeout_ms: int = setting(
         500, "/frontend/settings' frontendTimeout (a page's typing delay), ms", range=AT_LEAST_0
+    )
+    cache_lines: int = setting(
+        0,
+        "translated lines the server keeps, answering a repeated one from memory (settings, "
+        "target and glossary terms included in its key; sampled lines never; 0: no cache, as "
+        "LibreTranslate without --translation-cache)",
+        range=AT_LEAST_0,
+        option="--cache-lines",
+    )
+    glossaries: tuple[str, ...] | None = setting(
+        None,
+        "a glossary that requests name in their glossary field: NAME=FILE, the file a TSV of "
+        "'source term<TAB>target term' lines (repeat for several)",
+        option="--glossary",
     )
     limits: Limits = field(default_factory=Limits)
     batching: BatchSettings = field(default_factory=BatchSettings)

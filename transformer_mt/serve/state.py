@@ -4,25 +4,38 @@ What the routes share: the server's parts (injected with ``Depends(server_state)
 answers before the model is loaded (``Depends(process_state)``: readiness, metrics), and the
 one way a route has lines decoded."""
 
+import asyncio
 import dataclasses
 import logging
 import multiprocessing
-from collections.abc import Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 
 from transformer_mt.config import DecodeConfig, apply_overrides
+from transformer_mt.documents.limits import (
+    DocumentLimits,
+    DocumentTooLarge,
+    parse_call,
+    parse_worker_init,
+)
 from transformer_mt.engines.engine import Engine
 from transformer_mt.engines.results import LineResult, empty_result
 from transformer_mt.errors import MTError
 from transformer_mt.serve.access import Access
 from transformer_mt.serve.batcher import Batcher, Busy, ClientGone, Closed
+from transformer_mt.serve.cache import TranslationCache
 from transformer_mt.serve.file_store import FileStore
+from transformer_mt.serve.languages import is_toy, language_name
 from transformer_mt.serve.metrics import ServerMetrics
-from transformer_mt.serve.settings import ApiError, Limits, ServeSettings
+from transformer_mt.serve.settings import ApiError, FileSettings, Limits, ServeSettings
 from transformer_mt.text.content import has_text
+from transformer_mt.text.glossary import Glossary, read_glossary
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +50,35 @@ class ServerState:
     settings: ServeSettings
     access: Access
     files: FileStore | None  # None: file translation is off
+    glossaries: dict[str, Glossary] = field(default_factory=dict)  # mt serve --glossary NAME=FILE
+    cache: TranslationCache = field(default_factory=lambda: TranslationCache(0))
+    parsing: "Parsing" = field(default_factory=lambda: Parsing())  # documents parsed: parse()
 
     def check_access(self, request: Request, api_key: str | None, texts: list[str]) -> None:
-        """The access checks (:class:`Access`) of a request from its key, Origin and address."""
-        client = request.client.host if request.client else "unknown"
+        """The access checks (:class:`Access`) of a request from its key, Origin and address.
+
+        The address is the connection's peer, or the client that X-Forwarded-For names where
+        that peer is a trusted proxy (:meth:`Access.client`; uvicorn's own reading of the
+        header is off)."""
+        peer = request.client.host if request.client else "unknown"
+        client = self.access.client(peer, request.headers.getlist("x-forwarded-for"))
         self.access.check(api_key, request.headers.get("origin", ""), client, texts)
+
+
+def load_glossaries(given: tuple[str, ...] | None) -> dict[str, Glossary]:
+    """The server's named glossaries from ``mt serve --glossary NAME=FILE`` options.
+
+    A one-line MTError for an option without ``=``, a name given twice, or a bad file (its
+    line)."""
+    glossaries: dict[str, Glossary] = {}
+    for option in given or ():
+        name, equals, path = option.partition("=")
+        if not equals or not name.strip() or not path:
+            raise MTError(f"--glossary {option!r}: give NAME=FILE, e.g. --glossary it=terms.tsv")
+        if name in glossaries:
+            raise MTError(f"--glossary {name}: given twice; give each name once")
+        glossaries[name] = read_glossary(path)
+    return glossaries
 
 
 class Readiness:
@@ -168,11 +205,14 @@ def check_languages(state: ServerState, source: str | None, target: str | None) 
     have = ", ".join(f"{src} -> {trg}" for src, trg in pairs)
     why = f"this model translates {have}; got source {source!r} and target {target!r}"
     if source != "auto" and source not in {src for src, _ in pairs}:
-        raise ApiError(400, f"{source} is not supported ({why})")
+        raise ApiError(400, f"{source} is not supported", detail=why)
     if target not in {trg for _, trg in pairs}:
-        raise ApiError(400, f"{target} is not supported ({why})")
+        raise ApiError(400, f"{target} is not supported", detail=why)
     if source != "auto" and (source, target) not in pairs:
-        raise ApiError(400, f"{target} is not available as a target language from {source} ({why})")
+        toy = is_toy(pairs)
+        names = [f"{language_name(code, toy)} ({code})" for code in (target, source)]
+        message = f"{names[0]} is not available as a target language from {names[1]}"
+        raise ApiError(400, message, detail=why)
 
 
 async def decode_lines(
@@ -182,19 +222,35 @@ async def decode_lines(
     decode: DecodeConfig,
     attention: bool = False,
     target: str | None = None,
+    terms: list[list[str]] | None = None,
 ) -> list[LineResult]:
     """One result per line, in order, or an ApiError; a client that leaves stops the work.
 
     Only the lines with something to translate go to the decode worker; the others (empty,
     numbers, emoji, a link) come back as they are (:func:`empty_result`), and a request with
-    none of the first kind never waits for the worker.
+    none of the first kind never waits for the worker. ``terms``: per line, the glossary terms
+    its translation must hold (None: no glossary).
     """
     results = [empty_result(decode.nbest, attention, line) for line in lines]
     todo = [i for i, line in enumerate(lines) if has_text(line)]
+    if terms is not None and not any(terms[i] for i in todo):
+        terms = None  # no term occurs: the plain search, which may join others' batches
+    cache = state.cache if state.cache.enabled_for(decode) else None
+    keys = {}
+    if cache is not None:
+        line_terms = terms or [[] for _ in lines]
+        keys = {i: cache.key(lines[i], decode, target, attention, line_terms[i]) for i in todo}
+        cached = {i: cache.get(keys[i]) for i in todo}
+        results = [cached.get(i) or result for i, result in enumerate(results)]
+        todo = [i for i in todo if cached[i] is None]
     if todo:
-        decoded = await _decode(state, request, [lines[i] for i in todo], decode, attention, target)
+        mine = [terms[i] for i in todo] if terms is not None else None
+        todo_lines = [lines[i] for i in todo]
+        decoded = await _decode(state, request, todo_lines, decode, attention, target, mine)
         for i, result in zip(todo, decoded, strict=True):
             results[i] = result
+            if cache is not None:
+                cache.put(keys[i], result)
     return results
 
 
@@ -205,10 +261,15 @@ async def _decode(
     decode: DecodeConfig,
     attention: bool,
     target: str | None,
+    terms: list[list[str]] | None = None,
 ) -> list[LineResult]:
     """The decode worker's results for ``lines``, its refusals and failures as ApiErrors."""
     try:
         gone = lambda: _left(request)  # noqa: E731 (a watcher started by the batcher)
+        if terms is not None:
+            return await state.batcher.translate(
+                lines, decode, attention, gone=gone, target=target, terms=terms
+            )
         return await state.batcher.translate(lines, decode, attention, gone=gone, target=target)
     except ClientGone:  # nobody reads this answer
         raise ApiError(400, "the client closed the connection before its answer") from None
@@ -230,3 +291,99 @@ async def _left(request: Request) -> None:
     reading the socket while this waits, so it sees the connection close; waiting costs nothing)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+# --- documents and HTML bodies, parsed off the event loop ------------------------------------
+
+INLINE_PARSE_CHARS = 2048  # an HTML body this short is parsed where it is (a few ms at most)
+PARSE_NICENESS = 10  # a parsing process's CPU priority below the server's (decoding comes first)
+_POOLS: dict[tuple[int, int], ProcessPoolExecutor] = {}  # this process's, by their settings
+_POOLS_LOCK = threading.Lock()
+
+
+class Parsing:
+    """One server's parses: those waiting or running, and the slots that bound them."""
+
+    def __init__(self) -> None:
+        self.slots: asyncio.Semaphore | None = None  # made on the server's event loop
+        self.waiting = 0
+
+
+async def parse(state: ServerState, fn: Callable[..., Any], *args: Any, here: bool = False) -> Any:
+    """``fn(*args)``, a torch-free reader of :mod:`~transformer_mt.documents`, off the event loop.
+
+    It runs in a parsing process (``files.parse_processes`` at once, each at a lower CPU
+    priority with its address space bounded: a parse never holds the GIL that the event loop
+    and the decode worker need), or with ``here`` (a body small enough to cost a millisecond)
+    where it is. A :class:`DocumentTooLarge` is a 413, another MTError a 400, a process that
+    died a 422, and more parses waiting than ``files.parse_waiting`` a 503."""
+    files, parsing = state.settings.files, state.parsing
+    try:
+        if here:
+            return fn(*args)
+        if parsing.waiting >= files.parse_processes + files.parse_waiting:
+            raise ApiError(
+                503,
+                f"server busy: {parsing.waiting} documents are being parsed or wait "
+                "(FileSettings.parse_waiting); try again later",
+                {"Retry-After": "1"},
+            )
+        parsing.slots = parsing.slots or asyncio.Semaphore(files.parse_processes)
+        parsing.waiting += 1
+        try:
+            async with parsing.slots:
+                return await asyncio.wrap_future(_pool(files).submit(parse_call, fn, args))
+        finally:
+            parsing.waiting -= 1
+    except DocumentTooLarge as err:
+        raise ApiError(413, str(err)) from None
+    except MTError as err:
+        raise ApiError(400, str(err)) from None
+    except BrokenProcessPool:
+        _drop_pool(files)
+        raise ApiError(
+            422, "the document could not be parsed: its parsing process died (out of memory?)"
+        ) from None
+
+
+def document_limits(names: Mapping[str, str] | None = None, **bounds: int) -> DocumentLimits:
+    """The documents' bounds: the environment's (``MT_DOC_MAX_*``), with a route's own ``bounds``.
+
+    ``names``: how an error names a bound the route sets. A bad variable is a 500 (the
+    server's setting, not the request's fault)."""
+    try:
+        limits = DocumentLimits.from_env()
+    except MTError as err:
+        raise ApiError(500, str(err)) from None
+    return dataclasses.replace(limits, **bounds, names=dict(names or {}))
+
+
+def _pool(files: FileSettings) -> ProcessPoolExecutor:
+    """This process's pool of parsing processes for ``files``' settings (started as needed)."""
+    key = (files.parse_processes, files.parse_memory_bytes)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = ProcessPoolExecutor(
+                files.parse_processes,
+                mp_context=multiprocessing.get_context("spawn"),  # never fork a torch process
+                initializer=parse_worker_init,
+                initargs=(files.parse_memory_bytes, PARSE_NICENESS),
+            )
+        return _POOLS[key]
+
+
+def close_parsing() -> None:
+    """Stop this process's parsing processes (the server is stopping); none is left behind."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _drop_pool(files: FileSettings) -> None:
+    """Forget a broken pool: the next parse starts a new one."""
+    with _POOLS_LOCK:
+        pool = _POOLS.pop((files.parse_processes, files.parse_memory_bytes), None)
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from transformer_mt.errors import MTError
 from transformer_mt.serve import shared_sqlite
@@ -26,6 +28,9 @@ from transformer_mt.serve.file_store import SHARED_FILES_ENV, FileStore, new_dir
 from transformer_mt.serve.metrics import MULTIPROC_ENV, ServerMetrics, process_ended
 from transformer_mt.serve.settings import ServeSettings
 from transformer_mt.serve.state import ProcessState, Readiness
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import SimpleQueue
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +169,7 @@ class _Workers:
         )
         self.stop()
 
-    def stop(self, signum: int | None = None, _frame=None) -> None:
+    def stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
         """Stop every worker (SIGTERM: each drains and lets its requests finish)."""
         if signum is not None and not self.stopping:
             logger.info(
@@ -183,7 +188,7 @@ def _worker_main(
     sockets: list[socket.socket],
     readiness: Readiness,
     worker: int,
-    errors,
+    errors: "SimpleQueue[str]",
     threads: int | None,
 ) -> None:
     """One worker process of `mt serve --workers N`.

@@ -1,12 +1,25 @@
-"""What the training loop reads: this rank's padded batches, from a resumable position."""
+"""What the training loop reads: this rank's padded batches, from a resumable position.
 
+:class:`BatchStream` cuts and pads them (bounded shapes with a ``multiple``: see
+:mod:`transformer_mt.data.batching`); :class:`DeviceBatches` puts them on the device, the next
+ones copied while a step runs (pinned memory, non-blocking copies on a GPU).
+"""
+
+from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from transformer_mt.config import Config
-from transformer_mt.data.batching import make_batches, pad_batch, shard_batches
+from transformer_mt.data.batching import (
+    make_batches,
+    pad_batch,
+    padded_shape,
+    padding_report,
+    shard_batches,
+)
 from transformer_mt.data.binarized import BinarizedPair
 from transformer_mt.data.mixing import MixedCorpus, MixedEpoch
 from transformer_mt.data.sampling import EpochPairs, SampledEpochs
@@ -15,18 +28,25 @@ from transformer_mt.training.distributed import DistInfo
 
 
 def collate(
-    data: BinarizedPair | EpochPairs | MixedEpoch, index: np.ndarray
+    data: BinarizedPair | EpochPairs | MixedEpoch,
+    index: np.ndarray,
+    shape: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Padded (src, trg_in, trg_out) LongTensors for the examples ``index``.
 
     Sources already end with EOS; the decoder reads BOS + target and predicts target + EOS.
+    ``shape`` (rows, length): every tensor padded to that length, and rows added up to that many
+    (bounded shapes). An added row is a source of EOS alone and a target input of BOS alone, and
+    predicts nothing (its target output is padding): no loss or gradient reads it, and its
+    attention has a key to attend to.
     """
     pairs = [data[int(i)] for i in index]
     sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    rows, width = shape if shape is not None else (None, None)
     return (
-        pad_batch(sources, PAD_ID),  # (B, S)
-        pad_batch(targets, PAD_ID, bos=BOS_ID),  # (B, T + 1)
-        pad_batch(targets, PAD_ID, eos=EOS_ID),  # (B, T + 1)
+        pad_batch(sources, PAD_ID, width=width, rows=rows, fill=(EOS_ID,)),  # (B, S)
+        pad_batch(targets, PAD_ID, bos=BOS_ID, width=width, rows=rows, fill=(BOS_ID,)),  # (B, T+1)
+        pad_batch(targets, PAD_ID, eos=EOS_ID, width=width, rows=rows),  # (B, T + 1)
     )
 
 
@@ -49,9 +69,12 @@ class BatchStream:
         *,
         epoch: int = 0,
         batch_in_epoch: int = 0,
+        multiple: int = 0,
     ) -> None:
         self.data, self.info, self.sampler = data, info, sampler
         self.batch_tokens, self.seed = cfg.train.batch_tokens, cfg.train.seed
+        self.multiple = multiple  # bounded shapes: lengths padded to this multiple's classes
+        self._lengths: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
         self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
         self._loaded_epoch: int | None = None  # the epoch whose pairs and batches are in hand
         # The pairs the loaded epoch reads: a MixedCorpus only through its sampler's epochs.
@@ -73,10 +96,61 @@ class BatchStream:
         self._pairs = pairs
         trg_lens = pairs.trg_lengths + 1  # + BOS (input) / EOS (output)
         batches = make_batches(
-            pairs.src_lengths, trg_lens, self.batch_tokens, seed=self.seed, epoch=self.epoch
+            pairs.src_lengths,
+            trg_lens,
+            self.batch_tokens,
+            seed=self.seed,
+            epoch=self.epoch,
+            multiple=self.multiple,
         )
         self._batches = shard_batches(batches, self.info.rank, self.info.world_size)
+        self._lengths = np.asarray(pairs.src_lengths), np.asarray(trg_lens)
         self._loaded_epoch = self.epoch
+
+    def _shape(self, index: np.ndarray) -> tuple[int, int] | None:
+        """The padded (rows, length) of the batch ``index``; None without bounded shapes."""
+        if self.multiple <= 1:
+            return None
+        src_lens, trg_lens = self._lengths
+        longest = int(max(src_lens[index].max(), trg_lens[index].max()))
+        return padded_shape(len(index), longest, self.batch_tokens, self.multiple)
+
+    def report(self) -> dict[str, Any]:
+        """The current epoch's shapes and padding, over this rank's batches.
+
+        See :func:`~transformer_mt.data.batching.padding_report`."""
+        if self._loaded_epoch != self.epoch:
+            self._load_epoch()
+        src_lens, trg_lens = self._lengths
+        return padding_report(self._batches, src_lens, trg_lens, self.batch_tokens, self.multiple)
+
+    def describe(self) -> str:
+        """One line for the log: the current epoch's batch shapes and the padding they add."""
+        r = self.report()
+        shapes, (real_s, real_t), (pad_s, pad_t), (plain_s, plain_t) = (
+            r["shapes"],
+            r["real"],
+            r["padded"],
+            r["plain"],
+        )
+
+        def share(real: int, padded: int) -> str:
+            return f"{1 - real / padded:.1%}" if padded else "0%"
+
+        n = sum(shapes.values())
+        if self.multiple > 1:
+            listed = ", ".join(f"{rows}x{length}" for rows, length in sorted(shapes))
+            return (
+                f"batch shapes (train.pad_to_multiple={self.multiple}): epoch {self.epoch} has {n}"
+                f" batches in {len(shapes)} shapes (rows x length: {listed}); padding is "
+                f"{share(real_s, pad_s)} of the source and {share(real_t, pad_t)} of the target "
+                f"tokens ({share(real_s, plain_s)} / {share(real_t, plain_t)} with each batch "
+                "padded to its longest sentence)"
+            )
+        return (
+            f"batch shapes: epoch {self.epoch} has {n} batches in {len(shapes)} shapes; padding is"
+            f" {share(real_s, pad_s)} of the source and {share(real_t, pad_t)} of the target tokens"
+        )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         return self
@@ -91,4 +165,42 @@ class BatchStream:
             return next(self)
         self.batch_in_epoch += 1
         assert self._pairs is not None  # set by _load_epoch
-        return collate(self._pairs, self._batches[self.batch_in_epoch - 1])
+        index = self._batches[self.batch_in_epoch - 1]
+        return collate(self._pairs, index, self._shape(index))
+
+
+class DeviceBatches:
+    """A :class:`BatchStream`'s batches on ``device``, with their target token counts.
+
+    ``take()`` returns the next batch (src, trg_in, trg_out) on the device and its non-pad
+    target tokens, counted on the host before the copy (so that counting needs no wait for the
+    device). ``prepare(n)`` readies the next ``n`` batches ahead: on a GPU from pinned memory by
+    non-blocking copies, which the training step calls once its work is queued, so that the next
+    batch is collated and on its way while the device computes. ``position`` is the stream's
+    position after the batches taken (not those prepared): what a checkpoint records.
+    """
+
+    def __init__(self, stream: BatchStream, device: torch.device) -> None:
+        self.stream, self.device = stream, device
+        self.pin = device.type == "cuda"
+        self.position = stream.position
+        self._ready: deque[tuple[tuple[torch.Tensor, ...], int, tuple[int, int]]] = deque()
+
+    def _fetch(self) -> None:
+        batch = next(self.stream)
+        tokens = int((batch[2] != PAD_ID).sum())
+        if self.pin:
+            batch = tuple(x.pin_memory() for x in batch)
+        moved = tuple(x.to(self.device, non_blocking=self.pin) for x in batch)
+        self._ready.append((moved, tokens, self.stream.position))
+
+    def prepare(self, n: int = 1) -> None:
+        """Have the next ``n`` batches ready (collated, and copied or on their way)."""
+        while len(self._ready) < n:
+            self._fetch()
+
+    def take(self) -> tuple[tuple[torch.Tensor, ...], int]:
+        """The next batch on the device and its non-pad target tokens."""
+        self.prepare(1)
+        batch, tokens, self.position = self._ready.popleft()
+        return batch, tokens

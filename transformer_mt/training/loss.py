@@ -16,6 +16,8 @@ The contract between the model and the fused loss (what the trainer's step relie
 ``tests/test_training.py`` checks this equality in fp32 and bf16, chunked and whole.
 """
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -80,49 +82,81 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
     In bf16 (or fp16) the weight's gradient is one product per group of blocks (up to
     ``_GROUP_BYTES`` of the gradients ``softmax - q`` kept in ``dtype``), each cast to fp32 and
     added: a cast and an add of the whole (V, D) gradient per group instead of per block.
+
+    ``vocab_multiple``: the products run over the weight's rows padded with zero rows to a
+    multiple of it (tensor cores' tile sizes on a GPU), whose logits are set to -inf: they get
+    no probability, no loss and no gradient, and the results are those of the V real rows.
+
+    ``compact`` (the CPU's way, the default there): padding rows are left out before the first
+    product, which takes a count of them on the host. Otherwise (a GPU's default) every row goes
+    through the products, padding rows zeroed and weighted 0, and each row's log-sum-exp is taken
+    from its logits before the softmax: no step of the loss waits for the device.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, pad_idx: int, epsilon: float, dtype):
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        target: torch.Tensor,
+        pad_idx: int,
+        epsilon: float,
+        dtype: torch.dtype,
+        vocab_multiple: int = 1,
+        compact: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and NLL of the rows, with the gradients of ``hidden``, ``weight`` and ``bias``.
 
         Length: one loop over the blocks, whose buffers are reused from block to block; split
         into functions, each would take and return the same half-dozen buffers.
         """
         n, vocab = hidden.size(0), weight.size(0)
+        wide = -(-vocab // vocab_multiple) * vocab_multiple  # the rows the products run over
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # The output projection's bias (an imported Marian model's), added to each block of
-        # logits in fp32; its gradient is the sum of the rows' softmax - q.
+        # logits in fp32; its gradient is the sum of the rows' softmax - q. Padded rows of the
+        # weight get -inf here (or a fill of their columns where there is no bias).
         b = None if bias is None else bias.detach().float()
-        grad_b = torch.zeros(vocab, device=hidden.device) if need_grad and b is not None else None
+        grad_b = torch.zeros(wide, device=hidden.device) if need_grad and b is not None else None
+        if b is not None and wide > vocab:
+            b = torch.cat([b, b.new_full((wide - vocab,), float("-inf"))])
         with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(dtype), weight.to(dtype)
-            kept = (target != pad_idx).nonzero().squeeze(1)  # the rows that count
-            if len(kept) < n:
-                h, target = h.index_select(0, kept), target.index_select(0, kept)
+            h, w = hidden.to(dtype), _padded_rows(weight, dtype, wide)
+            keep = target != pad_idx  # the rows that count
+            kept = weights = None
+            if compact:
+                kept = keep.nonzero().squeeze(1)
+                if len(kept) < n:
+                    h, target = h.index_select(0, kept), target.index_select(0, kept)
+            else:  # padding rows zeroed: their logits are the bias alone, their gradients 0
+                h = h.masked_fill(keep.logical_not()[:, None], 0.0)
+                weights = keep.to(torch.float32)
             grad_h = torch.empty_like(h) if need_grad else None
-            grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+            grad_w = (
+                weight.new_zeros((wide, weight.size(1)), dtype=torch.float32) if need_grad else None
+            )
             nll = hidden.new_zeros((), dtype=torch.float32)
             smooth = nll.clone()
-            w_sum = w.float().sum(0)  # (D,)
+            w_sum = w.float().sum(0)  # (D,) (padded rows are zeros)
             # The mean of each row's logits (the smoothing term's), from the hidden states.
             z_mean = h.float() @ (w_sum / vocab)  # (n',)
-            if b is not None:
-                z_mean += b.mean()
+            if bias is not None:
+                z_mean += bias.detach().float().mean()
             # -epsilon / V times the sum of the weight's rows: what the uniform part of q adds to
             # each row of the hidden states' gradient (bias of the product below).
             uniform_h = (w_sum * (-epsilon / vocab)).to(dtype) if need_grad else None
             budget = _CHUNK_BYTES if hidden.device.type == "cpu" else _GPU_CHUNK_BYTES
-            rows = max(1, budget // (4 * vocab))
+            rows = max(1, budget // (4 * wide))
             low = h.dtype in (torch.float16, torch.bfloat16)
             # Blocks per weight-gradient product: several in bf16/fp16 (see the class docstring).
-            group = max(1, _GROUP_BYTES // (2 * vocab * rows)) if low else 1
+            group = max(1, _GROUP_BYTES // (2 * wide * rows)) if low else 1
             # One set of block buffers for all blocks (fresh memory costs page faults on a CPU).
             full = min(rows, len(h))
             # The products in dtype (when low), then the gradients of a group of blocks.
-            z_low = h.new_empty((min(group * rows, len(h)) if low else 0, vocab))
+            z_low = h.new_empty((min(group * rows, len(h)) if low else 0, wide))
             # The block's logits in fp32, then (in place) their softmax.
-            z_buf = h.new_empty((full, vocab), dtype=torch.float32 if low else h.dtype)
+            z_buf = h.new_empty((full, wide), dtype=torch.float32 if low else h.dtype)
             for i in range(0, len(h), rows):
                 hc, tc = h[i : i + rows], target[i : i + rows, None]
                 z = z_buf[: len(hc)]  # (rows, V)
@@ -134,19 +168,33 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                     torch.mm(hc, w.T, out=z)
                 if b is not None:
                     z.add_(b)
+                elif wide > vocab:
+                    z[:, vocab:] = float("-inf")
                 z_y = z.gather(1, tc).squeeze(1)
+                if weights is not None:  # the log-sum-exp from the logits: no host check
+                    lse = torch.logsumexp(z, dim=-1)
                 p = torch.ops.aten._softmax.out(z, -1, False, out=z)  # over the logits
-                p_y = p.gather(1, tc).squeeze(1)
-                lse = z_y - p_y.log()
-                lost = p_y < _TINY  # p_y underflowed (z_y far below the row's maximum)
-                if lost.any():  # their logits again (the softmax took their place)
-                    z_lost = (hc[lost] @ w.T).float()
-                    lse[lost] = torch.logsumexp(z_lost if b is None else z_lost + b, dim=-1)
-                nll += (lse - z_y).sum()
-                smooth += (lse - z_mean[i : i + rows]).sum()
-                if grad_h is not None and uniform_h is not None:  # need_grad
+                if weights is None:
+                    p_y = p.gather(1, tc).squeeze(1)
+                    lse = z_y - p_y.log()
+                    lost = p_y < _TINY  # p_y underflowed (z_y far below the row's maximum)
+                    if lost.any():  # their logits again (the softmax took their place)
+                        z_lost = (hc[lost] @ w[:vocab].T).float()
+                        lse[lost] = torch.logsumexp(
+                            z_lost if b is None else z_lost + b[:vocab], dim=-1
+                        )
+                    nll += (lse - z_y).sum()
+                    smooth += (lse - z_mean[i : i + rows]).sum()
+                else:
+                    wc = weights[i : i + rows]
+                    nll += ((lse - z_y) * wc).sum()
+                    smooth += ((lse - z_mean[i : i + rows]) * wc).sum()
+                if grad_h is not None and grad_w is not None and uniform_h is not None:
                     # softmax - q, without the epsilon / V of q (rank-one terms below and above)
-                    p.scatter_add_(1, tc, p.new_full(tc.shape, epsilon - 1.0))
+                    if weights is None:
+                        p.scatter_add_(1, tc, p.new_full(tc.shape, epsilon - 1.0))
+                    else:
+                        p.scatter_add_(1, tc, (epsilon - 1.0) * wc[:, None])
                     # d(loss sum) / d(logits) + epsilon / V, (rows, V), in the product's buffer
                     g = z_lc.copy_(p) if low else p
                     torch.addmm(uniform_h, g, w, out=grad_h[i : i + rows])
@@ -157,19 +205,24 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
                         first = i - start  # the group's first row
                         grad_w += (z_low[: end - first].T @ h[first:end]).float()
                     if grad_b is not None:
-                        grad_b += g.float().sum(0)
-            if grad_h is not None:  # need_grad
+                        grad_b += g.float().sum(0) if weights is None else wc @ g.float()
+            if grad_h is not None and grad_w is not None:  # need_grad
                 grad_w -= (epsilon / vocab) * h.float().sum(0)  # the uniform part of q, all rows
                 if grad_b is not None:
-                    grad_b -= (epsilon / vocab) * len(h)
-                if len(kept) < n:  # padding rows get no gradient
+                    counted = len(h) if weights is None else weights.sum()
+                    grad_b -= (epsilon / vocab) * counted
+                if kept is not None and len(kept) < n:  # padding rows get no gradient
                     grad_h = grad_h.new_zeros((n, grad_h.size(1))).index_copy_(0, kept, grad_h)
-        ctx.save_for_backward(grad_h, grad_w, grad_b)
+                elif kept is None:
+                    grad_h.masked_fill_(keep.logical_not()[:, None], 0.0)
+        if grad_b is not None:
+            grad_b = grad_b[:vocab]
+        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w[:vocab], grad_b)
         ctx.dtypes = hidden.dtype, weight.dtype, None if bias is None else bias.dtype
         return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_nll):
+    def backward(ctx: Any, grad_loss: torch.Tensor, _grad_nll: torch.Tensor) -> tuple[Any, ...]:
         grad_h, grad_w, grad_b = ctx.saved_tensors
         h_dtype, w_dtype, b_dtype = ctx.dtypes
         return (  # scaled in fp32: grad_loss may carry an fp16 loss scale
@@ -180,7 +233,18 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
             None,
             None,
             None,
+            None,
+            None,
         )
+
+
+def _padded_rows(weight: torch.Tensor, dtype: torch.dtype, rows: int) -> torch.Tensor:
+    """``weight`` (V, D) in ``dtype``, with zero rows after its own up to ``rows``."""
+    if rows == weight.size(0):
+        return weight.to(dtype)
+    out = weight.new_zeros((rows, weight.size(1)), dtype=dtype)
+    out[: weight.size(0)].copy_(weight)
+    return out
 
 
 def linear_label_smoothed_nll(
@@ -191,6 +255,9 @@ def linear_label_smoothed_nll(
     epsilon: float,
     dtype: torch.dtype | None = None,
     bias: torch.Tensor | None = None,
+    *,
+    vocab_multiple: int = 1,
+    compact: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``label_smoothed_nll(hidden @ weight.T, ...)`` without the (B, T, V) logits in memory.
 
@@ -206,6 +273,10 @@ def linear_label_smoothed_nll(
             dtype of ``hidden``.
         bias: (V,) the output projection's bias, where it has one (an imported model's); its
             gradient comes back as the unfused pair's would.
+        vocab_multiple: the products run over the vocabulary padded to a multiple of this
+            (``train.pad_vocab_to``); the results are the same.
+        compact: leave padding rows out before the products (default: on a CPU); otherwise
+            no step waits for the device (see ``_LinearLabelSmoothedNLL``).
     """
     d = hidden.size(-1)
     loss, nll = _LinearLabelSmoothedNLL.apply(
@@ -216,5 +287,7 @@ def linear_label_smoothed_nll(
         pad_idx,
         epsilon,
         dtype or hidden.dtype,
+        vocab_multiple,
+        hidden.device.type == "cpu" if compact is None else compact,
     )
     return loss, nll.detach()

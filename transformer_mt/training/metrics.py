@@ -3,8 +3,9 @@
 ``metrics.jsonl`` holds one JSON object per logged step and one per validation. Both carry
 ``step`` and ``time_s`` (training seconds so far). Step lines add ``epoch``, ``loss`` (label
 smoothed), ``nll``, ``lr``, ``grad_norm`` and ``tokens_per_s``; validation lines add ``val_loss``,
-``val_ppl``, ``val_bleu``, memory (``rss_mib`` on a CPU, ``cuda_peak_mib`` on a GPU) and
-``precision`` (what train.precision=auto chose, or the config's).
+``val_ppl``, ``val_bleu``, memory (``rss_mib`` on a CPU, ``cuda_peak_mib`` on a GPU),
+``precision`` (what train.precision=auto chose, or the config's) and, with train.compile, the graphs
+torch.compile has compiled so far and the seconds it took (``compiled_graphs``, ``compile_s``).
 """
 
 import json

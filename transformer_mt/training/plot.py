@@ -7,10 +7,14 @@ import io
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import check_output, write_output
 from transformer_mt.training.metrics import read_records
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 log = logging.getLogger(__name__)
 NEEDED = ("step", "nll", "lr")  # what a training line ("loss" in it) must carry to be drawn
@@ -141,7 +145,7 @@ def plot_metrics(run_dirs: list[Path], output: Path | None = None) -> Path:
     return out
 
 
-def _pair_curves(ax, records: list[dict], key: str, colour: str, name: str) -> None:
+def _pair_curves(ax: "Axes", records: list[dict], key: str, colour: str, name: str) -> None:
     """A multilingual run's per-pair values (``val_bleu/de-en``), dashed beside their mean."""
     pairs = sorted({k.split("/", 1)[1] for r in records for k in r if k.startswith(key + "/")})
     for j, pair in enumerate(pairs):

@@ -103,11 +103,17 @@ def realign_epoch(
     """Move a mid-epoch position to the next epoch when its batches are now cut otherwise.
 
     The saved position counts this rank's batches of an epoch as the run cut them: for
-    its process count (``worlds``: saved, now), ``train.batch_tokens``, ``train.seed``, the
-    subword sampling settings (they change the sampled lengths) and its data. Cut otherwise, the
-    same count would repeat or skip part of the epoch, so a run resumed mid-epoch with other
-    settings starts the next epoch (the rest of this one is skipped, nothing is repeated)."""
-    settings = [("train", "batch_tokens"), ("train", "seed"), ("tokenizer", "sample_alpha")]
+    its process count (``worlds``: saved, now), ``train.batch_tokens``, ``train.seed``,
+    ``train.pad_to_multiple`` (the configs hold its resolved value), the subword sampling settings
+    (they change the sampled lengths) and its data. Cut otherwise, the same count would repeat or
+    skip part of the epoch, so a run resumed mid-epoch with other settings starts the next epoch
+    (the rest of this one is skipped, nothing is repeated)."""
+    settings = [
+        ("train", "batch_tokens"),
+        ("train", "seed"),
+        ("train", "pad_to_multiple"),
+        ("tokenizer", "sample_alpha"),
+    ]
     if saved_cfg.get("tokenizer", {}).get("sample_alpha") or now_cfg["tokenizer"]["sample_alpha"]:
         # With sampling off (alpha 0) on both sides the other two settings are unused.
         settings += [("tokenizer", "sample_nbest"), ("tokenizer", "sample_draws")]

@@ -17,6 +17,12 @@ checkpoint was trained on (:mod:`transformer_mt.training.fingerprint`).
 
 A fine-tuning run (``train.init_from``) starts from a trained model's weights, tokenizers and shape
 with a new optimizer and schedule (:mod:`transformer_mt.training.init_from`).
+
+On an accelerator the step queues its work without waiting for the device: batches of a bounded
+set of shapes (``train.pad_to_multiple``) arrive from pinned memory by non-blocking copies, the next
+one prepared while the step runs (:class:`~transformer_mt.training.batches.DeviceBatches`); the
+loss, the gradient norm and a step with a non-finite loss skipped stay on the device (fused AdamW's
+``found_inf``), and the host reads a step's numbers once, after the next batch is on its way.
 """
 
 import enum
@@ -48,7 +54,8 @@ from transformer_mt.errors import MTError
 from transformer_mt.host_memory import release_freed_memory, resident_mib
 from transformer_mt.model import Transformer, TransformerConfig
 from transformer_mt.training import distributed
-from transformer_mt.training.batches import BatchStream
+from transformer_mt.training.batches import BatchStream, DeviceBatches
+from transformer_mt.training.compiled import CompileCounter, compile_layers, eager
 from transformer_mt.training.device import (
     AUTOCAST_DTYPES,
     autocast,
@@ -170,6 +177,8 @@ class Trainer:
         last, start = self._read_start(run_dir / "last.pt", resume, allow_data_change)
         self.precision, self.precision_why = self._choose_precision(cfg, last)
         self.autocast_dtype = autocast_dtype(self.precision, self.device)
+        self.shape_multiple, self.vocab_multiple = self._padding(cfg)
+        self.compile_counter: CompileCounter | None = None
         if start is not None:
             self.cfg = cfg = start.cfg  # the checkpoint's shape and tokenizer settings
         # What every checkpoint of a fine-tuning run repeats from its start.
@@ -216,11 +225,28 @@ class Trainer:
         if chosen in AUTOCAST_DTYPES or chosen == "fp32":
             return chosen, "auto: as the run chose at its start"
         rows = min(cfg.train.batch_tokens, 8192)
-        choice = choose_precision(self.device, cfg.model.d_model, cfg.model.ffn_hidden, rows)
+        model = cfg.model
+        choice = choose_precision(self.device, model.d_model, model.ffn_hidden, rows, fp16=True)
         choices = distributed.all_gather_objects(choice, self.info, lockstep_op=False)
         if any(c[0] != choices[0][0] for c in choices):
             return "fp32", "auto: the ranks' probes disagreed"
         return choices[0][0], f"auto: {choices[0][1]}"
+
+    def _padding(self, cfg: Config) -> tuple[int, int]:
+        """The resolved ``train.pad_to_multiple`` and ``train.pad_vocab_to`` (null: by device).
+
+        Bounded shapes on an accelerator, or wherever the model is compiled (a graph per shape);
+        on a CPU run eagerly the batches stay as long as their longest sentence (oneDNN gains
+        nothing from repeated shapes: docs/BENCHMARKS.md). The vocabulary padded to 64 rows on a
+        GPU (tensor cores' tiles); on a CPU it would only add rows."""
+        on_cpu = self.device.type == "cpu"
+        shapes = cfg.train.pad_to_multiple
+        if shapes is None:
+            shapes = 0 if on_cpu and not cfg.train.compile else 8
+        vocab = cfg.train.pad_vocab_to
+        if vocab is None:
+            vocab = 64 if self.device.type == "cuda" else 1
+        return shapes, vocab
 
     def _read_start(
         self, last_path: Path, resume: bool, allow_data_change: bool
@@ -304,14 +330,14 @@ class Trainer:
         )
 
     def _wrap_for_training(self, model: Transformer) -> torch.nn.Module:
-        """The module the step runs: compiled and/or wrapped in DDP.
+        """The module the step runs: its layers compiled and/or wrapped in DDP.
 
-        ``self.model`` stays the plain model that checkpoints, validation and decoding use."""
+        ``self.model`` stays the model that checkpoints, validation and decoding use (with
+        train.compile its layers are compiled in place; validation runs them eagerly)."""
         wrapped: torch.nn.Module = model
         if self.cfg.train.compile:
-            # torch.compile's stubs type its result as the callable given; a module's is a module
-            # (an OptimizedModule).
-            wrapped = torch.compile(model)  # type: ignore[assignment]
+            self.compile_counter = CompileCounter()
+            compile_layers(model, self.compile_counter)
         if not self.info.enabled:
             return wrapped
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -345,6 +371,9 @@ class Trainer:
                 "rng_per_rank": rng_per_rank,
                 "data_fingerprint": self.fingerprint,  # what it was trained on (fingerprint.py)
                 "precision": self.precision,  # what train.precision=auto chose, kept on resume
+                # How its batches were cut (train.pad_to_multiple, resolved): a resume with
+                # another cut starts the next epoch (resume.realign_epoch).
+                "pad_to_multiple": self.shape_multiple,
             },
         }
         if self.init_from is not None:  # a fine-tuning run: the file it started from
@@ -405,7 +434,15 @@ class Trainer:
         check_best_metric(self.state, metric, path, saved_cfg.get("train", {}).get("best_metric"))
         per_rank = saved.get("rng_per_rank", [saved["rng"]])
         worlds = len(per_rank), self.info.world_size
-        realign_epoch(self.state, path, saved_cfg, self.cfg.to_dict(), worlds, data_changed)
+        # The cut as resolved (null: by device); runs saved before bounded shapes had none.
+        saved_train = {
+            **saved_cfg.get("train", {}),
+            "pad_to_multiple": saved.get("pad_to_multiple", 0),
+        }
+        now_cfg = self.cfg.to_dict()
+        now_cfg["train"]["pad_to_multiple"] = self.shape_multiple
+        saved_cfg = {**saved_cfg, "train": saved_train}
+        realign_epoch(self.state, path, saved_cfg, now_cfg, worlds, data_changed)
         reseed = self.cfg.train.seed + self.state.step  # another process count's other ranks
         restore_generators(per_rank, self.info.rank, self.info.world_size, self.device, reseed)
         log.info(f"resuming {path} at step {self.state.step} (epoch {self.state.epoch})")
@@ -424,18 +461,74 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- step
     def train_step(
-        self, micro_batches: list[tuple[torch.Tensor, ...]], stop_requested: bool, seconds: float
+        self,
+        micro_batches: list[tuple[torch.Tensor, ...]],
+        stop_requested: bool,
+        seconds: float,
+        *,
+        tokens: list[int] | None = None,
+        before_read: Callable[[], None] | None = None,
     ) -> StepResult:
         """One optimizer step on this rank's ``micro_batches`` (src, trg_in, trg_out).
 
         ``seconds`` of training time were spent before it; the result is the same on every rank
-        (sums over all ranks), and so is every decision taken from it."""
+        (sums over all ranks), and so is every decision taken from it. ``tokens``: each
+        micro-batch's non-pad target tokens, where the caller counted them on the host (batches
+        already on a GPU would otherwise be counted there, with a wait). ``before_read`` runs
+        once the step's work is queued and before its numbers are read (the next batch's copy).
+
+        A step whose loss is not finite changes no weight: on one process with a fused AdamW
+        the optimizer skips it on the device (its ``found_inf``, as under fp16's gradient scaler),
+        so that nothing in the step waits for the device; otherwise the loss is read first."""
+        if tokens is None:
+            tokens = [int((out != PAD_ID).sum()) for _, _, out in micro_batches]
+        (global_tokens,) = distributed.all_reduce_sum([float(sum(tokens))], self.info, self.device)
+        sums = self._backward(micro_batches, global_tokens)  # (micro-batches, 2): loss, nll
+        if self.info.enabled or not self._fused_adam():
+            return self._step_after_reading(
+                sums, global_tokens, stop_requested, seconds, before_read
+            )
+        # One process, fused AdamW: the skip of a non-finite step is decided on the device.
+        loss_total = sums[:, 0].sum()
+        nonfinite = loss_total.isfinite().logical_not()
+        self.scaler.unscale_(self.optimizer)  # fp16: the norm and the clipping see true gradients
+        grad_norm = self._clip_gradients()
+        self._set_lr(self.state.step + 1, seconds)
+        if self.scaler.is_enabled():
+            # The scaler skips a step with non-finite gradients (a non-finite loss gives them) and
+            # lowers its scale, all on the device.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            # What GradScaler hands a fused optimizer: skip the update where found_inf is 1.
+            optimizer: Any = self.optimizer
+            optimizer.found_inf, optimizer.grad_scale = nonfinite.float(), None
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf, optimizer.grad_scale
+        self.optimizer.zero_grad(set_to_none=True)
+        if before_read is not None:
+            before_read()
+        # The one read of the step: its numbers, once its work is queued.
+        *values, norm = torch.cat([sums.flatten(), grad_norm.reshape(1).float()]).tolist()
+        loss_sum, nll_sum = sum(values[0::2]), sum(values[1::2])
+        result = StepResult(loss_sum, nll_sum, global_tokens, norm, stop_requested, False)
+        result.time_up = self._time_spent(seconds)
+        if not math.isfinite(loss_sum):
+            result.grad_norm = math.nan
+        return result
+
+    def _backward(
+        self, micro_batches: list[tuple[torch.Tensor, ...]], global_tokens: float
+    ) -> torch.Tensor:
+        """Forward and backward passes of the micro-batches.
+
+        Returns their (loss, nll) sums on the device, one row per micro-batch."""
         train_cfg = self.cfg.train
-        local_tokens = float(sum((out != PAD_ID).sum().item() for _, _, out in micro_batches))
-        (global_tokens,) = distributed.all_reduce_sum([local_tokens], self.info, self.device)
-        loss_sum = nll_sum = 0.0
+        sums = []
         for i, batch in enumerate(micro_batches):
-            src, trg_in, trg_out = (x.to(self.device) for x in batch)
+            src, trg_in, trg_out = (x.to(self.device, non_blocking=True) for x in batch)
             last = i == len(micro_batches) - 1
             # Gradients are all-reduced once per step, on its last micro-batch.
             train_model = self.train_model  # a DDP module where the run is distributed
@@ -447,7 +540,8 @@ class Trainer:
             gradients = distributed.lockstep("the all-reduce of the gradients", self.info)
             with sync, gradients:
                 with autocast(self.device, self.autocast_dtype):
-                    hidden = train_model(src, trg_in, features_only=True)  # (B, T, D)
+                    # (B, T, D); targets are right-padded: causal self-attention needs no mask
+                    hidden = train_model(src, trg_in, features_only=True, right_padded=True)
                 # The output projection runs inside the loss, in blocks (no (B, T, V) logits).
                 loss, nll = linear_label_smoothed_nll(
                     hidden,
@@ -457,17 +551,39 @@ class Trainer:
                     train_cfg.label_smoothing,
                     self.autocast_dtype,
                     bias=self.model.out.bias,
+                    vocab_multiple=self.vocab_multiple,
                 )
                 # DDP averages gradients over ranks; the world size turns that mean back into a
                 # sum, so the step's gradient is (sum of token losses) / (global token count).
                 self.scaler.scale(loss * (self.info.world_size / global_tokens)).backward()
-            loss_sum += loss.item()
-            nll_sum += nll.item()
+            sums.append(torch.stack([loss.detach().float(), nll.float()]))
+        return torch.stack(sums)
+
+    def _step_after_reading(
+        self,
+        sums: torch.Tensor,
+        global_tokens: float,
+        stop_requested: bool,
+        seconds: float,
+        before_read: Callable[[], None] | None,
+    ) -> StepResult:
+        """The rest of a step where the loss is read before the update.
+
+        Several processes (whose sums and stop flags are all-reduced), or an optimizer without
+        ``found_inf``."""
+        if before_read is not None:
+            before_read()
+        pairs = sums.tolist()
         # The stop flag rides along with the sums: one collective, and all ranks stop together.
         # Rank 0's clock decides the time budget (and the linear schedule's lr), so that no two
         # ranks disagree about it.
         loss_sum, nll_sum, stops, seconds = distributed.all_reduce_sum(
-            [loss_sum, nll_sum, float(stop_requested), seconds if self.info.is_main else 0.0],
+            [
+                sum(x for x, _ in pairs),
+                sum(x for _, x in pairs),
+                float(stop_requested),
+                seconds if self.info.is_main else 0.0,
+            ],
             self.info,
             self.device,
         )
@@ -479,17 +595,32 @@ class Trainer:
                 self.scaler.update(self.scaler.get_scale() / 2)
             return result
         self.scaler.unscale_(self.optimizer)  # fp16: the norm and the clipping see true gradients
-        # Without clipping, max_norm=inf only measures the norm (logged: a rising norm warns of a
-        # blow-up before the loss does).
-        max_norm = train_cfg.clip_norm if train_cfg.clip_norm > 0 else math.inf
-        result.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        lr = self._lr(self.state.step + 1, seconds)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        result.grad_norm = float(self._clip_gradients())
+        self._set_lr(self.state.step + 1, seconds)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return result
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """The global gradient norm, a tensor (not read here).
+
+        The gradients are clipped to ``train.clip_norm`` where set; without clipping the norm is
+        only measured (logged: a rising norm warns of a blow-up before the loss does)."""
+        clip = self.cfg.train.clip_norm
+        if clip > 0 or not hasattr(torch.nn.utils, "get_total_norm"):
+            return torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), clip if clip > 0 else math.inf
+            )
+        # The norm alone: clip_grad_norm_ would also multiply every gradient by 1.
+        return torch.nn.utils.get_total_norm(
+            [p.grad for p in self.model.parameters() if p.grad is not None]
+        )
+
+    def _set_lr(self, step: int, seconds: float) -> None:
+        lr = self._lr(step, seconds)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _lr(self, step: int, seconds: float) -> float:
         """The learning rate of optimizer step ``step``, ``seconds`` of training time spent."""
@@ -559,10 +690,13 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- loop
     def validate(self) -> dict[str, float]:
-        """Validation loss, perplexity and (with train.valid_bleu) greedy BLEU; see validation."""
-        return validate(
-            self.model, self.data, self.cfg, self.info, self.device, self.autocast_dtype
-        )
+        """Validation loss, perplexity and (with train.valid_bleu) greedy BLEU; see validation.
+
+        Eagerly: compiled layers would compile a graph for each of a search's shapes."""
+        with eager(self.compile_counter is not None):
+            return validate(
+                self.model, self.data, self.cfg, self.info, self.device, self.autocast_dtype
+            )
 
     def run(self) -> TrainState:
         """Train until ``train.max_steps``, the time budget, early stopping, or a stop signal.
@@ -577,7 +711,9 @@ class Trainer:
         train_cfg, state = self.cfg.train, self.state
         if not self._begin():
             return state
-        stream, bar = self._stream(), self._progress_bar()
+        batches, prepare = self._batches()
+        bar = self._progress_bar()
+        accum = train_cfg.accum_steps
         started, spent_before = time.perf_counter(), state.train_seconds
 
         def elapsed() -> float:
@@ -588,9 +724,15 @@ class Trainer:
         with StopFlag() as stop_flag:
             while True:
                 state.train_seconds = elapsed()
-                micro_batches = [next(stream) for _ in range(train_cfg.accum_steps)]
-                state.epoch, state.batch_in_epoch = stream.position
-                step = self.train_step(micro_batches, stop_flag.requested, state.train_seconds)
+                taken = [batches.take() for _ in range(accum)]
+                state.epoch, state.batch_in_epoch = batches.position
+                step = self.train_step(
+                    [batch for batch, _ in taken],
+                    stop_flag.requested,
+                    state.train_seconds,
+                    tokens=[n for _, n in taken],
+                    before_read=prepare,
+                )
                 if not math.isfinite(step.loss):  # all-reduced: every rank skips or stops alike
                     self._skip_nonfinite()
                     if step.stop:
@@ -625,6 +767,20 @@ class Trainer:
         self._finish(reason, saved)
         return state
 
+    def _batches(self) -> tuple[DeviceBatches, Callable[[], None] | None]:
+        """This rank's batches on the device, and what readies the next ones during a step.
+
+        On a GPU the next step's batches are collated and copied while a step computes (None on
+        a CPU, where that would only move the same work). The epoch's shapes and padding are
+        logged."""
+        stream = self._stream()
+        if self.info.is_main:
+            log.info(stream.describe())
+        batches = DeviceBatches(stream, self.device)
+        accum = self.cfg.train.accum_steps
+        prepare = None if self.device.type == "cpu" else lambda: batches.prepare(accum)
+        return batches, prepare
+
     def _stream(self) -> BatchStream:
         """This rank's batches from where the state says the run is."""
         return BatchStream(
@@ -634,6 +790,7 @@ class Trainer:
             self.data.sampler,
             epoch=self.state.epoch,
             batch_in_epoch=self.state.batch_in_epoch,
+            multiple=self.shape_multiple,
         )
 
     def _progress_bar(self) -> tqdm:
@@ -757,6 +914,7 @@ class Trainer:
                 "time_s": round(state.train_seconds, 1),
                 **result,
                 **self._memory_mib(),
+                **(self.compile_counter.record() if self.compile_counter else {}),
                 "precision": self.precision,  # what the numbers were computed in
             }
         )

@@ -78,7 +78,7 @@ def _validate_set(
     for index in shard_batches(batches, info.rank, info.world_size):
         src, trg_in, trg_out = (x.to(device) for x in collate(vs.data, index))
         with autocast(device, autocast_dtype):
-            logits = model(src, trg_in)
+            logits = model(src, trg_in, right_padded=True)  # trg_in is BOS + target + padding
         _, nll = label_smoothed_nll(logits, trg_out, PAD_ID, 0.0)
         nll_sum += nll.item()
         tokens += (trg_out != PAD_ID).sum().item()

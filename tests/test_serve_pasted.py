@@ -1,0 +1,204 @@
+"""The server on pasted text: paragraphs split into sentences and joined back, /detect and
+source "auto" among the model's source languages, glossaries by name or inline."""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
+
+from test_serve import LIMITS, running  # noqa: E402
+
+from transformer_mt.config import DecodeConfig  # noqa: E402
+from transformer_mt.engines.engine import Engine, TorchEngine  # noqa: E402
+from transformer_mt.engines.options import TranslateExtras  # noqa: E402
+from transformer_mt.engines.results import LineResult  # noqa: E402
+from transformer_mt.errors import MTError  # noqa: E402
+from transformer_mt.serve.app import create_app  # noqa: E402
+from transformer_mt.serve.settings import ServeSettings  # noqa: E402
+from transformer_mt.serve.state import load_glossaries  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
+CKPT = FIXTURE / "old_last.pt"
+TERM = "trumenaul"  # a target word of the fixture model's language
+
+
+class Multi(Engine):
+    """A de/fr/cs -> en engine that upper-cases each sentence, keeping the calls."""
+
+    def __init__(self) -> None:
+        pairs = [("de", "en"), ("fr", "en"), ("cs", "en")]
+        super().__init__("fake", None, None, DecodeConfig(beam_size=2), "de", "en", pairs=pairs)
+        self.calls: list[list[str]] = []
+
+    def count_tokens(self, lines) -> int:
+        return sum(len(line.split()) + 1 for line in lines)
+
+    def translate(self, lines, decode, attention=False, stop=None, target=None, extras=None):
+        self.calls.append(list(lines))
+        return [LineResult(s.upper(), -1.0, [(s.upper(), -1.0)] * decode.nbest) for s in lines]
+
+
+@pytest.fixture(scope="module")
+def torch_served(tmp_path_factory):
+    terms = tmp_path_factory.mktemp("glossary") / "terms.tsv"
+    terms.write_text(f"horse\t{TERM}\n")
+    engine = TorchEngine(CKPT)
+    app = create_app(engine, LIMITS, settings=ServeSettings(glossaries=(f"animals={terms}",)))
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        yield client, engine
+
+
+def test_a_paragraph_is_split_and_joined_with_its_own_spacing(torch_served):
+    client, engine = torch_served
+    first, second = "The light friend saw the blue letter.", "The friend closed the woman."
+    alone = [r.text for r in engine.translate([first, second], engine.decode)]
+    text = f"  {first}  {second}\n\n{first}"
+    reply = client.post("/translate", json={"q": text, "source": "src", "target": "trg"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["translatedText"] == f"  {alone[0]}  {alone[1]}\n\n{alone[0]}"
+
+
+def test_a_glossary_by_name_or_inline_keeps_its_term(torch_served):
+    client, engine = torch_served
+    line = "The horse pulls the mouse on a cup although the doctor watches a cold bird."
+    plain = engine.translate([line], engine.decode)[0].text
+    assert TERM not in plain
+    body = {"q": line, "source": "src", "target": "trg"}
+    for glossary in ("animals", {"horse": TERM}):
+        reply = client.post("/translate", json={**body, "glossary": glossary})
+        assert reply.status_code == 200, reply.text
+        assert TERM in reply.json()["translatedText"]
+    extras = TranslateExtras(terms=[[TERM]])
+    assert (
+        reply.json()["translatedText"]
+        == engine.translate([line], engine.decode, extras=extras)[0].text
+    )
+    unknown = client.post("/translate", json={**body, "glossary": "plants"})
+    assert unknown.status_code == 400
+    assert unknown.json()["error"] == (
+        "Invalid request: no glossary named 'plants' (glossaries: animals)"
+    )
+
+
+def test_server_glossary_options_are_checked_before_the_server_starts(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("horse\n")
+    for option, message in (
+        ("animals", "give NAME=FILE"),
+        (f"animals={bad}", "bad.tsv:1"),
+        (f"animals={tmp_path / 'none.tsv'}", "none.tsv"),
+    ):
+        with pytest.raises(MTError, match=message):
+            load_glossaries((option,))
+
+
+@pytest.fixture
+def multi_served():
+    pytest.importorskip("py3langid", reason="the text extra (py3langid) is not installed")
+    engine = Multi()
+    with running(create_app(engine, LIMITS)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        yield c, engine
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "sure"),
+    [
+        ("Ein Mann fährt mit dem Fahrrad durch die Stadt.", "de", True),
+        ("Un homme fait du vélo dans la ville.", "fr", True),
+        ("Muž jede na kole městem.", "cs", True),
+        ("A man rides his bike through the city.", "de", False),  # English: not a source
+        ("ok", "de", False),  # too short to tell
+        ("🙂 42", "de", False),  # nothing to tell from
+    ],
+)
+def test_detect_chooses_among_the_models_sources_and_says_when_unsure(
+    multi_served, text, language, sure
+):
+    client, _ = multi_served
+    reply = client.post("/detect", json={"q": text})
+    assert reply.status_code == 200, reply.text
+    best = reply.json()[0]
+    assert best["language"] == language
+    assert (best["confidence"] > 90) if sure else (best["confidence"] == 0.0)
+
+
+def test_source_auto_splits_each_text_by_its_own_language(multi_served):
+    client, engine = multi_served
+    texts = ["Er kam am 19. Mai. Dann ging er.", "M. Dupont est arrivé. Il est parti."]
+    reply = client.post("/translate", json={"q": texts, "source": "auto", "target": "en"})
+    assert reply.status_code == 200, reply.text
+    assert engine.calls[-1] == [
+        "Er kam am 19. Mai.",
+        "Dann ging er.",
+        "M. Dupont est arrivé.",
+        "Il est parti.",
+    ]
+    assert [d["language"] for d in reply.json()["detectedLanguage"]] == ["de", "fr"]
+
+
+def test_a_repeated_line_comes_from_the_cache_counted_in_metrics(multi_served_cached):
+    client, engine = multi_served_cached
+    body = {"q": "Ein Mann fährt Rad. Ein Hund schläft.", "source": "de", "target": "en"}
+    first = client.post("/translate", json=body)
+    calls = len(engine.calls)
+    again = client.post("/translate", json=body)
+    assert again.json() == first.json() and len(engine.calls) == calls  # no decoding
+    other = client.post("/translate", json={**body, "alternatives": 1})  # other settings: a miss
+    assert other.status_code == 200 and len(engine.calls) == calls + 1
+    metrics = client.get("/metrics").text
+    assert "mt_translation_cache_hits_total 2.0" in metrics
+    assert "mt_translation_cache_misses_total 4.0" in metrics
+    # One sentence in the cache of 3: the least recently used goes first
+    client.post("/translate", json={**body, "q": "Drei. Vier. Fünf."})
+    client.post("/translate", json=body)
+    assert len(engine.calls) == calls + 3
+
+
+@pytest.fixture
+def multi_served_cached():
+    engine = Multi()
+    app = create_app(engine, LIMITS, settings=ServeSettings(cache_lines=3))
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        yield c, engine
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "detail"),
+    [
+        ({"q": "a", "source": "fr", "target": "de"}, "de is not supported", "de -> en"),
+        ({"q": "a", "source": "xx", "target": "en"}, "xx is not supported", "fr -> en"),
+        (
+            {"q": "a", "source": "de", "target": "en", "format": "xml"},
+            "xml format is not supported",
+            "text or html",
+        ),
+        (
+            {"q": "a", "source": "de", "target": "en", "alternatives": 9},
+            "Invalid request: alternatives parameter must be <= 5",
+            "max_beam (6) - 1",
+        ),
+    ],
+)
+def test_libretranslates_error_texts_word_for_word_and_ours_apart(
+    multi_served, body, error, detail
+):
+    client, _ = multi_served
+    reply = client.post("/translate", json=body)
+    assert reply.status_code == 400
+    assert reply.json()["error"] == error and detail in reply.json()["detail"]
+
+
+def test_a_pair_the_model_lacks_is_named_as_libretranslate_names_it():
+    class OneWay(Multi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pairs = [("de", "en"), ("en", "fr")]
+
+    with running(create_app(OneWay(), LIMITS)) as url, httpx.Client(base_url=url) as client:
+        reply = client.post("/translate", json={"q": "a", "source": "de", "target": "fr"})
+    assert (
+        reply.json()["error"]
+        == "French (fr) is not available as a target language from German (de)"
+    )

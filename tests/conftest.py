@@ -10,6 +10,60 @@ import torch
 torch.set_num_threads(1)  # tests run many tiny ops: threads only add overhead (and CI has 2 cores)
 
 
+# The reverse task of the search tests: a tiny model learns to write its source backwards, so that
+# it ends its hypotheses with EOS (tests/test_decoding.py, tests/test_constraints.py).
+REVERSE_VOCAB = 16  # 4 specials + 12 symbols
+REVERSE_MAX_SYMBOLS = 7
+
+
+def tiny_transformer(seed: int, vocab: int = REVERSE_VOCAB, **kw):
+    """A small Transformer (d_model 32, 2 layers) of ``vocab`` pieces a side, seeded."""
+    from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
+    from transformer_mt.model import Transformer
+
+    torch.manual_seed(seed)
+    args = dict(d_model=32, n_head=4, max_len=64, ffn_hidden=64, n_layers=2, drop_prob=0.1)
+    args.update(kw)
+    return Transformer(PAD_ID, PAD_ID, BOS_ID, vocab, vocab, **args, tie_embeddings=False)
+
+
+def reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources ``x EOS`` and targets ``BOS reversed(x) EOS``, padded: (n, S), (n, S + 1)."""
+    from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+    lens = torch.randint(2, REVERSE_MAX_SYMBOLS + 1, (n,), generator=gen).tolist()
+    src = torch.full((n, REVERSE_MAX_SYMBOLS + 1), PAD_ID)
+    trg = torch.full((n, REVERSE_MAX_SYMBOLS + 2), PAD_ID)
+    for i, length in enumerate(lens):
+        seq = torch.randint(4, REVERSE_VOCAB, (length,), generator=gen)
+        src[i, :length], src[i, length] = seq, EOS_ID
+        trg[i, 0], trg[i, 1 : length + 1], trg[i, length + 1] = BOS_ID, seq.flip(0), EOS_ID
+    return src, trg
+
+
+def reverse_model(steps: int):
+    """A model trained ``steps`` steps on the reverse task, in eval mode.
+
+    The learning rate decays to 0 so that the end point is stable (no late Adam spike)."""
+    from torch.nn import functional
+
+    model = tiny_transformer(1, d_model=64, ffn_hidden=128, drop_prob=0.0, pre_norm=True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, 2.0 * (steps - i) / steps))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        src, trg = reverse_batch(gen, 64)
+        logits = model(src, trg[:, :-1])  # (B, T, V)
+        loss = functional.cross_entropy(
+            logits.reshape(-1, REVERSE_VOCAB), trg[:, 1:].reshape(-1), ignore_index=0
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return model.eval()
+
+
 def shared_multi30k() -> Path | None:
     """The Multi30k files of ../shared (or $MT_SHARED_DATA), or None when absent."""
     env = os.environ.get("MT_SHARED_DATA")

@@ -13,6 +13,9 @@ import random
 
 import pytest
 import torch
+from conftest import REVERSE_VOCAB as VOCAB
+from conftest import reverse_batch, tiny_transformer
+from conftest import reverse_model as train_reverse_model
 from torch.nn import functional
 
 from transformer_mt.config import DecodeConfig
@@ -38,53 +41,16 @@ from transformer_mt.decoding.text import translate_texts
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
-VOCAB = 16  # 4 specials + 12 symbols
-MAX_SYMBOLS = 7
-
-
-def _model(seed: int, vocab: int = VOCAB, **kw) -> Transformer:
-    torch.manual_seed(seed)
-    args = dict(d_model=32, n_head=4, max_len=64, ffn_hidden=64, n_layers=2, drop_prob=0.1)
-    args.update(kw)
-    return Transformer(PAD_ID, PAD_ID, BOS_ID, vocab, vocab, **args, tie_embeddings=False)
-
-
-def _reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sources ``x EOS`` and targets ``BOS reversed(x) EOS``, padded: (n, S), (n, S + 1)."""
-    lens = torch.randint(2, MAX_SYMBOLS + 1, (n,), generator=gen).tolist()
-    src = torch.full((n, MAX_SYMBOLS + 1), PAD_ID)
-    trg = torch.full((n, MAX_SYMBOLS + 2), PAD_ID)
-    for i, length in enumerate(lens):
-        seq = torch.randint(4, VOCAB, (length,), generator=gen)
-        src[i, :length], src[i, length] = seq, EOS_ID
-        trg[i, 0], trg[i, 1 : length + 1], trg[i, length + 1] = BOS_ID, seq.flip(0), EOS_ID
-    return src, trg
-
 
 @pytest.fixture(scope="module")
 def random_model() -> Transformer:
-    return _model(0).eval()
+    return tiny_transformer(0).eval()
 
 
 @pytest.fixture(scope="module")
 def reverse_model() -> Transformer:
     """Trained for 150 steps (~3 s) to reverse 2-7 symbols: it ends hypotheses with EOS."""
-    steps = 150
-    model = _model(1, d_model=64, ffn_hidden=128, drop_prob=0.0, pre_norm=True)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, 2.0 * (steps - i) / steps))
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        src, trg = _reverse_batch(gen, 64)
-        logits = model(src, trg[:, :-1])  # (B, T, V)
-        loss = functional.cross_entropy(
-            logits.reshape(-1, VOCAB), trg[:, 1:].reshape(-1), ignore_index=0
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    return model.eval()
+    return train_reverse_model(150)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +63,7 @@ def random_src() -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def reverse_src() -> torch.Tensor:
-    return _reverse_batch(torch.Generator().manual_seed(99), 12)[0]
+    return reverse_batch(torch.Generator().manual_seed(99), 12)[0]
 
 
 LEN = DecodeConfig(max_len_a=2.0, max_len_b=1.0)
@@ -260,7 +226,7 @@ WRITABLE = [UNK_ID, 4, 5, 6, 7]  # every id search may write besides EOS
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Transformer:
-    return _model(3, vocab=TINY_VOCAB).eval()
+    return tiny_transformer(3, vocab=TINY_VOCAB).eval()
 
 
 def _all_scored(model: Transformer, src: torch.Tensor, n: int, alpha: float) -> list[tuple]:

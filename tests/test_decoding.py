@@ -13,6 +13,9 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from conftest import REVERSE_VOCAB as VOCAB
+from conftest import reverse_batch, tiny_transformer
+from conftest import reverse_model as train_reverse_model
 from torch.nn import functional
 
 from transformer_mt.config import DecodeConfig, validate_decode
@@ -35,56 +38,16 @@ from transformer_mt.model import Transformer
 # The module (the package's name "search" is the function).
 search_module = importlib.import_module("transformer_mt.decoding.search")
 
-VOCAB = 16  # 4 specials + 12 symbols
-MAX_SYMBOLS = 7
-
-
-def _model(seed: int, **kw) -> Transformer:
-    torch.manual_seed(seed)
-    args = dict(d_model=32, n_head=4, max_len=64, ffn_hidden=64, n_layers=2, drop_prob=0.1)
-    args.update(kw)
-    return Transformer(PAD_ID, PAD_ID, BOS_ID, VOCAB, VOCAB, **args, tie_embeddings=False)
-
-
-def _reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sources ``x EOS`` and targets ``BOS reversed(x) EOS``, padded: (n, S), (n, S + 1)."""
-    lens = torch.randint(2, MAX_SYMBOLS + 1, (n,), generator=gen).tolist()
-    src = torch.full((n, MAX_SYMBOLS + 1), PAD_ID)
-    trg = torch.full((n, MAX_SYMBOLS + 2), PAD_ID)
-    for i, length in enumerate(lens):
-        seq = torch.randint(4, VOCAB, (length,), generator=gen)
-        src[i, :length], src[i, length] = seq, EOS_ID
-        trg[i, 0], trg[i, 1 : length + 1], trg[i, length + 1] = BOS_ID, seq.flip(0), EOS_ID
-    return src, trg
-
 
 @pytest.fixture(scope="module")
 def random_model() -> Transformer:
-    return _model(0).eval()
+    return tiny_transformer(0).eval()
 
 
 @pytest.fixture(scope="module")
 def reverse_model() -> Transformer:
-    """Trained for 250 steps (~6 s) to reverse 2-7 symbols; greedy then gets ~100% right.
-
-    The learning rate decays to 0 so that the end point is stable (no late Adam spike).
-    """
-    steps = 250
-    model = _model(1, d_model=64, ffn_hidden=128, drop_prob=0.0, pre_norm=True)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, 2.0 * (steps - i) / steps))
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        src, trg = _reverse_batch(gen, 64)
-        logits = model(src, trg[:, :-1])  # (B, T, V)
-        loss = functional.cross_entropy(
-            logits.reshape(-1, VOCAB), trg[:, 1:].reshape(-1), ignore_index=0
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    return model.eval()
+    """Trained for 250 steps (~6 s) to reverse 2-7 symbols; greedy then gets ~100% right."""
+    return train_reverse_model(250)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +60,7 @@ def random_src() -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def reverse_src() -> torch.Tensor:
-    return _reverse_batch(torch.Generator().manual_seed(99), 24)[0]
+    return reverse_batch(torch.Generator().manual_seed(99), 24)[0]
 
 
 def _toks(results: list[DecodeResult]) -> list[list[list[int]]]:
@@ -166,7 +129,7 @@ def test_nbest_sorted_distinct_and_complete(
 
 
 def test_trained_model_beam_reverses_and_ends_with_eos(reverse_model):
-    src, trg = _reverse_batch(torch.Generator().manual_seed(7), 32)
+    src, trg = reverse_batch(torch.Generator().manual_seed(7), 32)
     results = beam_search(reverse_model, src, _beam(4, 4))
     want = [[t for t in row.tolist()[1:] if t not in (PAD_ID, EOS_ID)] for row in trg]
     assert all(r.nbest[0].finished for r in results)
@@ -359,7 +322,7 @@ def test_length_penalty_formula():
 
 
 def test_training_mode_is_refused(random_src):
-    model = _model(0)  # train mode: dropout on
+    model = tiny_transformer(0)  # train mode: dropout on
     with pytest.raises(ValueError, match=r"model\.eval\(\)"):
         greedy_search(model, random_src, LEN)
 

@@ -274,7 +274,11 @@ CASES = {
         "output afile/out.txt: directory",
     ),
     # translate: options
-    "device unknown": ([T, *CK, "--device", "gpu"], "x\n", "--device 'gpu': not a device name"),
+    "device unknown": (
+        [T, *CK, "--device", "gpu"],
+        "x\n",
+        "--device is 'gpu'; it must be auto, cpu",
+    ),
     "attention layer out of range": (
         [T, *CK, "--attention-dir", "adir", "--attention-layer", "9"],
         "x\n",

@@ -81,7 +81,7 @@ def test_evaluate_translates_and_scores():
 def test_evaluate_passes_len_penalty_to_the_search(trained, monkeypatch):
     # A 20-step model translates every line to "" whatever the penalty, so a spy (that calls the
     # real search) shows which alpha reached it; the search's own tests check what alpha does.
-    import transformer_mt.engines.engine as inference
+    import transformer_mt.engines.torch_engine as inference
 
     seen, real = [], inference.translate_lines
 

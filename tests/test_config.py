@@ -400,7 +400,7 @@ def test_the_cli_and_both_server_apis_accept_and_refuse_the_same_decode_values(t
     httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
     from test_serve import running
 
-    from transformer_mt.engines.engine import TorchEngine
+    from transformer_mt.engines.torch_engine import TorchEngine
     from transformer_mt.serve.app import Limits, create_app
     from transformer_mt.serve.batcher import BatchSettings
 

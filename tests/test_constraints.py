@@ -121,9 +121,15 @@ def tracker_meets(tokens: list[int], constraints: list[list[int]]) -> bool:
     each unmet constraint's match is the longest prefix of it that ends the tokens written since
     the last constraint was met; the longest completed one is met (the first among equals)
     unless a longer match is in progress; meeting one starts every match afresh."""
+    return len(tracker_met_at(tokens, constraints)) == len(constraints)
+
+
+def tracker_met_at(tokens: list[int], constraints: list[list[int]]) -> list[int]:
+    """The positions of the tokens at which :func:`tracker_meets` meets a constraint."""
     met = [False] * len(constraints)
+    at = []
     since: list[int] = []  # tokens since the last constraint was met
-    for tok in tokens:
+    for position, tok in enumerate(tokens):
         since.append(tok)
         progress = [0 if m else _ending(since, c) for c, m in zip(constraints, met, strict=True)]
         done = [
@@ -133,8 +139,9 @@ def tracker_meets(tokens: list[int], constraints: list[list[int]]) -> bool:
         longest = max(done, default=0)
         if longest and max(progress) <= longest:
             met[done.index(longest)] = True
+            at.append(position)
             since = []
-    return all(met)
+    return at
 
 
 def _check_holds(results: list[DecodeResult], constraints: list[list[list[int]]]) -> None:
@@ -167,6 +174,29 @@ def test_every_finished_hypothesis_holds_its_constraints(
         assert len({tuple(h.tokens) for h in res.nbest}) == len(res.nbest) == 4
     if which == "reverse":  # the trained model ends hypotheses with EOS once they are written
         assert sum(any(h.finished for h in r.nbest) for r in results) >= len(results) - 1
+
+
+def test_a_met_constraint_is_never_followed_by_a_token_that_continues_a_word(
+    random_model, random_src
+):
+    continues = torch.zeros(VOCAB, dtype=torch.bool)
+    continues[4:10] = True  # half the symbols "go on with the word before them"
+    follows = {"masked": 0, "unmasked": 0}
+    for seed in range(3):
+        constraints = _random_constraints(random_src.size(0), seed)
+        for name, mask in (("masked", continues), ("unmasked", None)):
+            decode = _beam(4, 4, max_len_b=3.0)
+            results = constrained_beam_search(
+                random_model, random_src, decode, constraints, continues=mask
+            )
+            _check_holds(results, constraints)
+            for res, cons in zip(results, constraints, strict=True):
+                for hyp in res.nbest:
+                    met_at = tracker_met_at(hyp.tokens, cons)
+                    after = [hyp.tokens[i + 1] for i in met_at if i + 1 < len(hyp.tokens)]
+                    follows[name] += sum(4 <= tok < 10 for tok in after)
+    assert follows["masked"] == 0
+    assert follows["unmasked"] > 0  # the random model does write them where nothing stops it
 
 
 def test_the_budget_grows_to_fit_the_constraints(random_model, random_src):
@@ -423,6 +453,9 @@ class _CharTokenizer:
 
     def decode(self, ids) -> str:
         return "".join("abcdefghijkl"[i - 4] for i in ids if i >= 4)
+
+    def id_to_piece(self, ids) -> list[str]:  # each letter a word of its own
+        return [f"<{i}>" if i < 4 else "\u2581" + "abcdefghijkl"[i - 4] for i in ids]
 
 
 def test_translate_texts_passes_terms_as_target_pieces(random_model):

@@ -20,9 +20,9 @@ from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID
 from transformer_mt.devices import cpu_has_native_bf16
 from transformer_mt.engines import load_for_inference, translate_lines
-from transformer_mt.engines.engine import TorchEngine
 from transformer_mt.engines.linear_layers import Bf16Linear, PackedLinear, to_bf16
 from transformer_mt.engines.loading import agreed_precision
+from transformer_mt.engines.torch_engine import TorchEngine
 from transformer_mt.errors import MTError
 from transformer_mt.model.layers import FeedForward
 

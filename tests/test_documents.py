@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.documents.document import html_document, read_document, read_document_file
 from transformer_mt.documents.translate import translate_document
-from transformer_mt.engines.engine import TorchEngine
 from transformer_mt.engines.results import Attention, LineResult
+from transformer_mt.engines.torch_engine import TorchEngine
 from transformer_mt.errors import MTError
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
@@ -97,8 +97,10 @@ def test_html_keeps_tags_attributes_and_entities_around_the_words_they_held():
         '<img src="a.png" alt="A"> au lait</li>\n</ul>'
     )
     assert html_document(source).segments == [
+        "T <",  # the title of <a>: attribute text, a segment of its own
         "Hello big world & you all now",
         "one < two",
+        "A",  # the alt of <img>
         "café au lait",
     ]
     assert translated(source) == (
@@ -478,7 +480,7 @@ def test_the_ct2_engine_and_mt_translate_ct2_return_lines_without_words_unchange
 ):
     pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed")
     from transformer_mt.convert.ctranslate2 import export_ctranslate2
-    from transformer_mt.engines.engine import CT2Engine
+    from transformer_mt.engines.ct2_engine import CT2Engine
     from transformer_mt.engines.loading import load_for_inference
 
     directory = export_ctranslate2(load_for_inference(CKPT), tmp_path / "ct2")

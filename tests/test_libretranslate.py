@@ -23,8 +23,9 @@ from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.config import DecodeConfig  # noqa: E402
-from transformer_mt.engines.engine import Engine, TorchEngine  # noqa: E402
+from transformer_mt.engines.engine import Engine  # noqa: E402
 from transformer_mt.engines.results import LineResult  # noqa: E402
+from transformer_mt.engines.torch_engine import TorchEngine  # noqa: E402
 from transformer_mt.serve.access import (  # noqa: E402
     INVALID_KEY,
     NEED_KEY,

@@ -259,7 +259,7 @@ def test_the_server_routes_libretranslate_targets_under_32_mixed_requests(traine
     import httpx
     from test_serve import running
 
-    from transformer_mt.engines.engine import TorchEngine
+    from transformer_mt.engines.torch_engine import TorchEngine
     from transformer_mt.serve.app import Limits, create_app
     from transformer_mt.serve.batcher import BatchSettings
 

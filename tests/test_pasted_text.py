@@ -155,3 +155,20 @@ def test_source_lang_auto_picks_each_lines_rules_among_the_models_languages():
     ]
     assert line_languages(Multi(), lines, "auto") == ["de", "fr", "cs", "de"]  # type: ignore[arg-type]
     assert line_languages(Multi(), lines, None) == ["de"] * 4  # type: ignore[arg-type]
+
+
+def test_attention_alone_no_longer_stops_splitting_but_per_line_extras_do():
+    """A document's segments ask for attention and are split (their sentences' matrices are
+    joined: tests/test_document_text.py); what is asked per line still keeps a line whole."""
+    assert TranslateExtras(split=True).splits(attention=True)
+    assert TranslateExtras(split=True).splits(attention=False)
+    assert not TranslateExtras().splits(attention=True)
+    per_line = [
+        {"prefixes": ["Die"]},
+        {"alignments": True},
+        {"attention_dir": Path("pictures")},
+        {"terms": [["Haus"]]},
+    ]
+    for asked in per_line:
+        for attention in (False, True):
+            assert not TranslateExtras(split=True, **asked).splits(attention)  # type: ignore[arg-type]

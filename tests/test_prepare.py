@@ -379,7 +379,7 @@ def test_missing_local_file_is_named_before_any_work(tmp_path, corpus):
 
 @pytest.mark.parametrize("name", ["iwslt2017-de-en", "wmt99", ""])
 def test_unknown_corpus_is_one_line_naming_the_accepted_values_before_any_work(tmp_path, name):
-    # The config loads (config.py knows no data sources); the data package refuses it first.
+    # The config loads (the config package knows no data sources); the data package refuses it first.
     cfg = load_config(None, [f"data.corpus={name}", f"data.cache_dir={tmp_path}"])
     expected = (
         rf"^data\.corpus='{name}': expected toy, local, multi30k, wmt14_en_de, wmt16_en_ro, "

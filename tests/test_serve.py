@@ -32,8 +32,9 @@ from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
 from transformer_mt.config import DecodeConfig  # noqa: E402
-from transformer_mt.engines.engine import Engine, TorchEngine  # noqa: E402
+from transformer_mt.engines.engine import Engine  # noqa: E402
 from transformer_mt.engines.results import Attention, DecodeStopped, LineResult  # noqa: E402
+from transformer_mt.engines.torch_engine import TorchEngine  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
 from transformer_mt.serve import settings as serve_settings  # noqa: E402
 from transformer_mt.serve.app import Limits, create_app  # noqa: E402

@@ -11,9 +11,10 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 from test_serve import LIMITS, running  # noqa: E402
 
 from transformer_mt.config import DecodeConfig  # noqa: E402
-from transformer_mt.engines.engine import Engine, TorchEngine  # noqa: E402
+from transformer_mt.engines.engine import Engine  # noqa: E402
 from transformer_mt.engines.options import TranslateExtras  # noqa: E402
 from transformer_mt.engines.results import LineResult  # noqa: E402
+from transformer_mt.engines.torch_engine import TorchEngine  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
 from transformer_mt.serve.app import create_app  # noqa: E402
 from transformer_mt.serve.settings import ServeSettings  # noqa: E402
@@ -80,6 +81,22 @@ def test_a_glossary_by_name_or_inline_keeps_its_term(torch_served):
     assert unknown.json()["error"] == (
         "Invalid request: no glossary named 'plants' (glossaries: animals)"
     )
+
+
+def test_protect_keeps_links_addresses_numbers_and_marked_text(torch_served):
+    client, engine = torch_served
+    text = "The horse runs at 12:30 to https://a.io/x. Open <keep>trumenaul</keep> now."
+    body = {"q": text, "source": "src", "target": "trg"}
+    plain = client.post("/translate", json=body).json()["translatedText"]
+    assert "https://a.io/x" not in plain and "12:30" not in plain
+    reply = client.post("/translate", json={**body, "protect": True})
+    assert reply.status_code == 200, reply.text
+    kept = reply.json()["translatedText"]
+    for span in ("12:30", "https://a.io/x", "trumenaul"):
+        assert kept.count(span) == 1, (span, kept)
+    assert "keep" not in kept
+    extras = TranslateExtras(protect=True, split=True, source_lang="src")
+    assert kept == engine.translate([text], engine.decode, extras=extras)[0].text
 
 
 def test_server_glossary_options_are_checked_before_the_server_starts(tmp_path):

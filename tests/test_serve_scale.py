@@ -31,7 +31,7 @@ from test_serve import running  # noqa: E402  (the one way to run an app in test
 from typer.testing import CliRunner  # noqa: E402
 
 from transformer_mt.cli import app as cli_app  # noqa: E402
-from transformer_mt.engines.engine import TorchEngine  # noqa: E402
+from transformer_mt.engines.torch_engine import TorchEngine  # noqa: E402
 from transformer_mt.errors import MTError  # noqa: E402
 from transformer_mt.serve.access import SHARED_LIMITS_ENV, SharedRateLimiter  # noqa: E402
 from transformer_mt.serve.app import create_app, create_loading_app  # noqa: E402

@@ -1,9 +1,10 @@
 """Device names and precision: where a name from a config or an option becomes a torch device.
 
-Config validation (:func:`transformer_mt.config.check_device_name`) checks only the spelling,
-before any work and without touching the hardware; :func:`resolve_device` then checks that this
-process can use the device, with a one-line error naming the key or option it came from.
-:func:`choose_precision` is ``precision: auto``'s choice, for training and for translating.
+The spelling of a device name has one check, :func:`transformer_mt.config.check_device_name`:
+config validation runs it before any work and without touching the hardware, and
+:func:`resolve_device` runs it too (for an option, which no config validation saw), then checks
+that this process can use the device, with a one-line error naming the key or option it came
+from. :func:`choose_precision` is ``precision: auto``'s choice, for training and for translating.
 """
 
 import time
@@ -11,36 +12,42 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_mt.config import check_device_name
 from transformer_mt.errors import MTError
 
 
 def resolve_device(name: str | torch.device, key: str = "--device") -> torch.device:
     """Resolve a device name to a torch device this process can use.
 
-    ``name`` ("auto", "cpu", "cuda", "cuda:N", "mps") as a torch device this process can use;
-    "auto" is the GPU when one is visible, else the CPU. ``key`` names where it came from."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ``name`` ("auto", "cpu", "cuda", "cuda:N", "mps"; or a torch device) as a torch device this
+    process can use; "auto" is the GPU when one is visible, else the CPU. ``key`` names where it
+    came from, in a one-line MTError: for a name misspelled, the one config validation gives
+    (:func:`~transformer_mt.config.check_device_name`), else for a device this process lacks."""
+    index: int | None
+    if isinstance(name, torch.device):
+        kind, index = name.type, name.index
+    else:
+        check_device_name(name, key)
+        if name == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        kind, _, number = name.partition(":")
+        index = int(number) if number else None  # checked before torch reads it (cuda:01)
     cpu = f"{key} cpu" if key.startswith("--") else f"{key}=cpu"  # what to use instead
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError, TypeError):
-        raise MTError(f"{key} {name!r}: not a device name; use cpu, cuda, cuda:1, ...") from None
-    if device.type == "cuda":
+    if kind == "cuda":
         if not torch.cuda.is_available():
             raise MTError(
                 f"{key} {name}: no CUDA GPU is visible to this process (torch.cuda.is_available()"
                 f" is false); use {cpu}, or check the driver and CUDA_VISIBLE_DEVICES"
             )
         count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
+        if index is not None and index >= count:
             raise MTError(f"{key} {name}: only {count} GPU(s) visible (cuda:0 to cuda:{count - 1})")
-    elif device.type == "mps":
+    elif kind == "mps":
         if not torch.backends.mps.is_available():
             raise MTError(f"{key} {name}: MPS is not available on this machine; use {cpu}")
-    elif device.type != "cpu":
+    elif kind != "cpu":  # a torch device of another type (a name of one is misspelled above)
         raise MTError(f"{key} {name}: expected cpu, cuda, cuda:N or mps")
-    return device
+    return torch.device(kind) if index is None else torch.device(kind, index)
 
 
 def cpu_has_native_bf16() -> bool:

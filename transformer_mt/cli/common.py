@@ -99,7 +99,7 @@ SetOpt = Annotated[
         "--set", help="Override a config key, e.g. --set train.max_steps=100 (repeatable)."
     ),
 ]
-# The decode options: names, ranges and help from DecodeConfig's declaration (config.py).
+# The decode options: names, ranges and help from DecodeConfig's declaration (config/schema.py).
 BeamOpt = Annotated[int | None, typer.Option("--beam", help=option_help("beam_size"))]
 LenPenaltyOpt = Annotated[
     float | None, typer.Option("--len-penalty", help=option_help("len_penalty"))

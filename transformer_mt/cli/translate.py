@@ -163,6 +163,15 @@ def translate(
             "target term (constrained beam search: --beam 2 or more; --engine torch).",
         ),
     ] = None,
+    protect: Annotated[
+        bool,
+        typer.Option(
+            "--protect",
+            help="Carry URLs, e-mail addresses, numbers, `code` and text between <keep> and "
+            "</keep> (the marks dropped) through unchanged, as terms the translation must hold "
+            "(constrained beam search: --beam 2 or more; --engine torch).",
+        ),
+    ] = False,
 ) -> None:
     """Translate text or a document, line by line in order.
 
@@ -184,6 +193,7 @@ def translate(
         no_split,
         source_lang,
         glossary,
+        protect,
     )
     if input is not None and _is_document(input):
         _translate_document(input, output, model, options, text.given())
@@ -221,6 +231,7 @@ class _TextOptions:
     no_split: bool = False
     source_lang: str | None = None
     glossary: Path | None = None
+    protect: bool = False
 
     def extras(self) -> "TranslateExtras":
         """What the engine is asked for besides the lines (the prefixes: read later)."""
@@ -236,6 +247,7 @@ class _TextOptions:
             split=not self.no_split,
             source_lang=self.source_lang,
             glossary=read_glossary(self.glossary) if self.glossary is not None else None,
+            protect=self.protect,
         )
 
     def given(self) -> list[str]:

@@ -120,7 +120,7 @@ def source_kind(source: SourceConfig) -> tuple[str, str]:
     for kind in SOURCE_KINDS:
         if getattr(source, kind) is not None:
             return kind, getattr(source, kind)
-    raise AssertionError("a validated source has exactly one kind")  # config._validate_source
+    raise AssertionError("a validated source has exactly one kind")  # see config/validation.py
 
 
 def source_sides(data: DataConfig, source: SourceConfig, prefix: str) -> tuple[Side, Side]:

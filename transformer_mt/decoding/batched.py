@@ -28,6 +28,7 @@ def decode_sources(
     on_batch: BatchCallback | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     constraints: Constraints | None = None,
+    continues: torch.Tensor | None = None,
 ) -> list[DecodeResult]:
     """Search every source with the settings of ``decode``; one result per source, in input order.
 
@@ -48,6 +49,8 @@ def decode_sources(
         constraints: per source, its lexical constraints (lists of target ids, see
             :mod:`~transformer_mt.decoding.constraints`; an empty list for none): every
             finished hypothesis contains them. None: none.
+        continues: the tokens never written right after a met constraint (see
+            :func:`~transformer_mt.decoding.search.constrained_beam_search`).
     """
     if prefixes is not None and len(prefixes) != len(sources):
         raise ValueError(f"{len(prefixes)} prefixes for {len(sources)} sources: one each")
@@ -65,7 +68,15 @@ def decode_sources(
         forced = None if prefixes is None else [prefixes[i] for i in positions]
         keys = positions if line_keys is None else [line_keys[i] for i in positions]
         terms = None if constraints is None else [constraints[i] for i in positions]
-        decoded = search(model, src, decode, line_keys=keys, prefixes=forced, constraints=terms)
+        decoded = search(
+            model,
+            src,
+            decode,
+            line_keys=keys,
+            prefixes=forced,
+            constraints=terms,
+            continues=continues,
+        )
         for i, result in zip(positions, decoded, strict=True):
             results[i] = result
         if on_batch is not None:

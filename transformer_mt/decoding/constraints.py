@@ -23,6 +23,11 @@ row of the batch with tensor operations (fairseq loops over sentences and beams 
   ``total constraint tokens + 1`` steps some hypothesis meets them all (the search's budget is
   raised to that, after any forced prefix, within the position table).
 
+A met constraint ends a word where the caller names the tokens that go on with the word before
+them (``continues``: for sentencepiece, the pieces without a word-start mark whose first
+character is a letter or digit of a script with spaces): right after a constraint is met, those
+tokens are masked, so that the term "Haus" is never written as the start of "Hauses".
+
 A hypothesis that lacks a constraint never ends with EOS; where the position table leaves no
 room for a sentence's constraints, its n-best are unfinished hypotheses cut at the budget, the
 ones that lack some marked ``Hypothesis.constraints_met = False``.
@@ -127,7 +132,12 @@ class ConstraintTable:
     M is the most constraints a sentence has, L the longest constraint; a sentence with fewer
     has empty slots (length 0), which count as met."""
 
-    def __init__(self, constraints: list[list[list[int]]], device: torch.device) -> None:
+    def __init__(
+        self,
+        constraints: list[list[list[int]]],
+        device: torch.device,
+        continues: torch.Tensor | None = None,
+    ) -> None:
         m = max(1, max(len(c) for c in constraints))
         width = max((len(ids) for c in constraints for ids in c), default=1)
         no_slot: list[int] = []  # an empty slot
@@ -140,20 +150,35 @@ class ConstraintTable:
         self.steps = torch.tensor(steps, dtype=torch.long, device=device)  # (B, M, L+1, L)
         self.totals = self.lens.sum(dim=1)  # (B,) constraint tokens of each sentence
         self.most_tokens = int(self.totals.max())  # the fullest bank any hypothesis can reach
+        # (V,) bool: the tokens that go on with the word before them (no word start), never
+        # written right after a constraint is met; None: any token may follow one.
+        self.continues = None if continues is None else continues.to(device)
 
     @classmethod
     def of(
-        cls, constraints: Constraints | None, src: torch.Tensor, *, vocab: int, banned: set[int]
+        cls,
+        constraints: Constraints | None,
+        src: torch.Tensor,
+        *,
+        vocab: int,
+        banned: set[int],
+        continues: torch.Tensor | None = None,
     ) -> "ConstraintTable | None":
         """The checked constraints (:func:`check_constraints`) of the sentences of ``src`` (B, S).
 
-        None when no sentence has one: search then runs exactly as without constraints."""
+        None when no sentence has one: search then runs exactly as without constraints.
+        ``continues``: see the attribute; shorter than ``vocab`` (a model's vocabulary padded
+        for its products): the rest are False; longer: a ValueError."""
         if constraints is None:
             return None
         checked = check_constraints(constraints, src.size(0), vocab, banned)
         if not any(checked):
             return None
-        return cls(checked, src.device)
+        if continues is not None:
+            if continues.dim() != 1 or continues.numel() > vocab:
+                raise ValueError(f"continues: {tuple(continues.shape)} for {vocab} tokens")
+            continues = torch.nn.functional.pad(continues, (0, vocab - continues.numel()))
+        return cls(checked, src.device, continues)
 
 
 @dataclass
@@ -161,20 +186,21 @@ class ConstraintRows:
     """Where each hypothesis (row) stands with its sentence's constraints.
 
     ``progress`` (R, M): the state of each constraint's KMP automaton (0 for met ones), ``met``
-    (R, M): met, or an empty slot."""
+    (R, M): met, or an empty slot; ``closed`` (R,): the row's last token met a constraint."""
 
     progress: torch.Tensor
     met: torch.Tensor
+    closed: torch.Tensor
 
     @classmethod
     def start(cls, table: ConstraintTable, sent: torch.Tensor) -> "ConstraintRows":
         """Fresh rows for sentences ``sent`` (R,): nothing written yet."""
         lens = table.lens[sent]  # (R, M)
-        return cls(torch.zeros_like(lens), lens == 0)
+        return cls(torch.zeros_like(lens), lens == 0, torch.zeros_like(sent, dtype=torch.bool))
 
     def select(self, index: torch.Tensor) -> "ConstraintRows":
         """Rows ``index`` (R',)."""
-        return ConstraintRows(self.progress[index], self.met[index])
+        return ConstraintRows(self.progress[index], self.met[index], self.closed[index])
 
     def all_met(self) -> torch.Tensor:
         """(R,) bool: the row has met every constraint of its sentence."""
@@ -190,6 +216,16 @@ class ConstraintRows:
     def mask_eos(self, log_probs: torch.Tensor, eos_idx: int) -> torch.Tensor:
         """``log_probs`` (R, V) with EOS at -inf for rows with unmet constraints (in place)."""
         log_probs[:, eos_idx].masked_fill_(~self.all_met(), float("-inf"))
+        return log_probs
+
+    def mask_continuations(self, log_probs: torch.Tensor, table: ConstraintTable) -> torch.Tensor:
+        """``log_probs`` (R, V) with ``table.continues`` at -inf in rows that just met a term.
+
+        A term ends a word: "Haus" is not met by "Hauses" (in place; unchanged without
+        ``table.continues``)."""
+        if table.continues is not None:
+            both = self.closed[:, None] & table.continues[None, :]
+            log_probs.masked_fill_(both, float("-inf"))
         return log_probs
 
     def next_tokens(
@@ -228,7 +264,7 @@ class ConstraintRows:
         meets = (longest > 0) & (progress.amax(dim=1) <= longest)  # (R,)
         chosen = torch.nn.functional.one_hot(slot, lens.size(1)).bool() & meets[:, None]
         progress = progress.masked_fill(meets[:, None], 0)
-        return ConstraintRows(progress, self.met | chosen)
+        return ConstraintRows(progress, self.met | chosen, meets)
 
 
 def drop_duplicates(keys: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -640,6 +640,7 @@ def constrained_beam_search(
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
     prefixes: Prefixes | None = None,
+    continues: torch.Tensor | None = None,
 ) -> list[DecodeResult]:
     """Beam search whose finished hypotheses contain each sentence's ``constraints``.
 
@@ -658,11 +659,16 @@ def constrained_beam_search(
     documentation runs beam 10, and advises a larger beam for constraints in any order, which
     these are.) An empty or out-of-vocabulary constraint, or one holding PAD, BOS, EOS or a
     language tag, is an MTError. ``decode.nbest`` hypotheses per sentence, fewer only where the
-    vocabulary has fewer tokens than the beam can use."""
+    vocabulary has fewer tokens than the beam can use. ``continues`` (V,) bool: the tokens that
+    never directly follow a met constraint (it ends a word); None: any."""
     _check_model(model)
     k = decode.beam_size
     table = ConstraintTable.of(
-        constraints, src, vocab=target_vocab(model), banned=_never_written(model, eos_idx)
+        constraints,
+        src,
+        vocab=target_vocab(model),
+        banned=_never_written(model, eos_idx),
+        continues=continues,
     )
     if table is not None and (decode.sampling or k < 2):
         raise MTError(
@@ -724,7 +730,7 @@ def _allocated_candidates(
     n_beams = log_probs.size(0) // n_act
     assert beams.terms is not None, "a constrained search keeps each row's constraint state"
     terms = beams.terms  # n*B rows
-    log_probs = terms.mask_eos(log_probs, eos_idx)
+    log_probs = terms.mask_continuations(terms.mask_eos(log_probs, eos_idx), table)
     rows_sent = beams.sent.repeat_interleave(n_beams)  # (n*B,)
     scores, beam, tok, valid = _constrained_candidates(
         beams.scores[:, :n_beams], log_probs, terms, table, rows_sent, k
@@ -858,6 +864,7 @@ def search(
     use_cache: bool = True,
     prefixes: Prefixes | None = None,
     constraints: Constraints | None = None,
+    continues: torch.Tensor | None = None,
 ) -> list[DecodeResult]:
     """Run the search that ``decode`` asks for.
 
@@ -865,10 +872,17 @@ def search(
     keyed by ``line_keys``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each
     output starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of
     ``src``). With ``constraints`` (one list per row of ``src``) where a sentence has one:
-    :func:`constrained_beam_search` (beam >= 2, no sampling, else an MTError)."""
+    :func:`constrained_beam_search` (beam >= 2, no sampling, else an MTError), with the
+    tokens ``continues`` never right after a met constraint."""
     if constraints is not None and any(len(c) for c in constraints):
         return constrained_beam_search(
-            model, src, decode, constraints, use_cache=use_cache, prefixes=prefixes
+            model,
+            src,
+            decode,
+            constraints,
+            use_cache=use_cache,
+            prefixes=prefixes,
+            continues=continues,
         )
     if decode.sampling:
         return sample(

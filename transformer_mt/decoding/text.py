@@ -15,7 +15,10 @@ Lexical constraints (optional, per input line a list of target texts, e.g. a glo
 each term is tokenized alone with the target tokenizer (no EOS), and every finished translation
 of the line contains each term's pieces (:mod:`~transformer_mt.decoding.constraints`). A term
 tokenized alone starts with a word-start piece, so it matches where the translation writes it as
-a word of its own. Lines with nothing to translate ignore theirs.
+a word of its own, and ends one: the piece after it never continues a word (the term "Haus" is
+not met inside "Hauses"). Lines with nothing to translate ignore theirs. A term the target vocabulary
+cannot spell (a character it never saw, which becomes ``<unk>``) is still forced as its pieces,
+and the translation shows the term as given where those pieces are (:func:`respelled`).
 
 A line with no words to translate (:func:`has_text`: emoji, punctuation, numbers or a link alone)
 is its own translation, unchanged but for surrounding whitespace, with the score 0.0; the model
@@ -38,6 +41,7 @@ from transformer_mt.decoding.batched import BatchCallback, decode_sources
 from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult
 from transformer_mt.errors import MTError
+from transformer_mt.text._scripts import is_word_char
 from transformer_mt.text.content import untranslatable
 
 Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
@@ -141,24 +145,114 @@ def encode_constraints(
     constraints: Sequence[Sequence[str]],
     lines: list[int],
     first_line: int = 1,
-) -> list[list[list[int]]]:
+) -> list[list[tuple[str, list[int]]]]:
     """The target ids of the constraint terms of input lines ``lines``.
 
-    Per line of ``lines`` (indices into ``constraints``), in that order, the target ids (no EOS)
-    of each of its terms, surrounding whitespace ignored. A term with no pieces (blank, or
-    nothing once normalized) is an MTError naming its line (``constraints[0]``'s is
-    ``first_line``)."""
+    Per line of ``lines`` (indices into ``constraints``), in that order, each of its terms
+    (surrounding whitespace removed) with its target ids (no EOS). A blank term is an MTError naming its
+    line (``constraints[0]``'s is ``first_line``); one the tokenizer writes as no pieces at all
+    is left out, with a warning."""
     terms = [(i, j, term.strip()) for i in lines for j, term in enumerate(constraints[i])]
     encoded = trg_tok.encode_batch([term for _, _, term in terms]) if terms else []
-    by_line: dict[int, list[list[int]]] = {i: [] for i in lines}
+    by_line: dict[int, list[tuple[str, list[int]]]] = {i: [] for i in lines}
     for (i, j, term), ids in zip(terms, encoded, strict=True):
-        if not ids:
+        if not term:
             raise MTError(
                 f"line {i + first_line}: constraint {j + 1} ({term!r}) has no target pieces: "
                 "give each term some text"
             )
-        by_line[i].append(ids)
+        if not ids:  # the tokenizer drops every character of it: the model cannot write it
+            warnings.warn(
+                f"line {i + first_line}: constraint {j + 1} ({term!r}) has no target pieces in "
+                "this model's vocabulary; the line is translated without it",
+                stacklevel=2,
+            )
+            continue
+        by_line[i].append((term, ids))
     return [by_line[i] for i in lines]
+
+
+def misspelled_terms(
+    trg_tok: Tokenizer, lines: list[int], encoded: list[list[tuple[str, list[int]]]]
+) -> dict[int, list[tuple[list[int], str]]]:
+    """Per line index, (its pieces, the term) of each term that its target pieces misspell.
+
+    A term with characters the target vocabulary lacks (``@`` in a model never trained on
+    e-mail addresses) is searched for as its pieces, ``<unk>`` included, and those pieces read
+    otherwise (``anna ⁇ mail.de``); so does one the tokenizer normalizes (a no-break space).
+    ``encoded``: :func:`encode_constraints` of ``lines``."""
+    respell: dict[int, list[tuple[list[int], str]]] = {}
+    for i, terms in zip(lines, encoded, strict=True):
+        for term, ids in terms:
+            if trg_tok.decode(ids).strip() != term:
+                respell.setdefault(i, []).append((ids, term))
+    return respell
+
+
+def _constraint_ids(
+    trg_tok: Tokenizer,
+    constraints: Sequence[Sequence[str]] | None,
+    lines: list[int],
+    first_line: int,
+) -> tuple[list[list[list[int]]] | None, dict[int, list[tuple[list[int], str]]]]:
+    """The constraints' ids of input lines ``lines`` for the search, and the misspelled terms.
+
+    (:func:`encode_constraints`, :func:`misspelled_terms`); None and none without constraints."""
+    if constraints is None:
+        return None, {}
+    encoded = encode_constraints(trg_tok, constraints, lines, first_line)
+    ids = [[term_ids for _, term_ids in line] for line in encoded]
+    return ids, misspelled_terms(trg_tok, lines, encoded)
+
+
+def word_continuations(trg_tok: Tokenizer) -> torch.Tensor:
+    """(V,) bool: the target pieces that go on with the word before them.
+
+    No word-start mark (``▁``), and a first character that is a letter or digit of a script
+    with spaces between words; a constraint's term is never followed by one (it ends a word).
+    Computed once per tokenizer."""
+    cached = _CONTINUATIONS.get(id(trg_tok))
+    if cached is not None and cached[0] is trg_tok:
+        return cached[1]
+    pieces = trg_tok.id_to_piece(range(trg_tok.vocab_size))
+    mask = torch.tensor([bool(p) and is_word_char(p[0]) for p in pieces], dtype=torch.bool)
+    _CONTINUATIONS[id(trg_tok)] = (trg_tok, mask)
+    return mask
+
+
+_CONTINUATIONS: dict[int, tuple[Tokenizer, torch.Tensor]] = {}
+
+
+def respelled(trg_tok: Tokenizer, tokens: Sequence[int], respell: Sequence[tuple]) -> str:
+    """``tokens`` as text, each misspelled term (:func:`misspelled_terms`) written as given.
+
+    The first place (left to right, not overlapping) where a term's pieces are in ``tokens``,
+    which the constrained search put there, reads as the term; a space before and after it
+    where the pieces around it start a word."""
+    places: list[tuple[int, int, str]] = []
+    for ids, term in respell:
+        taken = [range(start, end) for start, end, _ in places]
+        for start in range(len(tokens) - len(ids) + 1):
+            free = all(start >= r.stop or start + len(ids) <= r.start for r in taken)
+            if free and list(tokens[start : start + len(ids)]) == list(ids):
+                places.append((start, start + len(ids), term))
+                break
+    if not places:
+        return trg_tok.decode(tokens)
+
+    def starts_word(at: int) -> bool:
+        return at < len(tokens) and trg_tok.id_to_piece([tokens[at]])[0].startswith("\u2581")
+
+    text, at = "", 0
+    for start, end, term in sorted(places):
+        text = _words(text, trg_tok.decode(tokens[at:start]), starts_word(at))
+        text, at = _words(text, term, True), end
+    return _words(text, trg_tok.decode(tokens[at:]), starts_word(at))
+
+
+def _words(text: str, more: str, space: bool) -> str:
+    """``more`` after ``text``, with a space between where ``space`` and both have text."""
+    return f"{text} {more}" if space and text and more else text + more
 
 
 def check_beam(decode: DecodeConfig, vocab: int) -> None:
@@ -243,11 +337,7 @@ def translate_texts(
         if prefixes is None
         else encode_prefixes(trg_tok, prefixes, line_of, table - 1, first_line)
     )
-    terms = (
-        None
-        if constraints is None
-        else encode_constraints(trg_tok, constraints, line_of, first_line)
-    )
+    terms, respell = _constraint_ids(trg_tok, constraints, line_of, first_line)
     # Lines with nothing to translate are answered now, without the model.
     results: list[Translation] = [
         [(kept.get(i, ""), 0.0)] * decode.nbest for i in range(len(lines))
@@ -258,7 +348,9 @@ def translate_texts(
         def finished(positions: list[int], src: torch.Tensor, decoded: list[DecodeResult]) -> None:
             batch_lines = [line_of[p] for p in positions]
             for i, res in zip(batch_lines, decoded, strict=True):
-                results[i] = [(trg_tok.decode(h.tokens), h.score) for h in res.nbest]
+                results[i] = [
+                    (respelled(trg_tok, h.tokens, respell.get(i, ())), h.score) for h in res.nbest
+                ]
             if on_batch is not None:
                 on_batch(batch_lines, src, decoded)
             bar.update(len(positions))
@@ -272,5 +364,6 @@ def translate_texts(
             prefixes=forced,
             line_keys=keys,
             constraints=terms,
+            continues=None if terms is None else word_continuations(trg_tok),
         )
     return results

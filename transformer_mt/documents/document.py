@@ -9,7 +9,8 @@ translated (``mt translate`` in-process, ``mt serve`` through its decode worker)
     results = engine.translate(document.segments, decode, attention=True)
     data = document.render(results)
 
-What each format keeps: :mod:`~transformer_mt.documents.html` (HTML, and epub chapters),
+(:func:`~transformer_mt.documents.translate.translate_document` does so with each segment cut
+into its sentences, their translations and attention joined back.) What each format keeps: :mod:`~transformer_mt.documents.html` (HTML, and epub chapters),
 :mod:`~transformer_mt.documents.office` (.docx, .odt, .pptx, .epub). A .txt file is translated
 line by line, its empty lines and line ends kept. Segments with nothing to translate
 (:func:`has_text`: numbers, emoji, links alone) are not segments: they stay as they are.

@@ -21,8 +21,18 @@ over markup). What becomes what:
   included. A segment with nothing to translate (:func:`~transformer_mt.decoding.text.has_text`)
   is kept as it is too.
 - Text is written back with ``&``, ``<``, ``>`` and the no-break space escaped; the other
-  entities of the input come back as the characters they stand for. Attribute values
-  (``title``, ``alt``) are not translated.
+  entities of the input come back as the characters they stand for.
+- Attribute values that are text, as DeepL and Google translate them: ``alt`` (``<img>``,
+  ``<area>``, ``<input type="image">``), ``title`` and ``aria-label`` (any element),
+  ``placeholder`` (``<input>``, ``<textarea>``) and the ``content`` of
+  ``<meta name="description">``. Each value with text to translate is one more segment of the
+  page (an :class:`AttributeText`, counted against the same bound as the others), translated as
+  one line without markup and written back double-quoted, escaped as an attribute value
+  (``&``, ``<``, ``>``, ``"`` and ``'`` as entities); the rest of its tag stays as written. An
+  element with ``translate="no"`` keeps its attributes, and so do its descendants and those of
+  the elements kept as they are (``<textarea>``'s own tag excepted: its contents are what a user
+  typed, its placeholder is the page's text). An attribute written twice, or a tag that
+  :mod:`html.parser` reads otherwise than its attributes are found here, is kept as written.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from __future__ import annotations
 import bisect
 import html
 import re
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
@@ -50,6 +62,18 @@ VOID = frozenset(
     "area base br col embed hr img input link meta param source track wbr".split()
 )  # no end tag
 RAW_TEXT = frozenset({"script", "style"})  # the parser hands their text over unescaped
+Attributes = Sequence[tuple[str, "str | None"]]  # a start tag's (name, value) pairs, as parsed
+# Where an attribute value to translate sits in the markup until the page is rendered: a
+# placeholder between two of these, the first one the source does not hold (noncharacters).
+MARKERS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
+_TAG_NAME = re.compile(r"<[^\s/>]+")
+_BETWEEN = re.compile(r"(?:\s|/)*")  # between a start tag's attributes
+_ATTRIBUTE = re.compile(r"""([^\s/>][^\s/=>]*)(?:\s*=+\s*('[^']*'|"[^"]*"|(?!['"])[^>\s]*))?""")
+
+
+def _same(markup: str) -> str:
+    """Markup as it is (no placeholder to fill)."""
+    return markup
 
 
 def escape(text: str, xml: bool = False) -> str:
@@ -103,11 +127,13 @@ class Segment:
         """What the model translates: the words, one space between them."""
         return " ".join(self.words)
 
-    def render(self, result: LineResult) -> str:
-        """The segment's HTML with ``result`` (a translation of :attr:`line`) as its text."""
+    def render(self, result: LineResult, fill: Callable[[str], str] = _same) -> str:
+        """The segment's HTML with ``result`` (a translation of :attr:`line`) as its text.
+
+        ``fill`` writes the translated attribute values into its markup (never into its text)."""
         target = result.text.split()
         if not target:
-            return self.raw
+            return fill(self.raw)
         spans = _Spans(self.text)
         links = word_links(result, len(spans.starts))
         layout = _Layout(len(target))
@@ -121,10 +147,30 @@ class Segment:
             at = links.point(spans.words_before(point.at))
             glue = _glue(self.text, point.at)
             layout.add_point(point.raw, min(max(at, bounds[0]), bounds[1]), glue)
-        body = layout.render([escape(word, self.xml) for word in target])
+        body = layout.render([escape(word, self.xml) for word in target], fill)
         lead = self.text[: len(self.text) - len(self.text.lstrip())]
         trail = self.text[len(self.text.rstrip()) :]
         return lead + body + trail
+
+
+@dataclass
+class AttributeText:
+    """An attribute value to translate (see the module's docstring): one more segment of a page."""
+
+    text: str  # the value, its entities read
+    raw: str  # the value as written, quotes included (kept where nothing comes back)
+
+    @property
+    def line(self) -> str:
+        """What the model translates: the value's words, one space between them."""
+        return " ".join(self.text.split())
+
+    def render(self, result: LineResult) -> str:
+        """The attribute's value with ``result`` as its text, double-quoted and escaped."""
+        words = result.text.split()
+        if not words:
+            return self.raw
+        return '"' + html.escape(" ".join(words), quote=True) + '"'
 
 
 def _glue(text: str, at: int) -> int:
@@ -200,23 +246,23 @@ class _Layout:
         (1), or apart (0)."""
         self.points[at].append((glue, raw))
 
-    def render(self, words: list[str]) -> str:
+    def render(self, words: list[str], fill: Callable[[str], str] = _same) -> str:
         """The words with the tags between them.
 
-        At each boundary, the elements that end, a
-        space, the points, then the elements that start."""
+        At each boundary, the elements that end, a space, the points, then the elements that
+        start; ``fill`` is applied to each tag (the words are written as they are)."""
         out: list[str] = []
         for t in range(self.n + 1):
-            out.extend(reversed(self.after[t]))
-            out.extend(raw for glue, raw in self.points[t] if glue < 0)
-            apart = [raw for glue, raw in self.points[t] if glue == 0]
+            out.extend(fill(raw) for raw in reversed(self.after[t]))
+            out.extend(fill(raw) for glue, raw in self.points[t] if glue < 0)
+            apart = [fill(raw) for glue, raw in self.points[t] if glue == 0]
             if t == self.n:
                 out.extend(" " + raw for raw in apart)
             else:
                 out.append(" " if t > 0 else "")
                 out.extend(raw + " " for raw in apart)
-            out.extend(raw for glue, raw in self.points[t] if glue > 0)
-            out.extend(self.before[t])
+            out.extend(fill(raw) for glue, raw in self.points[t] if glue > 0)
+            out.extend(fill(raw) for raw in self.before[t])
             if t < self.n:
                 out.append(words[t])
         return "".join(out)
@@ -260,7 +306,8 @@ class HtmlPage:
     def __init__(self, source: str, xml: bool = False, budget: Budget | None = None) -> None:
         budget = budget or Budget(DocumentLimits.from_env(), "the HTML")
         self.xml = xml  # XHTML (an epub's chapter): text escaped as XML knows it
-        builder = _Builder(xml, budget)
+        marker = next((ch for ch in MARKERS if ch not in source), None)
+        builder = _Builder(xml, budget, marker)
         # After the last ">" nothing can end a tag, a comment or a declaration: the parser
         # would read that tail as text, but only after scanning it to its end once per "<" in it.
         end = source.rfind(">") + 1
@@ -268,25 +315,37 @@ class HtmlPage:
         parser.feed(source[:end])
         parser.close()
         if parser.cdata_elem is not None:  # an unclosed <script> or <style>: kept as written
-            builder.add("markup", "", parser.rawdata + source[end:], {})
+            builder.add("markup", "", parser.rawdata + source[end:])
         elif end < len(source):
-            builder.add("text", "", html.unescape(source[end:]), {})
+            builder.add("text", "", html.unescape(source[end:]))
         self.parts: list[str | Segment] = builder.finish()
-
-    @property
-    def segments(self) -> list[Segment]:
-        """The segments to translate, in document order."""
-        return [part for part in self.parts if isinstance(part, Segment)]
+        # the segments to translate: blocks of text and attribute values, in document order
+        self.segments: list[Segment | AttributeText] = builder.order
+        self._attributes = builder.attributes
+        self._placeholder = re.compile(f"{marker}([0-9]+){marker}") if marker else None
 
     def render(self, results: list[LineResult]) -> str:
         """The HTML with each segment's text replaced by its translation.
 
         ``results`` come in the order of :attr:`segments`."""
-        translations = iter(results)
+        if len(results) != len(self.segments):
+            raise ValueError(f"{len(results)} results for {len(self.segments)} segments")
+        found = {
+            id(segment): result for segment, result in zip(self.segments, results, strict=True)
+        }
+        fill = self._filler(found)
         return "".join(
-            part if isinstance(part, str) else part.render(next(translations))
+            fill(part) if isinstance(part, str) else part.render(found[id(part)], fill)
             for part in self.parts
         )
+
+    def _filler(self, found: dict[int, LineResult]) -> Callable[[str], str]:
+        """What writes the translated attribute values into markup, by their placeholders."""
+        pattern = self._placeholder
+        if pattern is None or not self._attributes:
+            return _same
+        values = [value.render(found[id(value)]) for value in self._attributes]
+        return lambda markup: pattern.sub(lambda m: values[int(m.group(1))], markup)
 
 
 # What ends a comment, and a marked section (<![CDATA[...]]>, <![if ...]>), in any version of
@@ -357,18 +416,18 @@ class _Events(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.budget.add_elements(1, "HTML elements")
         kind = "void" if tag in VOID else "start"
-        self.builder.add(kind, tag, self.get_starttag_text() or "", _attributes(attrs))
+        self.builder.add(kind, tag, self.get_starttag_text() or "", attrs)
         if tag in RAW_TEXT:
             self._raw_text = tag
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.budget.add_elements(1, "HTML elements")
-        self.builder.add("void", tag, self.get_starttag_text() or "", _attributes(attrs))
+        self.builder.add("void", tag, self.get_starttag_text() or "", attrs)
 
     def handle_endtag(self, tag: str) -> None:
         if tag == self._raw_text:
             self._raw_text = None
-        self.builder.add("end", tag, self._end_tag_text(tag), {})
+        self.builder.add("end", tag, self._end_tag_text(tag))
 
     def _end_tag_text(self, tag: str) -> str:
         """The end tag being handled as the source writes it (the parser lowercases names)."""
@@ -379,24 +438,66 @@ class _Events(HTMLParser):
         return raw if raw.lower().startswith(f"</{tag}") else f"</{tag}>"
 
     def handle_data(self, data: str) -> None:
-        self.builder.add("markup" if self._raw_text else "text", "", data, {})
+        self.builder.add("markup" if self._raw_text else "text", "", data)
 
     def handle_comment(self, data: str) -> None:
-        self.builder.add("markup", "", f"<!--{data}-->", {})
+        self.builder.add("markup", "", f"<!--{data}-->")
 
     def handle_decl(self, decl: str) -> None:
-        self.builder.add("markup", "", f"<!{decl}>", {})
+        self.builder.add("markup", "", f"<!{decl}>")
 
     def handle_pi(self, data: str) -> None:
-        self.builder.add("markup", "", f"<?{data}>", {})
+        self.builder.add("markup", "", f"<?{data}>")
 
     def unknown_decl(self, data: str) -> None:
-        self.builder.add("markup", "", f"<![{data}]>", {})
+        self.builder.add("markup", "", f"<![{data}]>")
 
 
-def _attributes(attrs: list[tuple[str, str | None]]) -> dict[str, str]:
+def _attributes(attrs: Attributes) -> dict[str, str]:
     """The parser's attribute pairs as a dict (a bare attribute's value: "")."""
     return {name: value or "" for name, value in attrs}
+
+
+def _text_attributes(tag: str, values: dict[str, str]) -> set[str]:
+    """The attributes of a ``tag`` start tag whose values are text to translate."""
+    names = {"title", "aria-label"}
+    if tag in ("img", "area") or (
+        tag == "input" and values.get("type", "").strip().lower() == "image"
+    ):
+        names.add("alt")
+    if tag in ("input", "textarea"):
+        names.add("placeholder")
+    if tag == "meta" and values.get("name", "").strip().lower() == "description":
+        names.add("content")
+    return names & values.keys()
+
+
+def _attribute_spans(raw: str) -> list[tuple[str, str | None, int, int]] | None:
+    """Each attribute of the start tag ``raw``: name, value as written (None: none), its span.
+
+    The value's span in ``raw`` (its quotes included); None where the tag does not read as
+    attributes (the caller then compares these with what the parser found)."""
+    name = _TAG_NAME.match(raw)
+    if name is None:
+        return None
+    found: list[tuple[str, str | None, int, int]] = []
+    at = name.end()
+    while True:
+        at = _BETWEEN.match(raw, at).end()  # type: ignore[union-attr]  # matches "" at least
+        if at >= len(raw) or raw[at] == ">":
+            return found
+        attribute = _ATTRIBUTE.match(raw, at)
+        if attribute is None:
+            return None
+        found.append((attribute.group(1).lower(), attribute.group(2), *attribute.span(2)))
+        at = attribute.end()
+
+
+def _as_parsed(value: str | None) -> str | None:
+    """An attribute value as written, read as :mod:`html.parser` reads it."""
+    if value is not None and value[:1] in ("'", '"') and value[:1] == value[-1:]:
+        value = value[1:-1]
+    return html.unescape(value) if value else value
 
 
 @dataclass
@@ -412,9 +513,12 @@ class _Opaque:
 class _Builder:
     """Parser events -> the parts of an :class:`HtmlPage` (see the module's docstring)."""
 
-    def __init__(self, xml: bool, budget: Budget) -> None:
+    def __init__(self, xml: bool, budget: Budget, marker: str | None = None) -> None:
         self.xml, self.budget = xml, budget
+        self.marker = marker  # around an attribute value's placeholder (None: none translated)
         self.parts: list[str | Segment] = []
+        self.order: list[Segment | AttributeText] = []  # the segments, as they are found
+        self.attributes: list[AttributeText] = []  # by their placeholders' numbers
         self.opaque: _Opaque | None = None
         self._reset()
 
@@ -428,19 +532,23 @@ class _Builder:
         self.stack: list[_Element] = []
         self.open: dict[str, int] = {}  # tag -> its elements on the stack
 
-    def add(self, kind: str, tag: str, text: str, attrs: dict[str, str]) -> None:
+    def add(self, kind: str, tag: str, text: str, attrs: Attributes = ()) -> None:
         """Take one parser event."""
         if self.opaque is not None:
             self._add_opaque(kind, tag, text)
-        elif kind == "text":
+            return
+        values = _attributes(attrs)
+        kept = values.get("translate", "").strip().lower() == "no"
+        opaque = tag in INLINE_OPAQUE or tag in BLOCK_OPAQUE
+        if kind in ("start", "void") and not kept and (tag == "textarea" or not opaque):
+            text = self._translate_attributes(tag, text, attrs, values)
+        if kind == "text":
             self.raw.append(escape(text, self.xml))
             self.text.append(text)
             self.length += len(text)
         elif kind == "markup":
             self._point(text)
-        elif kind == "start" and (
-            tag in INLINE_OPAQUE or tag in BLOCK_OPAQUE or attrs.get("translate") == "no"
-        ):
+        elif kind == "start" and (opaque or kept):
             self.opaque = _Opaque(tag, tag in INLINE or tag in INLINE_OPAQUE, [text])
         elif kind == "void":
             self._point(text) if tag in INLINE_VOID else self._break(text)
@@ -448,6 +556,34 @@ class _Builder:
             self._open(tag, text) if tag in INLINE else self._break(text)
         else:
             self._close(tag, text) if tag in INLINE else self._break(text)
+
+    def _translate_attributes(
+        self, tag: str, raw: str, attrs: Attributes, values: dict[str, str]
+    ) -> str:
+        """The start tag ``raw`` with each value to translate replaced by its placeholder.
+
+        Each such value becomes a segment (:class:`AttributeText`); a tag whose attributes are
+        not found here as the parser found them, or an attribute written twice, stays as it is."""
+        names = _text_attributes(tag, values)
+        if not names or self.marker is None:
+            return raw
+        spans = _attribute_spans(raw)
+        if spans is None or [(n, _as_parsed(v)) for n, v, _, _ in spans] != list(attrs):
+            return raw
+        counts = Counter(name for name, *_ in spans)
+        pieces, at = [], 0
+        for name, value, start, end in spans:
+            if name not in names or counts[name] > 1 or value is None:
+                continue
+            if not has_text(values[name]):
+                continue
+            self.budget.add_segment()
+            attribute = AttributeText(values[name], value)
+            pieces += [raw[at:start], f"{self.marker}{len(self.attributes)}{self.marker}"]
+            self.attributes.append(attribute)
+            self.order.append(attribute)
+            at = end
+        return "".join(pieces) + raw[at:]
 
     def finish(self) -> list[str | Segment]:
         """The parts, once every event was added (an element left open is kept as written)."""
@@ -514,7 +650,9 @@ class _Builder:
         text, raw = "".join(self.text), "".join(self.raw)
         if has_text(text):
             self.budget.add_segment()
-            self.parts.append(self._segment(text, raw))
+            segment = self._segment(text, raw)
+            self.parts.append(segment)
+            self.order.append(segment)
         elif raw:
             self.parts.append(raw)
         self._reset()

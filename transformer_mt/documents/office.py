@@ -3,15 +3,17 @@
 Office files for translation: .docx (python-docx), .odt (odfpy), .pptx (python-pptx) and
 .epub (its XHTML chapters through :mod:`~transformer_mt.documents.html`).
 
-Each paragraph is one segment (a table cell's, a header's, a slide's text box's, a speaker
-note's: every paragraph of the file's text parts). Inside a paragraph, the text sits in runs (a
+Each paragraph is one segment (a table cell's, a header's, a footnote's, a slide's text box's, a
+speaker note's: every paragraph of the file's text parts). Inside a paragraph, the text sits in runs (a
 word processor's stretches of one formatting: w:t, text spans, a:t); the translation is cut into
 the same runs by the words the model aligned to each run's words
 (:func:`~transformer_mt.documents.placement.distribute`): formatting follows the words as far
 as the alignment allows, and runs keep their order. Everything else -- styles, tables, images,
 fields, tabs and line breaks, slide layouts, the epub's other files -- is written back as read.
-What is left as it was: text outside paragraphs' runs (a docx's footnotes, a chart's labels),
-attribute text (alt texts), and paragraphs with nothing to translate.
+A .docx's text parts are its body, headers, footers, footnotes and endnotes (their separator
+notes, which hold a rule and no text, are left alone). What is left as it was: text outside
+paragraphs' runs (a chart's labels, comments), attribute text (alt texts), and paragraphs with
+nothing to translate.
 
 The libraries are imported when a file of their format is read: a missing one is an MTError
 naming ``pip install 'transformer-mt[documents]'``. Before a library sees a file, the zip and its
@@ -153,6 +155,9 @@ def _xml_writer(element: Any) -> Callable[[str], None]:
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
 DOCX_PARTS = ("/word/document.xml", "/word/header", "/word/footer")
+DOCX_NOTES = ("/word/footnotes.xml", "/word/endnotes.xml")  # python-docx reads them as bytes
+NOTES = {W + "footnote", W + "endnote"}
+SEPARATOR_NOTES = {"separator", "continuationSeparator", "continuationNotice"}  # no text
 
 
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # a compound file: encrypted OOXML, .doc, .ppt
@@ -175,23 +180,66 @@ def check_zip(data: bytes, suffix: str, budget: Budget) -> None:
 
 
 def read_docx(data: bytes, budget: Budget) -> Paragraphs:
-    """A .docx: the paragraphs of its body (tables and text boxes included), headers, footers."""
+    """A .docx: the paragraphs of its body, headers, footers, footnotes and endnotes.
+
+    The body's tables and text boxes included; the separator notes left alone."""
     docx = need("docx", ".docx")
-    check_zip(data, ".docx", budget)
+    check_zip(data, ".docx", budget)  # every XML member, the notes' too, before lxml reads it
     document = docx.Document(io.BytesIO(data))
     breaks = {W + "tab", W + "br", W + "cr"}
+    roots, notes = [], []
+    for part in document.part.package.iter_parts():
+        name = str(part.partname)
+        if name.startswith(DOCX_PARTS) and hasattr(part, "element"):
+            roots.append(part.element)
+        elif name in DOCX_NOTES:
+            note = _NotesPart(part)
+            notes.append(note)
+            roots += note.notes()
     paragraphs = itertools.chain.from_iterable(
-        _xml_paragraphs(part.element, W + "p", W + "t", breaks)
-        for part in document.part.package.iter_parts()
-        if str(part.partname).startswith(DOCX_PARTS) and hasattr(part, "element")
+        _xml_paragraphs(root, W + "p", W + "t", breaks) for root in roots
     )
 
     def save() -> bytes:
+        for note in notes:
+            note.write()
         out = io.BytesIO()
         document.save(out)
         return out.getvalue()
 
     return Paragraphs(paragraphs, save, budget)
+
+
+class _NotesPart:
+    """A .docx's footnotes or endnotes part: its XML, read and written back by lxml.
+
+    python-docx keeps such a part as bytes (a newer one may give its XML element: then that)."""
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+        self.parsed = not hasattr(part, "element")
+        self.element: Any = part.element if not self.parsed else None
+        if self.parsed:
+            etree = need("lxml.etree", ".docx")  # python-docx's own dependency
+            parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+            self.element = etree.fromstring(part.blob, parser)
+
+    def notes(self) -> list[Any]:
+        """Its footnotes (or endnotes) that hold text: every one but the separators."""
+        return [
+            note
+            for note in self.element
+            if note.tag in NOTES and note.get(W + "type") not in SEPARATOR_NOTES
+        ]
+
+    def write(self) -> None:
+        """Put the XML, translated, back in the part (where python-docx keeps it as bytes)."""
+        if self.parsed:
+            etree = need("lxml.etree", ".docx")
+            tree = self.element.getroottree()
+            self.part._blob = etree.tostring(
+                tree, xml_declaration=True, encoding="UTF-8", standalone=True
+            )
 
 
 def read_pptx(data: bytes, budget: Budget) -> Paragraphs:

@@ -1,7 +1,10 @@
 """A document through an engine: its segments translated as lines, rendered in its own format.
 
 :func:`translate_file` translates an .html, .docx, .odt, .pptx or .epub file into a file of the same
-format (:mod:`transformer_mt.documents.document` reads it).
+format (:mod:`transformer_mt.documents.document` reads it). A segment of several sentences (a
+paragraph) is cut into them and each is translated alone, as pasted text is
+(:func:`~transformer_mt.engines.paragraphs.translate_split`, by the rules of the model's source
+language); their attention is joined into the segment's, which places its markup.
 """
 
 from collections.abc import Sequence
@@ -9,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from transformer_mt.documents.document import SUFFIXES, Document
+from transformer_mt.engines.options import TranslateExtras
+from transformer_mt.engines.paragraphs import translate_split
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_output
 
@@ -30,10 +35,13 @@ def translate_document(
 ) -> bytes:
     """Translate ``document`` with ``engine``, in its own format.
 
-    ``document`` translated by ``engine``: its segments as lines, with their cross-attention
-    (which places the markup inside a segment), rendered in the document's format.
-    ``target``: the language a multilingual model translates into."""
-    results = engine.translate(document.segments, decode, attention=True, target=target)
+    ``document`` translated by ``engine``: its segments as lines, each cut into sentences and
+    joined back (see the module's docstring), with their cross-attention (which places the
+    markup inside a segment), rendered in the document's format. ``target``: the language a
+    multilingual model translates into."""
+    extras = TranslateExtras(split=True, source_lang=engine.src_lang)
+    lines = document.segments
+    results = translate_split(engine, lines, decode, None, target, extras, attention=True)
     return document.render(results)
 
 

@@ -2,7 +2,8 @@
 
 An :class:`~transformer_mt.engines.engine.Engine` (our Transformer, or a CTranslate2 export) takes
 lines and gives each its n-best translations (and, where asked, attention); ``load_engine`` makes
-one from a checkpoint or an export directory. Beside it: loading a checkpoint for inference
+one from a checkpoint or an export directory (``engine``: the interface a caller reads, defined in
+``base``; the engines in ``torch_engine`` and ``ct2_engine``). Beside it: loading a checkpoint for inference
 (``loading``), the int8/bf16/packed linear layers it swaps in (``linear_layers``), attention
 matrices, pictures and word alignments (``attention``), lines -> n-best with output formats
 (``lines``), and the CTranslate2 runtime with the settings file it reads (``ct2``).

@@ -20,7 +20,7 @@ from transformer_mt.data.batching import longest_first_batches
 from transformer_mt.data.languages import source_prefix, tag_ids
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.text import Translation, encode_sources, keep_untranslatable
-from transformer_mt.engines.loading import check_device
+from transformer_mt.devices import resolve_device
 from transformer_mt.errors import MTError
 
 # The file an export carries beside CTranslate2's (written by transformer_mt.convert.ctranslate2):
@@ -99,7 +99,7 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
     A one-line MTError for one that is not
     an export, or an export that was interrupted or whose settings file is damaged."""
     directory = Path(directory)
-    dev = check_device(device)
+    dev = resolve_device(device, "--device")
     if dev.type not in ("cpu", "cuda"):
         raise MTError(f"--engine ct2 runs on cpu or cuda, not {dev.type}: use --engine torch")
     check_export_directory(directory)

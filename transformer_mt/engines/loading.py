@@ -83,7 +83,7 @@ def load_for_inference(
 
     Loaded with ``weights_only=True``: a checkpoint from a stranger cannot run code.
     """
-    device = check_device(device)
+    device = resolve_device(device, "--device")
     ckpt = load_checkpoint(path)
     try:
         model = Transformer(TransformerConfig.from_args(**ckpt["model_args"]))
@@ -158,7 +158,7 @@ def agreed_precision(
         cfg = TransformerConfig.from_args(**ckpt["model_args"]).model
     except (TypeError, ValueError) as err:
         raise MTError(f"{path}: a damaged checkpoint ({err}); use another checkpoint") from err
-    on = check_device(device)
+    on = resolve_device(device, "--device")
     return _precision(cfg, on, None, given, _stored_precision(ckpt), True)
 
 
@@ -221,8 +221,3 @@ def validation_report(loaded: LoadedModel) -> dict[str, Any] | None:
         **loaded.validation,
         "signature": bleu_signature(loaded.config.train.valid_bleu_tokenize),
     }
-
-
-def check_device(name: str | torch.device) -> torch.device:
-    """``name`` as a torch device this process can use (``--device``), or a one-line MTError."""
-    return resolve_device(name, "--device")

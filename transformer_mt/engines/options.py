@@ -1,7 +1,8 @@
 """Which model translates, and how: the options `mt translate`, `mt evaluate` and `mt serve` share.
 
 Besides the model options, :class:`TranslateExtras`: what one translation may ask beyond lines,
-decode settings and a target language (prefixes, alignments, pictures, splitting, glossaries).
+decode settings and a target language (prefixes, alignments, pictures, splitting, glossaries,
+protected spans).
 
 Each is declared once here (default, help, choices, option name). The command line builds its
 options from these declarations (:func:`declared`), and the server's settings reuse them
@@ -34,7 +35,9 @@ class ModelOptions:
         choices=("torch", "ct2"),
         option="--engine",
     )
-    device: str = setting("cpu", "the model's device (cpu, cuda, cuda:1)", option="--device")
+    device: str = setting(
+        "cpu", "the model's device (auto, cpu, cuda, cuda:1 or mps)", option="--device"
+    )
     quantize: str | None = setting(
         None,
         "linear layers in int8, weights rounded per output row, activations per input row (a "
@@ -102,12 +105,15 @@ class TranslateExtras:
     attention_layer: int | None = None  # decoder layer for the pictures (None: the mean)
     progress: bool = False  # a progress bar (sentences) on stderr
     first_line: int = 1  # the number of the first line, in pictures and warnings
-    # Cut each line into sentences, translate them, join them back (engines.paragraphs); lines
-    # with attention, prefixes, alignments or pictures (all per line) are not cut.
+    # Cut each line into sentences, translate them, join them back (engines.paragraphs, their
+    # attention joined too); lines with prefixes, alignments, pictures or terms are not cut.
     split: bool = False
     source_lang: str | None = None  # the splitting rules' language; "auto": detected a line
     glossary: "Glossary | None" = None  # terms whose targets each translation must hold (torch)
     terms: Sequence[Sequence[str]] | None = None  # or, per line, the target terms themselves
+    # Carry URLs, e-mail addresses, numbers, `code` and <keep>marked</keep> spans through
+    # unchanged (text.protect), as constraints of the search (torch, beam >= 2).
+    protect: bool = False
 
     def line_terms(self, lines: Sequence[str]) -> list[list[str]] | None:
         """Per line, the target terms its translation must hold (None: no constraints)."""
@@ -119,6 +125,25 @@ class TranslateExtras:
             return [self.glossary.targets(line) for line in lines]
         return None
 
+    def constrained(self, lines: Sequence[str]) -> tuple[list[str], "TranslateExtras"]:
+        """The lines as the model reads them, and extras with their protected spans as terms.
+
+        With :attr:`protect`, each line's terms are its glossary terms and its protected spans'
+        texts, each once; without, ``lines`` and these extras come back unchanged. The lines lose the user's ``<keep>``
+        marks (the text between them stays, as a term; :func:`text.protect.as_constraints`)."""
+        if not self.protect:
+            return list(lines), self
+        from transformer_mt.text.protect import as_constraints
+
+        model_lines, terms = [], []
+        glossary_terms = self.line_terms(lines)
+        for i, line in enumerate(lines):
+            model_line, spans = as_constraints(line)
+            model_lines.append(model_line)
+            given = glossary_terms[i] if glossary_terms is not None else []
+            terms.append(list(dict.fromkeys([*given, *spans])))
+        return model_lines, dataclasses.replace(self, protect=False, glossary=None, terms=terms)
+
     def torch_only(self) -> str | None:
         """The first option given that only our torch engine gives, as the CLI names it."""
         for option, given in (
@@ -126,6 +151,7 @@ class TranslateExtras:
             ("--prefix-file", self.prefixes is not None),
             ("--alignments", self.alignments),
             ("--glossary", self.glossary is not None or self.terms is not None),
+            ("--protect", self.protect),
         ):
             if given:
                 return option
@@ -134,16 +160,20 @@ class TranslateExtras:
     def check_engine(self, kind: str) -> None:
         """A one-line MTError where the engine ``kind`` cannot give what these extras ask."""
         option = self.torch_only() if kind != "torch" else None
-        if option == "--glossary":  # CTranslate2 forces a target prefix, not terms anywhere
+        if option in ("--glossary", "--protect"):  # CTranslate2 forces a prefix, not terms
             raise MTError(
-                "--glossary needs --engine torch: CTranslate2 has no constrained search (only a "
+                f"{option} needs --engine torch: CTranslate2 has no constrained search (only a "
                 "target prefix); translate with the checkpoint the export came from"
             )
         if option is not None:
             raise MTError(f"{option} needs --engine torch (checkpoints, not an export)")
 
     def splits(self, attention: bool) -> bool:
-        """Whether lines are cut into sentences (not where a per-line extra is asked)."""
+        """Whether lines are cut into sentences (not where a per-line extra is asked).
+
+        ``attention`` does not stop it: a line's sentences' matrices are joined into one
+        (:func:`~transformer_mt.engines.paragraphs.join_attention`), given
+        ``translate_split(..., attention=attention)``."""
         per_line = self.prefixes is not None or self.alignments or self.attention_dir is not None
         per_line = per_line or self.terms is not None
-        return self.split and not (attention or per_line)
+        return self.split and not per_line

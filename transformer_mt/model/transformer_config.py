@@ -2,7 +2,7 @@
 
 :class:`TransformerConfig` is to :class:`~transformer_mt.model.Transformer` what nanoGPT's
 ``GPTConfig`` is to ``GPT``: ``Transformer(config)``. Its settings are a
-:class:`~transformer_mt.config.ModelConfig` (each field declared once in config.py, with its
+:class:`~transformer_mt.config.ModelConfig` (each field declared once in config/schema.py, with its
 default, range and help); the rest is what the data decides: the vocabulary sizes and the padding
 and BOS ids. :meth:`TransformerConfig.build` is the one function that makes it from a run's
 ModelConfig and its tokenizers.

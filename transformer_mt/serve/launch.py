@@ -25,7 +25,9 @@ def serve(path: Path | str, settings: ServeSettings) -> None:
     Requests in flight finish first, for at most ``settings.shutdown_timeout_s``. The port is
     bound first: one in use is an MTError before the model loads; so are a missing keys file and a
     mistake in the options, and a model that fails to load ends the server with its error."""
-    check_engine(settings.engine, path, settings.quantize, settings.precision)  # options first
+    check_engine(  # the options first
+        settings.engine, path, settings.quantize, settings.precision, settings.device
+    )
     Access(settings.access)  # the keys file, read and checked
     load_glossaries(settings.glossaries)  # each file read and checked
     sockets = bind_sockets(settings.host, settings.port)

@@ -17,6 +17,7 @@ with nothing to translate (emoji, punctuation, numbers, a URL) comes back unchan
 from fastapi import APIRouter, Depends, Request
 
 from transformer_mt.documents.document import FILE_FORMATS, html_segments, render_html
+from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.paragraphs import line_languages, split_lines
 from transformer_mt.errors import MTError
 from transformer_mt.serve.forms import Strict, body_schema, read_fields
@@ -58,6 +59,9 @@ class LibreRequest(Strict):
     api_key: str | None = None  # where the server has keys (`mt serve --api-keys`)
     # Ours: a glossary's name (`mt serve --glossary NAME=FILE`) or {"source term": "target"}.
     glossary: str | dict[str, str] | None = None
+    # Ours: URLs, e-mail addresses, numbers, `code` and <keep>marked</keep> text come back as
+    # they are (constraints of the search: the torch engine, a beam of 2 or more).
+    protect: bool = False
 
 
 class DetectRequest(Strict):
@@ -135,6 +139,9 @@ async def _translate_texts(
     check_lines(lines, state.limits, "q sentences", state.engine)
     glossary = _glossary(state, req.glossary)
     terms = [glossary.targets(line) for line in lines] if glossary is not None else None
+    if req.protect:
+        lines, extras = TranslateExtras(glossary=glossary, protect=True).constrained(lines)
+        terms = [list(line_terms) for line_terms in extras.terms or []]
     nbest = 1 + max(0, req.alternatives)
     # The model's decode settings, its beam capped by max_beam as /v1/translate caps it, and
     # widened to give the alternatives asked for.

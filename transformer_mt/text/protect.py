@@ -4,8 +4,8 @@ Contract: :func:`find_protected` returns the protected :class:`Span` s of a text
 never overlapping; each span's ``text`` is what the translation must contain verbatim. A caller
 either
 
-- passes ``[span.text for span in spans]`` as constraints to a constrained search (and gives the
-  model :func:`unmark` (text): the text without the user's marks), or
+- passes the spans' texts as constraints to a constrained search and gives the model the text
+  without the user's marks (:func:`as_constraints`: what ``--protect`` does), or
 - calls :func:`mask`, which replaces each span by a placeholder ``{0}``, ``{1}``... in order, and
   translates the masked text; its :class:`Restore` puts the spans back into the translation.
 
@@ -129,6 +129,18 @@ def unmark(text: str, marks: Marks = DEFAULT_MARKS) -> str:
         parts += [text[end : span.start], span.text]
         end = span.end
     return "".join(parts) + text[end:]
+
+
+def as_constraints(
+    text: str, kinds: Collection[str] = KINDS, marks: Marks | None = DEFAULT_MARKS
+) -> tuple[str, list[str]]:
+    """What a constrained search needs to carry ``text``'s protected spans through.
+
+    The text the model translates (:func:`unmark`: without the user's marks) and the spans'
+    texts, each once, in order: the terms its translation must contain verbatim."""
+    spans = find_protected(text, kinds, marks)
+    model_text = text if marks is None else unmark(text, marks)
+    return model_text, list(dict.fromkeys(span.text for span in spans))
 
 
 @dataclass(frozen=True)

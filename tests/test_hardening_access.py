@@ -1,5 +1,5 @@
 """`mt serve`'s access checks against a client that tries to get past them: X-Forwarded-For
-rotated to escape --req-limit, a batch that carries many times --char-limit, an Origin that
+or Forwarded rotated to escape --req-limit, IPv6 addresses rotated within one /64, a batch that carries many times --char-limit, an Origin that
 only starts like the key-free one or is built to make the pattern backtrack, a keys file removed
 from a running server, a Host header copied into translatedFileUrl, key names a keys file may
 not hold. Servers listen on 127.0.0.1 only; the ones that matter for proxy headers are served as
@@ -28,7 +28,9 @@ from transformer_mt.serve.access import (  # noqa: E402
     NEED_KEY,
     Access,
     add_key,
+    forwarded_nodes,
     origin_pattern,
+    rate_group,
     read_keys,
     remove_key,
 )
@@ -36,6 +38,7 @@ from transformer_mt.serve.app import _run_uvicorn, create_app  # noqa: E402
 from transformer_mt.serve.launch import bind_sockets  # noqa: E402
 from transformer_mt.serve.settings import (  # noqa: E402
     AccessSettings,
+    ApiError,
     FileSettings,
     ServeSettings,
 )
@@ -81,11 +84,14 @@ def served_as_mt_serve(settings: ServeSettings):
                 sock.close()
 
 
-def _ask(client, q="Hi", key=None, origin=None, forwarded=None):
+def _ask(client, q="Hi", key=None, origin=None, forwarded=None, rfc7239=None):
+    """A /translate request; ``forwarded``: its X-Forwarded-For, ``rfc7239``: its Forwarded."""
     body = {"q": q, "source": "en", "target": "es", **({"api_key": key} if key else {})}
     headers = {"Origin": origin} if origin else {}
     if forwarded is not None:
         headers["X-Forwarded-For"] = forwarded
+    if rfc7239 is not None:
+        headers["Forwarded"] = rfc7239
     return client.post("/translate", json=body, headers=headers)
 
 
@@ -130,6 +136,120 @@ def test_the_client_address_rules():
     assert client("::1", "::1", "::ffff:203.0.113.5") == "203.0.113.5"  # one name per client
     assert client("*", "192.0.2.1", "203.0.113.5") == "203.0.113.5"
     assert client(None, "unknown") == "unknown"
+
+
+# --- Forwarded (RFC 7239): the same rule, X-Forwarded-For first -----------------------------
+
+
+def test_a_client_rotating_forwarded_is_limited_by_default():
+    with served_as_mt_serve(ServeSettings(access=AccessSettings(req_limit=2))) as client:
+        codes = [_ask(client, rfc7239=f"for=203.0.113.{i}").status_code for i in range(3)]
+        assert codes == [200, 200, 429]
+
+
+def test_a_named_proxy_names_the_client_in_forwarded_and_x_forwarded_for_wins():
+    access = AccessSettings(req_limit=2, forwarded_allow_ips="127.0.0.1")
+    with served_as_mt_serve(ServeSettings(access=access)) as client:
+        # Each client behind the proxy has its own count (IPv6 quoted, bracketed, with a port)...
+        named = [_ask(client, rfc7239=f'for="[2001:db8:{i}::1]:4711";proto=http') for i in range(4)]
+        assert [r.status_code for r in named] == [200] * 4
+        # ...a client that writes its own header gets the element the proxy appended...
+        spoofed = [_ask(client, rfc7239=f"for=10.9.9.{i}, for=198.51.100.7") for i in range(3)]
+        assert [r.status_code for r in spoofed] == [200, 200, 429]
+        # ...and an unknown or obfuscated client counts as the proxy (the peer) does.
+        hidden = [_ask(client, rfc7239=f) for f in ("for=unknown", "for=_hidden", "for=_x")]
+        assert [r.status_code for r in hidden] == [200, 200, 429]
+        # Both headers: X-Forwarded-For names the client, a rotated Forwarded changes nothing.
+        both = [
+            _ask(client, forwarded="203.0.113.77", rfc7239=f"for=192.0.2.{i}") for i in range(3)
+        ]
+        assert [r.status_code for r in both] == [200, 200, 429]
+
+
+def test_forwarded_elements_are_read_as_rfc_7239_writes_them():
+    example = 'for=192.0.2.60;proto=http;by=203.0.113.43, for="[2001:db8:cafe::17]:4711"'
+    assert forwarded_nodes([example]) == ["192.0.2.60", "2001:db8:cafe::17"]
+    assert forwarded_nodes(['For="192.0.2.43:47011"', 'for="[::ffff:203.0.113.5]"']) == [
+        "192.0.2.43",
+        "203.0.113.5",
+    ]
+    assert forwarded_nodes([" , for=198.51.100.17 ;; proto=https ,"]) == ["198.51.100.17"]
+    unknown = [
+        "for=unknown",
+        'for="_hidden:4711"',
+        "for=_SEVKISEK",
+        "proto=https;by=10.0.0.1",  # no for=
+        "for=1.1.1.1;for=2.2.2.2",  # for= twice
+        'for=1.1.1.1;x="a;b"',  # a quoted ";" (no node holds one)
+        'for="1.1.1.1',  # an unclosed quote
+        "1.1.1.1",  # not name=value
+        "for=",
+    ]
+    assert forwarded_nodes(unknown) == [None] * len(unknown)
+
+
+def test_the_client_address_rules_with_forwarded():
+    def client(allow, peer, forwarded, x_forwarded_for=()):
+        access = Access(AccessSettings(forwarded_allow_ips=allow))
+        return access.client(peer, list(x_forwarded_for), [forwarded])
+
+    assert client(None, "192.0.2.1", "for=203.0.113.5") == "192.0.2.1"  # no proxy named
+    assert client("10.0.0.0/8", "192.0.2.1", "for=203.0.113.5") == "192.0.2.1"  # not a proxy
+    assert client("10.0.0.0/8", "10.1.2.3", "for=203.0.113.5") == "203.0.113.5"
+    chain = 'for=1.1.1.1, for="203.0.113.5:80", for=10.4.4.4'
+    assert client("10.0.0.0/8", "10.1.2.3", chain) == "203.0.113.5"
+    assert client("10.0.0.0/8", "10.1.2.3", 'for="[2001:db8::1]:4711"') == "2001:db8::1"
+    assert client("10.0.0.0/8", "10.1.2.3", "for=unknown") == "10.1.2.3"  # the peer
+    assert client("10.0.0.0/8", "10.1.2.3", "for=_hidden;proto=https") == "10.1.2.3"
+    assert client("10.0.0.0/8", "10.1.2.3", "for=1.1.1.1, for=_hidden, for=10.0.0.9") == "10.0.0.9"
+    # A quote a client opens cannot swallow the element its proxy appends.
+    assert client("10.0.0.0/8", "10.1.2.3", 'for=9.9.9.9;x=", for=203.0.113.5') == "203.0.113.5"
+    # Both headers: X-Forwarded-For wins; a blank one counts as not sent.
+    assert client("10.0.0.0/8", "10.1.2.3", "for=1.1.1.1", ["203.0.113.5"]) == "203.0.113.5"
+    assert client("10.0.0.0/8", "10.1.2.3", "for=1.1.1.1", [" "]) == "1.1.1.1"
+
+
+# --- IPv6 clients: counted by their /64 ------------------------------------------------------
+
+
+def _admitted(access: Access, client: str) -> bool:
+    try:
+        access.check(None, "", client, ["Hi"])
+    except ApiError as refused:
+        assert refused.status == 429
+        return False
+    return True
+
+
+def test_ipv6_clients_are_counted_by_their_64_and_mapped_ipv4_as_ipv4():
+    assert rate_group("2001:db8:1:2::1") == "2001:db8:1:2::/64"
+    assert rate_group("2001:db8:1:2:ffff:ffff:ffff:ffff") == "2001:db8:1:2::/64"
+    assert rate_group("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert rate_group("::ffff:192.0.2.1") == rate_group("192.0.2.1") == "192.0.2.1"
+    assert rate_group("2001:db8:1:2::1", 48) == "2001:db8:1::/48"
+    assert rate_group("testclient") == "testclient"
+    access = Access(AccessSettings(req_limit=2))
+    assert [_admitted(access, f"2001:db8:1:2::{i}") for i in range(1, 4)] == [True, True, False]
+    assert _admitted(access, "2001:db8:1:3::1")  # another /64: another count
+    assert [_admitted(access, a) for a in ("::ffff:1.2.3.4", "1.2.3.4", "1.2.3.4")] == [
+        True,
+        True,
+        False,
+    ]
+    assert _admitted(access, "1.2.3.5")  # IPv4: each address alone
+    exact = Access(AccessSettings(req_limit=1, ipv6_prefix=128))
+    assert _admitted(exact, "2001:db8::1") and _admitted(exact, "2001:db8::2")
+
+
+def test_ipv6_addresses_rotated_within_a_64_share_a_limit_through_the_server():
+    access = AccessSettings(req_limit=2, forwarded_allow_ips="127.0.0.1")
+    with served_as_mt_serve(ServeSettings(access=access)) as client:
+        rotated = [_ask(client, forwarded=f"2001:db8:1:2::{i:x}") for i in range(1, 4)]
+        assert [r.status_code for r in rotated] == [200, 200, 429]
+        assert _ask(client, forwarded="2001:db8:1:3::1").status_code == 200
+        mapped = [_ask(client, forwarded=a) for a in ("::ffff:203.0.113.9", "203.0.113.9")]
+        assert [r.status_code for r in mapped] == [200, 200]
+        assert _ask(client, forwarded="::ffff:203.0.113.9").status_code == 429
 
 
 @pytest.mark.parametrize("value", ["localhost", "10.0.0.0/33", "1.2.3.4,,x"])

@@ -504,3 +504,52 @@ def test_a_parsing_process_ends_when_its_server_is_killed():
         time.sleep(0.2)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the parsing process outlived its parent")
+
+
+# --- 5. HTML entities: a reference to an unknown entity comes back as written -------------------
+
+
+def same(document) -> list[LineResult]:
+    """Each segment as it is (the identity translation)."""
+    return [LineResult(line, 0.0, [(line, 0.0)]) for line in document.segments]
+
+
+def test_an_unknown_entity_comes_back_as_written_and_known_ones_as_their_characters():
+    fragment = "<p>Caf&eacute; &foo; caf&#233; &amp; & more</p>"
+    document = html_document(fragment)
+    assert document.segments == ["Café café & & more"]  # &foo; is kept, never translated
+    assert document.render(upper(document)).decode() == "<p>CAFÉ &foo; CAFÉ &amp; &amp; MORE</p>"
+    assert document.render(same(document)).decode() == "<p>Café &foo; café &amp; &amp; more</p>"
+
+
+def test_unknown_entities_in_kept_markup_attributes_a_doctype_and_the_tail_are_as_written():
+    cases = {
+        "<p>a &amp;foo; b</p>": "<p>A &amp;FOO; B</p>",  # an escaped "&foo;" is text
+        "<p>AT&T; &my-entity.x; &notit; x</p>": "<p>AT&T; &my-entity.x; ¬IT; X</p>",
+        "<pre>x &foo; y</pre><p>&foo;</p>": "<pre>x &foo; y</pre><p>&foo;</p>",
+        '<p>x <img alt="an &foo; logo"> y <img alt="a &amp; b"> z</p>': (
+            '<p>X <img alt="an &foo; logo"> Y <img alt="A &amp; B"> Z</p>'
+        ),
+        "<p>a</p>tail &bar; end": "<p>A</p>TAIL &bar; END",
+        # a "<" that starts no tag (read as text up to the next "<" or ">")
+        "<p>x <a b='y &foo; z": "<p>X &lt;A B='Y &foo; Z",
+        "<p>1 < 2 &foo; 3 <!--a>&foo; b": "<p>1 &lt; 2 &foo; 3 &lt;!--A&gt;&foo; B",
+    }
+    for fragment, expected in cases.items():
+        document = html_document(fragment)
+        assert document.render(upper(document)).decode() == expected, fragment
+    page = (
+        DOCTYPE + '<html xmlns="http://www.w3.org/1999/xhtml"><body><p>Our &logo; is &eacute;</p>'
+        "</body></html>"
+    )
+    book = read_document(epub(page), ".epub", "b.epub")
+    chapter = zipfile.ZipFile(io.BytesIO(book.render(upper(book)))).read("OEBPS/ch1.xhtml")
+    assert chapter.decode() == page.replace("Our &logo; is &eacute;", "OUR &logo; IS É")
+
+
+def test_html_full_of_entity_references_is_read_in_linear_time():
+    for make in (lambda n: "<p>" + "&foo; x " * n, lambda n: "<p>x" + "<!--a>&b; " * n):
+        small, large = make(4_000), make(16_000)
+        times = [(_seconds(small), _seconds(large)) for _ in range(3)]
+        least_small, least_large = (min(runs) for runs in zip(*times, strict=True))
+        assert least_large < 4.0 and least_large < 10 * max(least_small, 0.005), times

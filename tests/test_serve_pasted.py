@@ -219,3 +219,137 @@ def test_a_pair_the_model_lacks_is_named_as_libretranslate_names_it():
         reply.json()["error"]
         == "French (fr) is not available as a target language from German (de)"
     )
+
+
+# --- HTML bodies and documents: their segments split into sentences, as `mt translate` does ---
+
+
+def _library_html(engine, html: str) -> str:
+    """``html`` translated by the library's document path (``mt translate`` on a document)."""
+    from transformer_mt.documents.document import html_document
+    from transformer_mt.documents.translate import translate_document
+
+    return translate_document(engine, html_document(html), engine.decode).decode("utf-8")
+
+
+def _untagged(html: str) -> str:
+    import re
+
+    return re.sub(r"<[^>]*>", "", html)
+
+
+@pytest.mark.parametrize(
+    ("html", "first", "second", "marked"),
+    [
+        (
+            "<p>First sentence. <b>Second</b> sentence here.</p>",
+            "First sentence.",
+            "Second sentence here.",
+            "Second",
+        ),
+        (
+            "<p>The light friend saw the blue letter.\n   The <b>friend</b> closed the woman.</p>",
+            "The light friend saw the blue letter.",
+            "The friend closed the woman.",
+            "friend",
+        ),
+    ],
+)
+def test_an_html_body_is_translated_sentence_by_sentence_as_mt_translate_does(
+    torch_served, html, first, second, marked
+):
+    client, engine = torch_served
+    body = {"q": html, "source": "src", "target": "trg", "format": "html"}
+    reply = client.post("/translate", json=body)
+    assert reply.status_code == 200, reply.text
+    translated = reply.json()["translatedText"]
+    assert translated == _library_html(engine, html)  # byte for byte, spacing included
+    alone = [r.text for r in engine.translate([first, second], engine.decode)]
+    whole = engine.translate([f"{first} {second}"], engine.decode)[0].text
+    assert _untagged(translated) == f"{alone[0]} {alone[1]}" != whole
+    # The <b> of the second sentence's word lands on the second sentence's translation.
+    assert translated.startswith(f"<p>{alone[0]} ") and translated.endswith("</p>")
+    bold = translated[translated.index("<b>") + 3 : translated.index("</b>")]
+    assert bold and bold in alone[1] and bold not in alone[0]
+
+
+def test_html_sentences_count_against_the_request_limits(torch_served):
+    client, _ = torch_served
+    many = " ".join(["The friend closed the woman."] * (LIMITS.max_lines + 1))
+    body = {"q": f"<p>{many}</p>", "source": "src", "target": "trg", "format": "html"}
+    reply = client.post("/translate", json=body)
+    assert reply.status_code == 413
+    assert reply.json()["error"] == (
+        f"q sentences: {LIMITS.max_lines + 1} lines exceed max_lines={LIMITS.max_lines} per request"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        (
+            "letter.txt",
+            b"The light friend saw the blue letter.  The friend closed the woman.\n\n"
+            b"The friend closed the woman.\n",
+        ),
+        (
+            "page.html",
+            b"<html><body><p>The light friend saw the blue letter. The <b>friend</b> closed "
+            b"the woman.</p><p>The friend closed the woman.</p></body></html>",
+        ),
+    ],
+)
+def test_an_uploaded_document_is_translated_sentence_by_sentence(torch_served, name, data):
+    from transformer_mt.documents.document import read_document
+    from transformer_mt.documents.translate import translate_document
+
+    client, engine = torch_served
+    fields = {"source": "src", "target": "trg"}
+    reply = client.post("/translate_file", data=fields, files={"file": (name, data)})
+    assert reply.status_code == 200, reply.text
+    download = client.get(reply.json()["translatedFileUrl"])
+    assert download.status_code == 200
+    document = read_document(data, Path(name).suffix, name)
+    assert download.content == translate_document(engine, document, engine.decode)
+    first, second = "The light friend saw the blue letter.", "The friend closed the woman."
+    alone = [r.text for r in engine.translate([first, second], engine.decode)]
+    assert f"{alone[0]} {alone[1]}" in _untagged(download.content.decode("utf-8"))
+
+
+def test_html_with_source_auto_splits_each_fragment_by_its_own_language(multi_served):
+    client, engine = multi_served
+    # German rules read "19." and "3." as ordinals; French ones cut after "3.".
+    html = [
+        "<p>Er kam am 19. Mai. Dann ging er.</p>",
+        "<p>Il a lu le chapitre 3. Puis il est parti.</p>",
+    ]
+    body = {"q": html, "source": "auto", "target": "en", "format": "html"}
+    reply = client.post("/translate", json=body)
+    assert reply.status_code == 200, reply.text
+    assert engine.calls[-1] == [
+        "Er kam am 19. Mai.",
+        "Dann ging er.",
+        "Il a lu le chapitre 3.",
+        "Puis il est parti.",
+    ]
+    assert reply.json()["translatedText"] == [
+        "<p>ER KAM AM 19. MAI. DANN GING ER.</p>",
+        "<p>IL A LU LE CHAPITRE 3. PUIS IL EST PARTI.</p>",
+    ]
+    assert [d["language"] for d in reply.json()["detectedLanguage"]] == ["de", "fr"]
+
+
+def test_a_document_with_source_auto_is_split_by_its_detected_language(multi_served):
+    client, engine = multi_served
+    # French rules cut after "3."; German ones, the model's first source, read an ordinal.
+    data = "Il a lu le chapitre 3. Puis il est parti.\n\nLa maison est très belle.\n".encode()
+    fields = {"source": "auto", "target": "en"}
+    reply = client.post("/translate_file", data=fields, files={"file": ("lettre.txt", data)})
+    assert reply.status_code == 200, reply.text
+    assert engine.calls[-1] == [
+        "Il a lu le chapitre 3.",
+        "Puis il est parti.",
+        "La maison est très belle.",
+    ]
+    download = client.get(reply.json()["translatedFileUrl"])
+    assert download.content == data.decode().upper().encode()

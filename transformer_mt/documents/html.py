@@ -21,7 +21,10 @@ over markup). What becomes what:
   included. A segment with nothing to translate (:func:`~transformer_mt.decoding.text.has_text`)
   is kept as it is too.
 - Text is written back with ``&``, ``<``, ``>`` and the no-break space escaped; the other
-  entities of the input come back as the characters they stand for.
+  entities of the input come back as the characters they stand for (``&eacute;`` and ``&#233;``
+  as ``é``). A named reference that stands for no entity :mod:`html` knows (``&foo;``, an
+  entity a DOCTYPE declares, a template's placeholder) comes back exactly as written, never as
+  ``&amp;foo;``: it is kept whole at its place, as an ``<img>`` is, and the model never sees it.
 - Attribute values that are text, as DeepL and Google translate them: ``alt`` (``<img>``,
   ``<area>``, ``<input type="image">``), ``title`` and ``aria-label`` (any element),
   ``placeholder`` (``<input>``, ``<textarea>``) and the ``content`` of
@@ -32,7 +35,8 @@ over markup). What becomes what:
   element with ``translate="no"`` keeps its attributes, and so do its descendants and those of
   the elements kept as they are (``<textarea>``'s own tag excepted: its contents are what a user
   typed, its placeholder is the page's text). An attribute written twice, or a tag that
-  :mod:`html.parser` reads otherwise than its attributes are found here, is kept as written.
+  :mod:`html.parser` reads otherwise than its attributes are found here, is kept as written;
+  so is a value that holds a reference to an unknown entity (``alt="&product; logo"``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ MARKERS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
 _TAG_NAME = re.compile(r"<[^\s/>]+")
 _BETWEEN = re.compile(r"(?:\s|/)*")  # between a start tag's attributes
 _ATTRIBUTE = re.compile(r"""([^\s/>][^\s/=>]*)(?:\s*=+\s*('[^']*'|"[^"]*"|(?!['"])[^>\s]*))?""")
+# A named character reference, its name an XML name (a DOCTYPE's own entities included).
+_NAMED_REFERENCE = re.compile(r"&[A-Za-z_:][-A-Za-z0-9._:]*;")
 
 
 def _same(markup: str) -> str:
@@ -82,6 +88,36 @@ def escape(text: str, xml: bool = False) -> str:
     Text as HTML: ``&``, ``<``, ``>`` and the no-break space as entities (``&#160;`` for
     XHTML, which knows no ``&nbsp;``)."""
     return html.escape(text, quote=False).replace("\xa0", "&#160;" if xml else "&nbsp;")
+
+
+def _unknown_references(written: str) -> list[re.Match[str]]:
+    """The named references in ``written`` (text as written) that stand for no known entity.
+
+    Those :func:`html.unescape` leaves as they are: html.parser hands them over as text, which
+    would be written back escaped (``&amp;foo;``)."""
+    if "&" not in written:
+        return []
+    return [
+        found
+        for found in _NAMED_REFERENCE.finditer(written)
+        if html.unescape(found.group()) == found.group()
+    ]
+
+
+def _text_events(written: str) -> list[tuple[str, str]]:
+    """Text as written, as :class:`_Builder` events: text, and unknown entities kept as markup.
+
+    ("text", its entities read) and, for each reference to an unknown entity, ("markup", the
+    reference as written)."""
+    events, at = [], 0
+    for found in _unknown_references(written):
+        if at < found.start():
+            events.append(("text", html.unescape(written[at : found.start()])))
+        events.append(("markup", found.group()))
+        at = found.end()
+    if at < len(written):
+        events.append(("text", html.unescape(written[at:])))
+    return events
 
 
 @dataclass
@@ -316,8 +352,9 @@ class HtmlPage:
         parser.close()
         if parser.cdata_elem is not None:  # an unclosed <script> or <style>: kept as written
             builder.add("markup", "", parser.rawdata + source[end:])
-        elif end < len(source):
-            builder.add("text", "", html.unescape(source[end:]))
+        else:
+            for kind, text in _text_events(source[end:]):
+                builder.add(kind, "", text)
         self.parts: list[str | Segment] = builder.finish()
         # the segments to translate: blocks of text and attribute values, in document order
         self.segments: list[Segment | AttributeText] = builder.order
@@ -429,16 +466,42 @@ class _Events(HTMLParser):
             self._raw_text = None
         self.builder.add("end", tag, self._end_tag_text(tag))
 
+    def _offset(self) -> int:
+        """Where in the source the event being handled starts (-1: not known)."""
+        line, column = self.getpos()
+        return self._line_starts[line - 1] + column if line <= len(self._line_starts) else -1
+
     def _end_tag_text(self, tag: str) -> str:
         """The end tag being handled as the source writes it (the parser lowercases names)."""
-        line, column = self.getpos()
-        at = self._line_starts[line - 1] + column if line <= len(self._line_starts) else -1
+        at = self._offset()
         end = self._source.find(">", at) if at >= 0 else -1
         raw = self._source[at : end + 1] if end >= 0 else ""
         return raw if raw.lower().startswith(f"</{tag}") else f"</{tag}>"
 
     def handle_data(self, data: str) -> None:
-        self.builder.add("markup" if self._raw_text else "text", "", data)
+        written = None if self._raw_text or "&" not in data else self._written(data)
+        if written is None:
+            self.builder.add("markup" if self._raw_text else "text", "", data)
+            return
+        for kind, text in _text_events(written):  # references to unknown entities as written
+            self.builder.add(kind, "", text)
+
+    def _written(self, data: str) -> str | None:
+        """The source text that the parser read as the text ``data`` (None: not found).
+
+        The parser hands text over with its entities read (``convert_charrefs``): text up to
+        the next "<" (or the end), or a "<" that starts no tag up to the next ">" or alone (the
+        ends tried here, each no farther than the parser itself looked); the one that reads as
+        ``data`` is the text as written."""
+        at, source = self._offset(), self._source
+        if at < 0:
+            return None
+        next_tag = source.find("<", at + 1)
+        ends = (len(source) if next_tag < 0 else next_tag, source.find(">", at) + 1, at + 1)
+        for end in ends:
+            if end > at and html.unescape(source[at:end]) == data:
+                return source[at:end]
+        return None
 
     def handle_comment(self, data: str) -> None:
         self.builder.add("markup", "", f"<!--{data}-->")
@@ -575,8 +638,8 @@ class _Builder:
         for name, value, start, end in spans:
             if name not in names or counts[name] > 1 or value is None:
                 continue
-            if not has_text(values[name]):
-                continue
+            if not has_text(values[name]) or _unknown_references(value):
+                continue  # nothing to translate, or a reference to keep as written
             self.budget.add_segment()
             attribute = AttributeText(values[name], value)
             pieces += [raw[at:start], f"{self.marker}{len(self.attributes)}{self.marker}"]

@@ -15,8 +15,11 @@ What a translating request meets, in LibreTranslate's order and with its answers
    stall the server): 400 "Please contact the server operator to get an API key";
 3. more requests in the last minute than the limit (per key: the key's own; otherwise per
    client address: ``req_limit``): 429 "Slowdown: N per 1 minute" with ``Retry-After``. The
-   client address is the connection's peer; X-Forwarded-For is read only from the proxies
-   ``forwarded_allow_ips`` names (:meth:`Access.client`);
+   client address is the connection's peer; X-Forwarded-For, or else RFC 7239's Forwarded, is
+   read only from the proxies ``forwarded_allow_ips`` names (:meth:`Access.client`). An IPv4
+   client is counted by its address, an IPv6 one by its network of ``ipv6_prefix`` bits (a /64:
+   one host usually owns a whole /64, and would otherwise get a new limit with each address it
+   takes from it; :func:`rate_group`);
 4. more characters than the character limit (the key's, or ``char_limit``), the texts of a
    batch summed: 400 "Invalid request: request (N) exceeds text limit (L)".
 
@@ -297,21 +300,35 @@ class Access:
                 found = entry
         return found
 
-    def client(self, peer: str, forwarded_for: list[str]) -> str:
+    def client(
+        self, peer: str, forwarded_for: list[str], forwarded: list[str] | None = None
+    ) -> str:
         """The address a request's limit counts: its peer's, or the client its proxies name.
 
         Only a peer that ``forwarded_allow_ips`` trusts may name another client. Its
-        X-Forwarded-For addresses (``forwarded_for``: the header's values) are read from the
-        right, as each proxy appends the address it got the request from: the first one that
-        is not a trusted proxy is the client. An entry that is no IP address ends the reading
-        (the last trusted proxy counts). Addresses are written as :mod:`ipaddress` writes them
-        (an IPv4-mapped IPv6 address as IPv4), so that one client has one name."""
+        X-Forwarded-For addresses (``forwarded_for``: the header's values), or, where it sent
+        none, the ``for=`` nodes of its Forwarded header (``forwarded``: RFC 7239, read by
+        :func:`forwarded_nodes`), are read from the right, as each proxy appends the address it
+        got the request from: the first one that is not a trusted proxy is the client. An entry
+        that is no IP address (junk; in Forwarded also ``for=unknown``, an obfuscated ``_hidden``,
+        an element without ``for=``) ends the reading: the last trusted proxy counts, the peer
+        where it is the only one. Addresses are written as :mod:`ipaddress` writes them (an
+        IPv4-mapped IPv6 address as IPv4), so that one client has one name.
+
+        Where both headers are sent, X-Forwarded-For wins and Forwarded is not read. The proxies
+        in common use (nginx, Apache, HAProxy, Traefik, Caddy, cloud load balancers) write
+        X-Forwarded-For and pass a Forwarded header that a client wrote on untouched: were
+        Forwarded to win, such a client could name itself anew with each request. uvicorn's
+        ProxyHeadersMiddleware reads X-Forwarded-For alone. A proxy that writes Forwarded only
+        must drop the X-Forwarded-For a client sends."""
         client = _address(peer) or peer
-        if not forwarded_for or not self._trusts(client):
+        if not self._trusts(client):
             return client
-        hops = [hop for value in forwarded_for for hop in value.split(",")]
-        for hop in reversed(hops):
-            address = _address(hop)
+        if any(value.strip() for value in forwarded_for):
+            hops = [_address(hop) for value in forwarded_for for hop in value.split(",")]
+        else:
+            hops = forwarded_nodes(forwarded or [])
+        for address in reversed(hops):
             if address is None:
                 break
             client = address
@@ -358,7 +375,11 @@ class Access:
         limit = (entry and entry.req_limit) or self.settings.req_limit
         if not limit:
             return
-        who = f"key:{entry.sha256}" if entry else f"client:{client}"
+        who = (
+            f"key:{entry.sha256}"
+            if entry
+            else f"client:{rate_group(client, self.settings.ipv6_prefix)}"
+        )
         wait = self.limiter.admit(who, limit)
         if wait is not None:
             retry = str(max(1, math.ceil(wait)))
@@ -380,6 +401,70 @@ def _address(text: str) -> str | None:
         return None
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
     return str(mapped or ip)
+
+
+def rate_group(client: str, ipv6_prefix: int = 64) -> str:
+    """What a client's requests are counted under for ``req_limit``.
+
+    An IPv4 address alone; an IPv6 address's network of ``ipv6_prefix`` bits
+    (``2001:db8:1:2::/64``: a host is usually given a whole /64, and could take a new address
+    from it for each request); an IPv4-mapped IPv6 address (``::ffff:192.0.2.1``) as the IPv4
+    address it is. What is no IP address (a test client's name, "unknown") is counted as it is.
+    """
+    try:
+        ip = ipaddress.ip_address(client.strip("[]"))
+    except ValueError:
+        return client
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((ip, ipv6_prefix), strict=False))
+
+
+# One parameter of a Forwarded element: a name, "=", a token or a quoted string (RFC 7239).
+_FORWARDED_PAIR = re.compile(
+    r"""\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)"""  # the name: a token
+    r"""\s*=\s*("(?:[^"\\]|\\.)*"|[^\s";,]*)\s*"""  # the value: quoted, or up to the next space
+)
+
+
+def forwarded_nodes(values: list[str]) -> list[str | None]:
+    """The client address of each element of RFC 7239 Forwarded headers, left to right.
+
+    ``Forwarded: for=192.0.2.60;proto=http, for="[2001:db8::1]:4711"`` gives ``192.0.2.60``
+    and ``2001:db8::1`` (written as :func:`_address` writes them: ports dropped, an
+    IPv4-mapped address as IPv4). None for an element whose ``for=`` is no IP address
+    (``unknown``, an obfuscated identifier such as ``_hidden``), that has no ``for=`` or
+    two, or that does not read as ``name=value`` pairs.
+
+    Each element is read alone, split at every comma (and into pairs at every semicolon): no
+    node holds either, and so no quoted string a client opens can join the element its proxy
+    appends after it (an element with a quoted comma or semicolon elsewhere reads as None, as
+    an unknown client does). Empty elements and pairs are skipped, as RFC 7239 allows.
+    """
+    nodes: list[str | None] = []
+    for element in (part for value in values for part in value.split(",")):
+        if element.strip():
+            nodes.append(_forwarded_for(element))
+    return nodes
+
+
+def _forwarded_for(element: str) -> str | None:
+    """The IP address of one Forwarded element's ``for=`` (None: none, see forwarded_nodes)."""
+    found: list[str] = []
+    for pair in element.split(";"):
+        if not pair.strip():
+            continue
+        match = _FORWARDED_PAIR.fullmatch(pair)
+        if match is None:
+            return None  # not RFC 7239's syntax: nothing of this element is believed
+        if match.group(1).lower() == "for":
+            value = match.group(2)
+            if value.startswith('"'):
+                value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            found.append(value)
+    return _address(found[0]) if len(found) == 1 else None
 
 
 def origin_pattern(pattern: str | None) -> Any:

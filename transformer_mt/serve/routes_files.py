@@ -5,9 +5,12 @@ LibreTranslate's file translation: ``POST /translate_file`` (multipart: ``file``
 /download_file/NAME`` -> the translated file, as an attachment named after the upload.
 
 A file is read by :mod:`~transformer_mt.documents.document` (its structure kept), its segments
-decoded through the decode worker with their attention (which places inline markup), and the
-translated file kept by the :class:`~transformer_mt.serve.file_store.FileStore` under a
-name the server makes.
+cut into sentences (by the rules of ``source``; for "auto", of the language detected from the
+document's start) and decoded through the decode worker with their attention, each segment
+joined back from its sentences' translations and attention, which places its inline markup
+(:func:`~transformer_mt.serve.state.decode_segments`, as ``mt translate`` translates a
+document), and the translated file kept by the
+:class:`~transformer_mt.serve.file_store.FileStore` under a name the server makes.
 """
 
 import re
@@ -35,10 +38,11 @@ from transformer_mt.serve.settings import ApiError
 from transformer_mt.serve.state import (
     ServerState,
     check_languages,
-    decode_lines,
+    decode_segments,
     document_limits,
     parse,
     request_decode,
+    segment_languages,
     server_state,
 )
 
@@ -67,12 +71,14 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
         raise ApiError(400, "Invalid request: file format not supported", detail=formats)
     check_languages(state, fields.source, fields.target)
     state.check_access(request, fields.api_key, [])
-    # Read (and, translated, read again and written) in a parsing process: never on the event loop.
+    # Read, split, joined (and, translated, read again and written) in a parsing process:
+    # never on the event loop.
     limits = document_limits()
     segments = await parse(state, document_segments, data, suffix, filename, limits)
+    languages = segment_languages(state.engine, [segments], fields.source)
     decode = request_decode(state.engine.decode, {}, state.limits, {})
     target = fields.target if state.engine.lang_tags else None
-    results = await decode_lines(state, request, segments, decode, True, target)
+    results = await decode_segments(state, request, segments, languages, decode, target)
     translated = await parse(state, render_document, data, suffix, filename, limits, results)
     name = await run_in_threadpool(state.files.put, translated, suffix, _download_name(filename))
     return {"translatedFileUrl": _file_url(request, state, name)}

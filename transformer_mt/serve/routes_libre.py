@@ -9,8 +9,9 @@
 "alternatives": ..., "detectedLanguage": ...}``, its fields from JSON, a form body (urlencoded
 or multipart) or the query string. A text of several lines is translated line by line; a line
 with nothing to translate (emoji, punctuation, numbers, a URL) comes back unchanged, undecoded.
-``format: "html"``: the fragment's text is translated and its markup kept
-(:mod:`~transformer_mt.documents.document`). Refusals carry LibreTranslate's error text first
+``format: "html"``: the fragment's text is translated sentence by sentence, as plain text is, and
+its markup kept (:mod:`~transformer_mt.documents.document`; the sentences' attention, joined,
+places inline markup). Refusals carry LibreTranslate's error text first
 ("Invalid request: missing q parameter", "zz is not supported", ...), ours after it.
 """
 
@@ -29,9 +30,11 @@ from transformer_mt.serve.state import (
     check_languages,
     check_lines,
     decode_lines,
+    decode_segments,
     document_limits,
     parse,
     request_decode,
+    segment_languages,
     server_state,
 )
 from transformer_mt.text.content import has_text
@@ -79,7 +82,8 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
     state.check_access(request, req.api_key, texts)
     target = req.target if state.engine.lang_tags else None
     if req.format == "html":
-        translated, alternatives = await _translate_html(state, request, texts, target), None
+        html = await _translate_html(state, request, req.source, texts, target)
+        translated, alternatives = html, None
     else:
         translated, alternatives = await _translate_texts(state, request, req, texts, target)
     reply: dict = {"translatedText": translated}
@@ -190,23 +194,33 @@ def _detected(state: ServerState, text: str) -> list[dict]:
 
 
 async def _translate_html(
-    state: ServerState, request: Request, texts: list[str], target: str | None
+    state: ServerState,
+    request: Request,
+    source: str | None,
+    texts: list[str],
+    target: str | None,
 ) -> list[str]:
-    """HTML fragments translated, their markup kept.
+    """HTML fragments translated sentence by sentence, their markup kept.
 
-    HTML fragments: their text translated (with attention, which places inline markup),
-    their markup kept. Parsed (and, translated, parsed again and written) in a parsing process
-    where they are not small (:func:`parse`): never for long on the event loop; a fragment
-    stops being read past max_lines segments."""
+    Each fragment's segments (its blocks of text) are cut into sentences (by the rules of
+    ``source``, or of each fragment's detected language for "auto"), the sentences of all
+    fragments are decoded together with their attention, and each segment is joined back from
+    its sentences' translations and attention, which places its inline markup
+    (:func:`decode_segments`, as ``mt translate`` translates a document). Parsed, split, joined
+    (and, translated, parsed again and written) in a parsing process where they are not small
+    (:func:`parse`): never for long on the event loop; a fragment stops being read past
+    max_lines segments, and the sentences count against the request limits."""
     most = state.limits.max_lines
     why = {"max_segments": f"max_lines={most} per request: mt serve --max-lines"}
     limits = document_limits(why, max_segments=most)
     here = sum(len(text) for text in texts) <= INLINE_PARSE_CHARS
     found = await parse(state, html_segments, texts, limits, "q", here=here)
     segments = [segment for text in found for segment in text]
-    check_lines(segments, state.limits, "q segments", state.engine)
+    languages = segment_languages(state.engine, found, source)
     decode = request_decode(state.engine.decode, {}, state.limits, LIBRE_NAMES)
-    results = await decode_lines(state, request, segments, decode, True, target)
+    results = await decode_segments(
+        state, request, segments, languages, decode, target, "q sentences", here=here
+    )
     grouped, start = [], 0
     for text in found:
         grouped.append(results[start : start + len(text)])

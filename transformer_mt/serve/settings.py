@@ -240,6 +240,13 @@ class AccessSettings:
         range=AT_LEAST_0,
         option="--req-limit",
     )
+    ipv6_prefix: int = setting(
+        64,
+        "--req-limit counts an IPv6 client by the network of this many leading bits of its "
+        "address (a host usually owns a whole /64), an IPv4 client by its address",
+        range=Range(1, 128),
+        option="--ipv6-prefix",
+    )
     char_limit: int = setting(
         0,
         "characters per request, the texts of a batch together, LibreTranslate's (per key: the "
@@ -249,9 +256,10 @@ class AccessSettings:
     )
     forwarded_allow_ips: str | None = setting(
         None,
-        "the proxies trusted to name the client in X-Forwarded-For (for --req-limit): "
+        "the proxies trusted to name the client in X-Forwarded-For or Forwarded (for "
+        "--req-limit): "
         "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8), or * for every peer; "
-        "none: no proxy, the header is ignored",
+        "none: no proxy, the headers are ignored",
         option="--forwarded-allow-ips",
     )
 

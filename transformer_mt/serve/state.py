@@ -1,8 +1,9 @@
 """What the routes share: the server's parts, its readiness, the decode call.
 
 What the routes share: the server's parts (injected with ``Depends(server_state)``), what
-answers before the model is loaded (``Depends(process_state)``: readiness, metrics), and the
-one way a route has lines decoded."""
+answers before the model is loaded (``Depends(process_state)``: readiness, metrics), the
+one way a route has lines decoded, and documents' segments decoded sentence by sentence
+(:func:`decode_segments`), parsed, split and joined off the event loop (:func:`parse`)."""
 
 import asyncio
 import dataclasses
@@ -25,6 +26,7 @@ from transformer_mt.documents.limits import (
     parse_worker_init,
 )
 from transformer_mt.engines.engine import Engine
+from transformer_mt.engines.paragraphs import line_languages, split_lines
 from transformer_mt.engines.results import LineResult, empty_result
 from transformer_mt.errors import MTError
 from transformer_mt.serve.access import Access
@@ -57,11 +59,14 @@ class ServerState:
     def check_access(self, request: Request, api_key: str | None, texts: list[str]) -> None:
         """The access checks (:class:`Access`) of a request from its key, Origin and address.
 
-        The address is the connection's peer, or the client that X-Forwarded-For names where
-        that peer is a trusted proxy (:meth:`Access.client`; uvicorn's own reading of the
-        header is off)."""
+        The address is the connection's peer, or the client that X-Forwarded-For (or else
+        Forwarded) names where that peer is a trusted proxy (:meth:`Access.client`; uvicorn's
+        own reading of the header is off)."""
         peer = request.client.host if request.client else "unknown"
-        client = self.access.client(peer, request.headers.getlist("x-forwarded-for"))
+        headers = request.headers
+        client = self.access.client(
+            peer, headers.getlist("x-forwarded-for"), headers.getlist("forwarded")
+        )
         self.access.check(api_key, request.headers.get("origin", ""), client, texts)
 
 
@@ -310,7 +315,10 @@ class Parsing:
 
 
 async def parse(state: ServerState, fn: Callable[..., Any], *args: Any, here: bool = False) -> Any:
-    """``fn(*args)``, a torch-free reader of :mod:`~transformer_mt.documents`, off the event loop.
+    """``fn(*args)``, torch-free document work, off the event loop.
+
+    ``fn``: a reader of :mod:`~transformer_mt.documents`, or the splitting of segments into
+    sentences and the joining of their results (:func:`decode_segments`).
 
     It runs in a parsing process (``files.parse_processes`` at once, each at a lower CPU
     priority with its address space bounded: a parse never holds the GIL that the event loop
@@ -344,6 +352,60 @@ async def parse(state: ServerState, fn: Callable[..., Any], *args: Any, here: bo
         raise ApiError(
             422, "the document could not be parsed: its parsing process died (out of memory?)"
         ) from None
+
+
+async def decode_segments(
+    state: ServerState,
+    request: Request,
+    segments: list[str],
+    languages: list[str],
+    decode: DecodeConfig,
+    target: str | None,
+    field: str | None = None,
+    here: bool = False,
+) -> list[LineResult]:
+    """One result per document segment, with attention, from its sentences' translations.
+
+    As ``mt translate`` translates a document
+    (:func:`~transformer_mt.documents.translate.translate_document`): each segment is cut into
+    sentences by the rules of its language (``languages``: one per segment), the sentences of
+    all segments are decoded together (:func:`decode_lines`: the batcher, the cache, a client
+    that leaves stops the work), and each segment's result is joined from its sentences' with
+    their attention (:meth:`~transformer_mt.engines.paragraphs.Paragraphs.join`), which places
+    its markup. Where no segment has more than one sentence, the segments are decoded as they
+    are. ``field``: the sentences are checked against the request limits
+    (:func:`check_lines`), errors naming ``field``. Split and joined where :func:`parse` runs
+    (``here``: on the event loop, for a small body)."""
+    paragraphs = await parse(state, split_lines, segments, languages, here=here)
+    if field is not None:
+        check_lines(paragraphs.sentences, state.limits, field, state.engine)
+    if all(len(split.sentences) <= 1 for split in paragraphs.splits):
+        return await decode_lines(state, request, segments, decode, True, target)
+    results = await decode_lines(state, request, paragraphs.sentences, decode, True, target)
+    # Paragraphs.join(results, nbest, outer=False, attention=True): parse passes no keywords.
+    return await parse(state, paragraphs.join, results, decode.nbest, False, True, here=here)
+
+
+DETECT_CHARS = 10_000  # of a document's text (its first segments): enough to tell its language
+
+
+def segment_languages(engine: Engine, groups: list[list[str]], source: str | None) -> list[str]:
+    """Each segment's language for its splitting rules, the segments of ``groups`` in order.
+
+    ``source``, or for "auto" each group's (a fragment's, a document's) detected from its first
+    :data:`DETECT_CHARS` characters (:func:`~transformer_mt.engines.paragraphs.line_languages`):
+    one language a group, as each pasted text has one."""
+    samples = []
+    for group in groups:
+        sample, size = [], 0
+        for segment in group:
+            if size >= DETECT_CHARS:
+                break
+            sample.append(segment[: DETECT_CHARS - size])
+            size += len(sample[-1]) + 1
+        samples.append(" ".join(sample))
+    found = line_languages(engine, samples, source)
+    return [language for language, group in zip(found, groups, strict=True) for _ in group]
 
 
 def document_limits(names: Mapping[str, str] | None = None, **bounds: int) -> DocumentLimits:

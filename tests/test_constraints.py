@@ -144,6 +144,31 @@ def tracker_met_at(tokens: list[int], constraints: list[list[int]]) -> list[int]
     return at
 
 
+def tracker_detours(tokens: list[int], constraints: list[list[int]]) -> bool:
+    """Whether ``tokens`` ever leaves a match in progress (by :func:`tracker_meets`' rule) with
+    a token that goes on with none of the matches in progress: what the search never writes."""
+    met = [False] * len(constraints)
+    progress = [0] * len(constraints)
+    since: list[int] = []
+    for tok in tokens:
+        going = [
+            c[p] for c, m, p in zip(constraints, met, progress, strict=True) if not m and p > 0
+        ]
+        if going and tok not in going:
+            return True
+        since.append(tok)
+        progress = [0 if m else _ending(since, c) for c, m in zip(constraints, met, strict=True)]
+        done = [
+            len(c) if not m and p == len(c) else 0
+            for c, m, p in zip(constraints, met, progress, strict=True)
+        ]
+        longest = max(done, default=0)
+        if longest and max(progress) <= longest:
+            met[done.index(longest)] = True
+            since, progress = [], [0] * len(constraints)
+    return False
+
+
 def _check_holds(results: list[DecodeResult], constraints: list[list[list[int]]]) -> None:
     """Every hypothesis marked as meeting its constraints holds them (every finished one is so
     marked), and each sentence's best meets them (its budget fits them)."""
@@ -287,17 +312,21 @@ def _all_scored(model: Transformer, src: torch.Tensor, n: int, alpha: float) -> 
 )
 def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, tiny_model):
     """Budget 4 (the length rule's, or the constraints' + EOS): a beam wide enough to keep every
-    candidate ranks all outputs exactly as an enumeration of them all does (those that meet the
-    constraints first, by score with the length penalty), and the best ones hold the
-    constraints; any beam >= 2 returns one that meets them and scores no better."""
+    candidate ranks all outputs exactly as an enumeration of them all does (those without a
+    detour from a started term; those that meet the constraints first, by score with the
+    length penalty), and the best ones hold the constraints; any beam >= 2 returns one that
+    meets them and scores no better."""
     src = torch.tensor([[4, 6, 5, EOS_ID]])
     decode = DecodeConfig(beam_size=1000, nbest=25, max_len_a=4.0, max_len_b=0.0, len_penalty=1.0)
     (res,) = constrained_beam_search(tiny_model, src, decode, [constraints])
     n = max(4, sum(map(len, constraints)) + 1)
     # Search can end (EOS) only what meets the constraints; it cuts the rest at the budget.
+    # A term once started is finished first: outputs that leave one half written are never
+    # searched.
     scored = [
         (t, f, s, tracker_meets(t, constraints))
         for t, f, s in _all_scored(tiny_model, src, n, decode.len_penalty)
+        if not tracker_detours(t, constraints)
     ]
     ranked = sorted(
         [x for x in scored if x[3] or not x[1]], key=lambda x: (x[3], x[2]), reverse=True

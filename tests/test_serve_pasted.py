@@ -353,3 +353,17 @@ def test_a_document_with_source_auto_is_split_by_its_detected_language(multi_ser
     ]
     download = client.get(reply.json()["translatedFileUrl"])
     assert download.content == data.decode().upper().encode()
+
+
+def test_protect_and_glossary_need_an_engine_with_a_constrained_search(multi_served):
+    client, engine = multi_served  # its engine is no torch engine (as a CTranslate2 export)
+    body = {"q": "Ein Hund.", "source": "de", "target": "en"}
+    calls = len(engine.calls)
+    for field, value in (("protect", True), ("glossary", {"Hund": "puppy"})):
+        reply = client.post("/translate", json={**body, field: value})
+        assert reply.status_code == 400
+        assert reply.json()["error"] == (
+            f"Invalid request: {field} needs a constrained search, which this server's fake "
+            "engine lacks (serve the checkpoint with --engine torch)"
+        )
+    assert len(engine.calls) == calls  # refused before any decoding

@@ -9,7 +9,8 @@ allocation of Hu et al. (2019), as fairseq's ``--constraints unordered`` runs it
 default keeps the constraints in the order given; here any order goes), vectorized over every
 row of the batch with tensor operations (fairseq loops over sentences and beams in Python):
 
-- EOS is masked (-inf) for every hypothesis that has not met all its constraints.
+- EOS is masked (-inf) for every hypothesis that has not met all its constraints, and every token
+  but a match's next one for a hypothesis with a match in progress (below).
 - Each step's candidates per sentence: the 2K best extensions over its beams (as plain beam
   search), each beam's best token, and for each beam the tokens that continue or start one of
   its unmet constraints. Duplicates (the same beam and token) are dropped.
@@ -22,6 +23,13 @@ row of the batch with tensor operations (fairseq loops over sentences and beams 
   while a beam can advance a constraint, the fullest bank grows by one token a step, so within
   ``total constraint tokens + 1`` steps some hypothesis meets them all (the search's budget is
   raised to that, after any forced prefix, within the position table).
+
+A started constraint is finished first: a hypothesis with a match in progress may only write the
+next token of a match in progress (unless nothing else is left: a forced prefix that leaves
+one), so that no term is left half written ("Die unend" before "Die unendliche Geschichte"). On
+a model that never saw such a span, half-written starts otherwise crowd the beam, since the
+allocation favours hypotheses with more constraint tokens. (fairseq's and Sockeye 2's searches
+let a match be abandoned and started again.)
 
 A met constraint ends a word where the caller names the tokens that go on with the word before
 them (``continues``: for sentencepiece, the pieces without a word-start mark whose first
@@ -216,6 +224,32 @@ class ConstraintRows:
     def mask_eos(self, log_probs: torch.Tensor, eos_idx: int) -> torch.Tensor:
         """``log_probs`` (R, V) with EOS at -inf for rows with unmet constraints (in place)."""
         log_probs[:, eos_idx].masked_fill_(~self.all_met(), float("-inf"))
+        return log_probs
+
+    def mask_detours(
+        self, log_probs: torch.Tensor, table: ConstraintTable, sent: torch.Tensor
+    ) -> torch.Tensor:
+        """``log_probs`` (R, V) with every token at -inf but the next one of each constraint in
+        progress, in rows with a match in progress (in place); ``sent`` (R,): their sentences.
+
+        A term once started is finished before anything else is written: "Die unend" goes on
+        with "liche" rather than leaving the term half written."""
+        going = ~self.met & (self.progress > 0)  # (R, M): a match in progress
+        rows = going.any(dim=1).nonzero().squeeze(1)  # (k,): usually a few of the R
+        if rows.numel() == 0:
+            return log_probs
+        ids, progress, going = table.ids[sent[rows]], self.progress[rows], going[rows]
+        at = progress.clamp(max=ids.size(2) - 1)[..., None]
+        following = ids.gather(2, at).squeeze(2)  # (k, M)
+        row, slot = going.nonzero(as_tuple=True)
+        allowed = torch.zeros((rows.numel(), log_probs.size(1)), dtype=torch.bool)
+        allowed = allowed.to(log_probs.device)
+        allowed[row, following[row, slot]] = True
+        kept = log_probs[rows].masked_fill(~allowed, float("-inf"))
+        # A row left with no finite token (a forced prefix that starts a term and leaves it)
+        # keeps its tokens: the detour is the only way on.
+        left = (kept > float("-inf")).any(dim=1)
+        log_probs[rows[left]] = kept[left]
         return log_probs
 
     def mask_continuations(self, log_probs: torch.Tensor, table: ConstraintTable) -> torch.Tensor:

@@ -730,8 +730,9 @@ def _allocated_candidates(
     n_beams = log_probs.size(0) // n_act
     assert beams.terms is not None, "a constrained search keeps each row's constraint state"
     terms = beams.terms  # n*B rows
-    log_probs = terms.mask_continuations(terms.mask_eos(log_probs, eos_idx), table)
     rows_sent = beams.sent.repeat_interleave(n_beams)  # (n*B,)
+    log_probs = terms.mask_continuations(terms.mask_eos(log_probs, eos_idx), table)
+    log_probs = terms.mask_detours(log_probs, table, rows_sent)
     scores, beam, tok, valid = _constrained_candidates(
         beams.scores[:, :n_beams], log_probs, terms, table, rows_sent, k
     )  # (n, N) each

@@ -142,6 +142,7 @@ async def _translate_texts(
     lines = paragraphs.sentences
     check_lines(lines, state.limits, "q sentences", state.engine)
     glossary = _glossary(state, req.glossary)
+    _check_constrainable(state, "protect" if req.protect else "glossary" if glossary else None)
     terms = [glossary.targets(line) for line in lines] if glossary is not None else None
     if req.protect:
         lines, extras = TranslateExtras(glossary=glossary, protect=True).constrained(lines)
@@ -161,6 +162,17 @@ async def _translate_texts(
         untranslated = not any(has_text(sentence) for sentence in split.sentences)
         alternatives.append([] if untranslated else [text for text, _ in result.nbest[1:]])
     return translated, alternatives
+
+
+def _check_constrainable(state: ServerState, field: str | None) -> None:
+    """An ApiError where the request's ``field`` (glossary, protect) needs a constrained search
+    that the server's engine lacks (a CTranslate2 export)."""
+    if field is not None and state.engine.name != "torch":
+        raise ApiError(
+            400,
+            f"Invalid request: {field} needs a constrained search, which this server's "
+            f"{state.engine.name} engine lacks (serve the checkpoint with --engine torch)",
+        )
 
 
 def _glossary(state: ServerState, given: str | dict[str, str] | None) -> Glossary | None:

@@ -553,3 +553,19 @@ def test_html_full_of_entity_references_is_read_in_linear_time():
         times = [(_seconds(small), _seconds(large)) for _ in range(3)]
         least_small, least_large = (min(runs) for runs in zip(*times, strict=True))
         assert least_large < 4.0 and least_large < 10 * max(least_small, 0.005), times
+
+
+def test_a_parse_past_its_memory_is_a_document_too_large_naming_the_bound():
+    """The server's parsing processes (spawned, address space bounded): a parse that needs more
+    than the bound is a DocumentTooLarge (the server's 413) naming it, and the process lives on."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from transformer_mt.documents.limits import DocumentTooLarge, parse_call, parse_worker_init
+
+    context = multiprocessing.get_context("spawn")
+    bound = 512 << 20
+    with ProcessPoolExecutor(1, context, parse_worker_init, (bound, 0)) as pool:
+        with pytest.raises(DocumentTooLarge, match=r"512 MiB \(FileSettings.parse_memory_bytes\)"):
+            pool.submit(parse_call, bytearray, (2 << 30,)).result()
+        assert len(pool.submit(parse_call, bytearray, (1 << 20,)).result()) == 1 << 20

@@ -229,8 +229,10 @@ class ConstraintRows:
     def mask_detours(
         self, log_probs: torch.Tensor, table: ConstraintTable, sent: torch.Tensor
     ) -> torch.Tensor:
-        """``log_probs`` (R, V) with every token at -inf but the next one of each constraint in
-        progress, in rows with a match in progress (in place); ``sent`` (R,): their sentences.
+        """``log_probs`` (R, V) with only the next tokens of matches in progress, where any is.
+
+        Every other token at -inf, in place, in rows with a match in progress; ``sent`` (R,):
+        the rows' sentences.
 
         A term once started is finished before anything else is written: "Die unend" goes on
         with "liche" rather than leaving the term half written."""

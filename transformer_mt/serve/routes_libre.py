@@ -165,8 +165,10 @@ async def _translate_texts(
 
 
 def _check_constrainable(state: ServerState, field: str | None) -> None:
-    """An ApiError where the request's ``field`` (glossary, protect) needs a constrained search
-    that the server's engine lacks (a CTranslate2 export)."""
+    """An ApiError where the request's ``field`` needs a search the engine lacks.
+
+    ``field`` (glossary, protect; None: neither) needs a constrained search, which a CTranslate2
+    export lacks."""
     if field is not None and state.engine.name != "torch":
         raise ApiError(
             400,

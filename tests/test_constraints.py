@@ -126,36 +126,29 @@ def tracker_meets(tokens: list[int], constraints: list[list[int]]) -> bool:
 
 def tracker_met_at(tokens: list[int], constraints: list[list[int]]) -> list[int]:
     """The positions of the tokens at which :func:`tracker_meets` meets a constraint."""
-    met = [False] * len(constraints)
-    at = []
-    since: list[int] = []  # tokens since the last constraint was met
-    for position, tok in enumerate(tokens):
-        since.append(tok)
-        progress = [0 if m else _ending(since, c) for c, m in zip(constraints, met, strict=True)]
-        done = [
-            len(c) if not m and p == len(c) else 0
-            for c, m, p in zip(constraints, met, progress, strict=True)
-        ]
-        longest = max(done, default=0)
-        if longest and max(progress) <= longest:
-            met[done.index(longest)] = True
-            at.append(position)
-            since = []
-    return at
+    return [i for i, (_, meets) in enumerate(_tracker_steps(tokens, constraints)) if meets]
 
 
 def tracker_detours(tokens: list[int], constraints: list[list[int]]) -> bool:
     """Whether ``tokens`` ever leaves a match in progress (by :func:`tracker_meets`' rule) with
     a token that goes on with none of the matches in progress: what the search never writes."""
+    steps = _tracker_steps(tokens, constraints)
+    return any(going and tok not in going for tok, (going, _) in zip(tokens, steps, strict=True))
+
+
+def _tracker_steps(tokens: list[int], constraints: list[list[int]]) -> list[tuple[list[int], bool]]:
+    """Per token: the next tokens of the matches in progress before it, and whether it meets a
+    constraint (the rule of :func:`tracker_meets`)."""
     met = [False] * len(constraints)
     progress = [0] * len(constraints)
-    since: list[int] = []
+    since: list[int] = []  # tokens since the last constraint was met
+    steps = []
     for tok in tokens:
         going = [
-            c[p] for c, m, p in zip(constraints, met, progress, strict=True) if not m and p > 0
+            c[p]
+            for c, m, p in zip(constraints, met, progress, strict=True)
+            if not m and 0 < p < len(c)
         ]
-        if going and tok not in going:
-            return True
         since.append(tok)
         progress = [0 if m else _ending(since, c) for c, m in zip(constraints, met, strict=True)]
         done = [
@@ -163,10 +156,12 @@ def tracker_detours(tokens: list[int], constraints: list[list[int]]) -> bool:
             for c, m, p in zip(constraints, met, progress, strict=True)
         ]
         longest = max(done, default=0)
-        if longest and max(progress) <= longest:
+        meets = bool(longest and max(progress) <= longest)
+        if meets:
             met[done.index(longest)] = True
             since, progress = [], [0] * len(constraints)
-    return False
+        steps.append((going, meets))
+    return steps
 
 
 def _check_holds(results: list[DecodeResult], constraints: list[list[list[int]]]) -> None:
@@ -307,8 +302,8 @@ def _all_scored(model: Transformer, src: torch.Tensor, n: int, alpha: float) -> 
 
 @pytest.mark.parametrize(
     "constraints",
-    [[[5], [6, 7]], [[5, 5]], [[4, 5], [5, 6]], [[6], [6]], [[4, 5, 4]]],
-    ids=["two", "repeat", "sharing", "twice", "self-overlap"],
+    [[[5], [6, 7]], [[5, 5]], [[4, 5], [5, 6]], [[6], [6]], [[4, 5, 4]], [[5], [4, 5, 6]]],
+    ids=["two", "repeat", "sharing", "twice", "self-overlap", "inside"],
 )
 def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, tiny_model):
     """Budget 4 (the length rule's, or the constraints' + EOS): a beam wide enough to keep every
@@ -519,3 +514,16 @@ def test_allocation_stripes_the_banks_and_drops_repeats():
     keys = torch.tensor([[5, 7, 5, 9, 7, 7]])
     kept = drop_duplicates(keys, torch.tensor([[True, True, True, True, False, True]]))
     assert kept.tolist() == [[True, True, False, True, False, False]]
+
+
+def test_a_match_in_progress_allows_only_its_next_tokens():
+    """After 4 5 with the constraints [5] and [4 5 6]: [5] is complete but left to the longer
+    match, whose next token, 6, is the only one allowed; with nothing in progress, all are."""
+    table = ConstraintTable([[[5], [4, 5, 6]]], torch.device("cpu"))
+    sent = torch.tensor([0, 0])
+    rows = ConstraintRows.start(table, sent)
+    for tok in ([4, 7], [5, 7]):
+        rows = rows.advance(table, sent, torch.tensor(tok))
+    log_probs = rows.mask_detours(torch.zeros(2, VOCAB), table, sent)
+    assert (log_probs[0] > float("-inf")).nonzero().flatten().tolist() == [6]
+    assert bool((log_probs[1] == 0).all())

@@ -236,7 +236,8 @@ class ConstraintRows:
 
         A term once started is finished before anything else is written: "Die unend" goes on
         with "liche" rather than leaving the term half written."""
-        going = ~self.met & (self.progress > 0)  # (R, M): a match in progress
+        # (R, M): a match in progress (not one complete but left to a longer one)
+        going = ~self.met & (self.progress > 0) & (self.progress < table.lens[sent])
         rows = going.any(dim=1).nonzero().squeeze(1)  # (k,): usually a few of the R
         if rows.numel() == 0:
             return log_probs

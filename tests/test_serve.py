@@ -702,7 +702,7 @@ def test_continuous_worker_survives_a_job_it_cannot_run_and_its_own_failure(
             batcher.submit([lines[0]], wide).result(timeout=60)
         calls = []
 
-        def broken(result):
+        def broken(result, decode):
             calls.append(result)
             raise RuntimeError("a bug in line_result")
 

@@ -129,7 +129,21 @@ def _joined(
     if attention:
         best = [r.nbest[0][0] if r.nbest else r.text for r in results]
         joined = join_attention(split, best, [r.attention for r in results])
-    return LineResult(alternatives[0][0], alternatives[0][1], alternatives, joined)
+    out = LineResult(alternatives[0][0], alternatives[0][1], alternatives, joined)
+    out.logprobs = _joined_logprobs(results, nbest)
+    return out
+
+
+def _joined_logprobs(results: Sequence[LineResult], nbest: int) -> list[tuple[float, int]] | None:
+    """Per alternative, the log-probability and pieces of the sentences' hypotheses it joins.
+
+    Summed over its decoded sentences (the k-th hypothesis of each, or its last; a sentence with
+    nothing to translate has none); None where no sentence has them."""
+    every = [r.logprobs for r in results if r.logprobs]
+    if not every:
+        return None
+    picked = [[logprobs[min(k, len(logprobs) - 1)] for logprobs in every] for k in range(nbest)]
+    return [(sum(lp for lp, _ in p), sum(n for _, n in p)) for p in picked]
 
 
 @dataclass

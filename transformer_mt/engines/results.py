@@ -3,6 +3,7 @@
 Documents and the server read these without importing torch (or the engine that made them).
 """
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,18 @@ class LineResult:
     attention: Attention | None = None  # of the best hypothesis, only when asked
     # word alignments, one per n-best hypothesis (TranslateExtras.alignments), only when asked
     alignments: list[Alignment] | None = None
+    # per n-best hypothesis, its log-probability and the pieces it sums over (EOS included):
+    # where the engine reads them (our torch engine; None elsewhere, and for a line not decoded)
+    logprobs: list[tuple[float, int]] | None = None
+
+    def confidences(self) -> list[float] | None:
+        """Per n-best hypothesis, the model's mean probability of a piece, in percent.
+
+        ``100 * exp(log-probability / pieces)``: the geometric mean of the probabilities the
+        model gave each piece it wrote (EOS included); None where the engine gives none."""
+        if self.logprobs is None:
+            return None
+        return [round(100 * math.exp(logp / max(n, 1)), 2) for logp, n in self.logprobs]
 
 
 def empty_result(nbest: int, attention: bool, line: str = "") -> LineResult:

@@ -12,7 +12,7 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID
-from transformer_mt.decoding import DecodeResult
+from transformer_mt.decoding import DecodeResult, Hypothesis, length_penalty
 from transformer_mt.decoding.continuous import ContinuousSearch
 from transformer_mt.decoding.ensemble import Ensemble
 from transformer_mt.decoding.score import PairScore, score_pairs
@@ -94,11 +94,11 @@ class TorchEngine(Engine):
         todo = ["" if i in kept else line for i, line in enumerate(lines)]
         return encode_sources(self.src_tok, todo, self.first.config.model.max_len, 1, prefix)
 
-    def line_result(self, result: DecodeResult) -> LineResult:
-        """A search result as :meth:`translate` returns it (no attention)."""
-        return to_line_result(
-            [(self.trg_tok.decode(h.tokens), h.score) for h in result.nbest], None
-        )
+    def line_result(self, result: DecodeResult, decode: DecodeConfig) -> LineResult:
+        """A search result of ``decode``'s search as :meth:`translate` returns it (no attention)."""
+        out = to_line_result([(self.trg_tok.decode(h.tokens), h.score) for h in result.nbest], None)
+        out.logprobs = [_logprob(h, decode.len_penalty) for h in result.nbest]
+        return out
 
     def _translate(
         self,
@@ -117,12 +117,15 @@ class TorchEngine(Engine):
         lines = list(lines)
         prefix = self.source_prefix(target)
         matrices: dict[int, Attention] = {}
+        logprobs: dict[int, list[tuple[float, int]]] = {}
         done: set[int] = set()
 
         def on_batch(
             batch_lines: list[int], src: torch.Tensor, decoded: list[DecodeResult]
         ) -> None:
             done.update(batch_lines)
+            for i, result in zip(batch_lines, decoded, strict=True):
+                logprobs[i] = [_logprob(h, decode.len_penalty) for h in result.nbest]
             if attention:
                 self._keep_attention(matrices, batch_lines, src, decoded, len(prefix))
             check_stop(stop, lines, done)  # raised through the search: no further batch
@@ -154,6 +157,7 @@ class TorchEngine(Engine):
                 out.append(to_line_result(nbest, matrices.get(i)))
             if aligned is not None:
                 out[-1].alignments = aligned[i]
+            out[-1].logprobs = logprobs.get(i)
         return out
 
     def _check_extras(self, extras: TranslateExtras, attention: bool) -> None:
@@ -212,3 +216,11 @@ class TorchEngine(Engine):
                 weights=w.tolist(),
                 prefix=prefix,
             )
+
+
+def _logprob(hypothesis: Hypothesis, alpha: float) -> tuple[float, int]:
+    """A hypothesis' log-probability and the pieces it sums over (EOS where it ended).
+
+    Its score is that log-probability over GNMT's length penalty of those pieces."""
+    pieces = len(hypothesis.tokens) + int(hypothesis.finished)
+    return hypothesis.score * length_penalty(pieces, alpha), pieces

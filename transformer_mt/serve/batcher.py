@@ -529,8 +529,8 @@ class _SearchEngine(Protocol):
     ) -> dict[int, list[int]]:
         """Source ids of the lines with something to translate, by line index."""
 
-    def line_result(self, result: DecodeResult) -> LineResult:
-        """A search result as a line's translation."""
+    def line_result(self, result: DecodeResult, decode: DecodeConfig) -> LineResult:
+        """A search result of ``decode``'s search as a line's translation."""
 
 
 class _ContinuousWorker:
@@ -661,7 +661,7 @@ class _ContinuousWorker:
         for tag, result in done:
             key, line = cast(tuple[int, int], tag)  # (job id, line index): how _start adds them
             flight = self.flights[key]
-            flight.results[line] = self.engine.line_result(result)
+            flight.results[line] = self.engine.line_result(result, flight.job.decode)
             flight.left -= 1
             if flight.left == 0:
                 del self.flights[key]

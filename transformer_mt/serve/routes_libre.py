@@ -65,6 +65,9 @@ class LibreRequest(Strict):
     # Ours: URLs, e-mail addresses, numbers, `code` and <keep>marked</keep> text come back as
     # they are (constraints of the search: the torch engine, a beam of 2 or more).
     protect: bool = False
+    # Ours: the model's confidence in each translation (and alternative), plain text only:
+    # the geometric mean of its pieces' probabilities, in percent (LineResult.confidences)
+    confidence: bool = False
 
 
 class DetectRequest(Strict):
@@ -81,14 +84,21 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
     texts = _checked(req, state)
     state.check_access(request, req.api_key, texts)
     target = req.target if state.engine.lang_tags else None
+    confidences = None
     if req.format == "html":
         html = await _translate_html(state, request, req.source, texts, target)
         translated, alternatives = html, None
     else:
-        translated, alternatives = await _translate_texts(state, request, req, texts, target)
+        translated, alternatives, confidences = await _translate_texts(
+            state, request, req, texts, target
+        )
     reply: dict = {"translatedText": translated}
     if req.alternatives > 0:
         reply["alternatives"] = alternatives or [[] for _ in texts]
+    if req.confidence and confidences is not None:
+        reply["confidence"] = [each[0] if each else None for each in confidences]
+        if req.alternatives > 0:
+            reply["alternativesConfidence"] = [each[1:] if each else [] for each in confidences]
     if req.source == "auto":  # the best of the model's sources, as LibreTranslate reports it
         reply["detectedLanguage"] = [_detected(state, text)[0] for text in texts]
     if isinstance(req.q, str):  # one text: one answer, not a list
@@ -127,8 +137,8 @@ def _missing(name: str) -> ApiError:
 
 async def _translate_texts(
     state: ServerState, request: Request, req: LibreRequest, texts: list[str], target: str | None
-) -> tuple[list[str], list[list[str]]]:
-    """Plain texts, sentence by sentence: per text its translation and its alternatives.
+) -> tuple[list[str], list[list[str]], list[list[float] | None]]:
+    """Plain texts, sentence by sentence: per text its translation, alternatives, confidences.
 
     Each text is cut into sentences (by the rules of ``source``, or of each text's detected
     language for "auto"), the sentences of all texts are decoded together and joined back with
@@ -156,12 +166,13 @@ async def _translate_texts(
     )
     results = await decode_lines(state, request, lines, decode, False, target, terms)
     joined = paragraphs.join(results, nbest, outer=True)
-    translated, alternatives = [], []
+    translated, alternatives, confidences = [], [], []
     for split, result in zip(paragraphs.splits, joined, strict=True):
         translated.append(result.text)
         untranslated = not any(has_text(sentence) for sentence in split.sentences)
         alternatives.append([] if untranslated else [text for text, _ in result.nbest[1:]])
-    return translated, alternatives
+        confidences.append(result.confidences())
+    return translated, alternatives, confidences
 
 
 def _check_constrainable(state: ServerState, field: str | None) -> None:

@@ -94,10 +94,13 @@ def test_v1_translate_contract_nbest_and_attention(served, engine, lines):
     empty = out[1]
     assert empty["text"] == "" and len(empty["nbest"]) == 2
     assert empty["attention"] == {"source": [], "target": [], "weights": []}
+    assert "confidence" not in empty  # not decoded
     for line, t in zip(text, out, strict=True):
         if not line:
             continue
-        assert len(t["nbest"]) == 2 and t["nbest"][0] == {"text": t["text"], "score": t["score"]}
+        best = {"text": t["text"], "score": t["score"], "confidence": t["confidence"]}
+        assert len(t["nbest"]) == 2 and t["nbest"][0] == best
+        assert 0 < t["confidence"] <= 100 and 0 < t["nbest"][1]["confidence"] <= 100
         assert t["nbest"][0]["score"] >= t["nbest"][1]["score"]
         attn = t["attention"]
         assert attn["source"] == [*engine.src_tok.id_to_piece(engine.src_tok.encode(line)), "</s>"]

@@ -6,8 +6,10 @@ system ask: ``GET /health/live``, ``GET /health/ready`` and ``GET /metrics`` (th
 from the start, before the model is loaded).
 
 ``POST /v1/translate``: ``{"text": [...], "beam": 4, "nbest": 1, "len_penalty": 1.0,
-"attention": false}`` -> ``{"translations": [{"text", "score", "nbest": [{"text", "score"}],
-"attention": {"source", "target", "weights"}}]}``, one per line, in order. An answer with
+"attention": false}`` -> ``{"translations": [{"text", "score", "confidence", "nbest": [{"text",
+"score", "confidence"}], "attention": {"source", "target", "weights"}}]}``, one per line, in
+order; ``confidence`` (the geometric mean of the pieces' probabilities, in percent:
+:meth:`LineResult.confidences`) where the engine gives it and the line was decoded. An answer with
 attention (up to max_lines matrices) is rounded and encoded in a worker thread of starlette's
 pool (plain Python, no torch), not on the event loop.
 """
@@ -194,6 +196,11 @@ def _line_bytes(result: LineResult) -> bytes:
         "score": _number(result.score),
         "nbest": [{"text": text, "score": _number(score)} for text, score in result.nbest],
     }
+    confidences = result.confidences()  # our torch engine's; none for a line not decoded
+    if confidences is not None:
+        out["confidence"] = confidences[0]
+        for entry, confidence in zip(out["nbest"], confidences, strict=True):
+            entry["confidence"] = confidence
     if result.attention is None:
         return json_bytes(out)
     out["attention"] = {"source": result.attention.source, "target": result.attention.target}

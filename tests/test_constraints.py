@@ -33,6 +33,7 @@ from transformer_mt.decoding import (
 from transformer_mt.decoding.constraints import (
     ConstraintRows,
     ConstraintTable,
+    Words,
     allocation_order,
     drop_duplicates,
     kmp_steps,
@@ -120,7 +121,8 @@ def tracker_meets(tokens: list[int], constraints: list[list[int]]) -> bool:
     """The rule by which the search counts constraints (constraints.py's text), written naively:
     each unmet constraint's match is the longest prefix of it that ends the tokens written since
     the last constraint was met; the longest completed one is met (the first among equals)
-    unless a longer match is in progress; meeting one starts every match afresh."""
+    unless another match in progress is as long or longer; meeting one starts every match
+    afresh."""
     return len(tracker_met_at(tokens, constraints)) == len(constraints)
 
 
@@ -156,7 +158,8 @@ def _tracker_steps(tokens: list[int], constraints: list[list[int]]) -> list[tupl
             for c, m, p in zip(constraints, met, progress, strict=True)
         ]
         longest = max(done, default=0)
-        meets = bool(longest and max(progress) <= longest)
+        others = [p for p, d, m in zip(progress, done, met, strict=True) if not d and not m]
+        meets = bool(longest and max(others, default=0) < longest)
         if meets:
             met[done.index(longest)] = True
             since, progress = [], [0] * len(constraints)
@@ -201,13 +204,14 @@ def test_a_met_constraint_is_never_followed_by_a_token_that_continues_a_word(
 ):
     continues = torch.zeros(VOCAB, dtype=torch.bool)
     continues[4:10] = True  # half the symbols "go on with the word before them"
+    words = Words(starts=~continues, continues=continues)
     follows = {"masked": 0, "unmasked": 0}
     for seed in range(3):
         constraints = _random_constraints(random_src.size(0), seed)
-        for name, mask in (("masked", continues), ("unmasked", None)):
+        for name, given in (("masked", words), ("unmasked", None)):
             decode = _beam(4, 4, max_len_b=3.0)
             results = constrained_beam_search(
-                random_model, random_src, decode, constraints, continues=mask
+                random_model, random_src, decode, constraints, words=given
             )
             _check_holds(results, constraints)
             for res, cons in zip(results, constraints, strict=True):
@@ -300,28 +304,40 @@ def _all_scored(model: Transformer, src: torch.Tensor, n: int, alpha: float) -> 
     return scored
 
 
+@pytest.mark.parametrize("rules", [False, True], ids=["no-word-rules", "every-token-mid-word"])
 @pytest.mark.parametrize(
     "constraints",
-    [[[5], [6, 7]], [[5, 5]], [[4, 5], [5, 6]], [[6], [6]], [[4, 5, 4]], [[5], [4, 5, 6]]],
-    ids=["two", "repeat", "sharing", "twice", "self-overlap", "inside"],
+    [
+        [[5], [6, 7]],
+        [[5, 5]],
+        [[4, 5], [5, 6]],
+        [[6], [6]],
+        [[4, 5, 4]],
+        [[5], [4, 5, 6]],
+        [[5], [5, 6]],
+    ],
+    ids=["two", "repeat", "sharing", "twice", "self-overlap", "inside", "prefix-of-another"],
 )
-def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, tiny_model):
+def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, rules, tiny_model):
     """Budget 4 (the length rule's, or the constraints' + EOS): a beam wide enough to keep every
     candidate ranks all outputs exactly as an enumeration of them all does (those without a
     detour from a started term; those that meet the constraints first, by score with the
     length penalty), and the best ones hold the constraints; any beam >= 2 returns one that
-    meets them and scores no better."""
+    meets them and scores no better. With the word rules and no token starting a word, every
+    match in progress must go on (the end-of-word rule masks nothing)."""
     src = torch.tensor([[4, 6, 5, EOS_ID]])
     decode = DecodeConfig(beam_size=1000, nbest=25, max_len_a=4.0, max_len_b=0.0, len_penalty=1.0)
-    (res,) = constrained_beam_search(tiny_model, src, decode, [constraints])
+    none = torch.zeros(TINY_VOCAB, dtype=torch.bool)
+    words = Words(none, none) if rules else None
+    (res,) = constrained_beam_search(tiny_model, src, decode, [constraints], words=words)
     n = max(4, sum(map(len, constraints)) + 1)
     # Search can end (EOS) only what meets the constraints; it cuts the rest at the budget.
-    # A term once started is finished first: outputs that leave one half written are never
-    # searched.
+    # With the word rules (every token mid-word), outputs that leave a match half way are
+    # never searched.
     scored = [
         (t, f, s, tracker_meets(t, constraints))
         for t, f, s in _all_scored(tiny_model, src, n, decode.len_penalty)
-        if not tracker_detours(t, constraints)
+        if not (rules and tracker_detours(t, constraints))
     ]
     ranked = sorted(
         [x for x in scored if x[3] or not x[1]], key=lambda x: (x[3], x[2]), reverse=True
@@ -337,7 +353,11 @@ def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, tiny_model
     assert exact <= best + 1e-6
     for k in (2, 3):
         (small,) = constrained_beam_search(
-            tiny_model, src, dataclasses.replace(decode, beam_size=k, nbest=k), [constraints]
+            tiny_model,
+            src,
+            dataclasses.replace(decode, beam_size=k, nbest=k),
+            [constraints],
+            words=words,
         )
         assert small.nbest[0].constraints_met and holds_all(small.tokens, constraints)
         assert small.score <= best + 1e-4
@@ -494,7 +514,7 @@ def test_translate_texts_passes_terms_as_target_pieces(random_model):
     assert got[3] == plain[3]
     with pytest.raises(MTError, match="2 constraint lists for 4 input lines"):
         translate_texts(random_model, tok, tok, lines, _beam(3), constraints=[[], []])
-    with pytest.raises(MTError, match=r"line 3: constraint 2 \(''\) has no target pieces"):
+    with pytest.raises(MTError, match=r"line 3: constraint 2 is empty"):
         translate_texts(
             random_model, tok, tok, lines, _beam(3), constraints=[[], [], ["a", " "], []]
         )
@@ -519,7 +539,8 @@ def test_allocation_stripes_the_banks_and_drops_repeats():
 def test_a_match_in_progress_allows_only_its_next_tokens():
     """After 4 5 with the constraints [5] and [4 5 6]: [5] is complete but left to the longer
     match, whose next token, 6, is the only one allowed; with nothing in progress, all are."""
-    table = ConstraintTable([[[5], [4, 5, 6]]], torch.device("cpu"))
+    mid_word = torch.zeros(VOCAB, dtype=torch.bool)  # no token starts a word: always inside
+    table = ConstraintTable([[[5], [4, 5, 6]]], torch.device("cpu"), Words(mid_word, mid_word))
     sent = torch.tensor([0, 0])
     rows = ConstraintRows.start(table, sent)
     for tok in ([4, 7], [5, 7]):
@@ -527,3 +548,22 @@ def test_a_match_in_progress_allows_only_its_next_tokens():
     log_probs = rows.mask_detours(torch.zeros(2, VOCAB), table, sent)
     assert (log_probs[0] > float("-inf")).nonzero().flatten().tolist() == [6]
     assert bool((log_probs[1] == 0).all())
+
+
+def test_a_forced_prefix_wins_over_the_word_rules(random_model, random_src):
+    """A prefix that writes a term and goes on with its word (the prefix "Two toddlers" with the
+    term "toddler"), or starts a term and leaves it mid-word: the prefix is written, the
+    search goes on (no rule leaves a row without a token)."""
+    continues = torch.zeros(VOCAB, dtype=torch.bool)
+    continues[6] = True
+    words = Words(starts=~continues, continues=continues)
+    src = random_src[:2]
+    for prefixes, constraints in (
+        ([[5, 6], [5, 6]], [[[5]], [[5]]]),
+        ([[5, 4]] * 2, [[[5, 6]]] * 2),
+    ):
+        results = constrained_beam_search(
+            random_model, src, _beam(3, 2), constraints, prefixes=prefixes, words=words
+        )
+        for res, prefix in zip(results, prefixes, strict=True):
+            assert res.nbest and all(h.tokens[:2] == prefix for h in res.nbest)

@@ -112,3 +112,20 @@ def test_mt_translate_protect_and_its_refusals(tmp_path):
         app, ["translate", "-c", str(CKPT), "-i", str(src), "--protect", "--engine", "ct2"]
     )
     assert ct2.exit_code == 1 and "--protect needs --engine torch" in ct2.output
+
+
+def test_a_marked_span_with_sentence_ends_stays_one_sentence(engine):
+    text = "The horse <keep>runs. The mouse</keep> writes. The friend closed the woman."
+    extras = TranslateExtras(protect=True, split=True)
+    [result] = engine.translate([text], engine.run_decode, extras=extras)
+    assert result.text.count("runs. The mouse") == 1 and "keep" not in result.text
+
+
+def test_glossary_terms_are_found_in_the_text_without_marks(engine):
+    glossary = Glossary([Entry("horse", "trumenaul")])
+    extras = TranslateExtras(protect=True, glossary=glossary)
+    lines, constrained = extras.constrained(["The <keep>horse</keep> pulls the mouse at 12:30."])
+    assert lines == ["The horse pulls the mouse at 12:30."]
+    assert constrained.terms == [["horse", "12:30"]]  # the user keeps "horse": not translated
+    lines, constrained = extras.constrained(["The horse pulls the mouse at 12:30."])
+    assert constrained.terms == [["trumenaul", "12:30"]]

@@ -10,7 +10,7 @@ import torch
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.batching import longest_first_batches, pad_batch
-from transformer_mt.decoding.constraints import Constraints
+from transformer_mt.decoding.constraints import Constraints, Words
 from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult, search
 
@@ -28,7 +28,7 @@ def decode_sources(
     on_batch: BatchCallback | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     constraints: Constraints | None = None,
-    continues: torch.Tensor | None = None,
+    words: Words | None = None,
 ) -> list[DecodeResult]:
     """Search every source with the settings of ``decode``; one result per source, in input order.
 
@@ -49,8 +49,8 @@ def decode_sources(
         constraints: per source, its lexical constraints (lists of target ids, see
             :mod:`~transformer_mt.decoding.constraints`; an empty list for none): every
             finished hypothesis contains them. None: none.
-        continues: the tokens never written right after a met constraint (see
-            :func:`~transformer_mt.decoding.search.constrained_beam_search`).
+        words: the target vocabulary's word starts, for the constraints' word rules (see
+            :mod:`~transformer_mt.decoding.constraints`).
     """
     if prefixes is not None and len(prefixes) != len(sources):
         raise ValueError(f"{len(prefixes)} prefixes for {len(sources)} sources: one each")
@@ -75,7 +75,7 @@ def decode_sources(
             line_keys=keys,
             prefixes=forced,
             constraints=terms,
-            continues=continues,
+            words=words,
         )
         for i, result in zip(positions, decoded, strict=True):
             results[i] = result

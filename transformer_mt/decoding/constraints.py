@@ -9,8 +9,8 @@ allocation of Hu et al. (2019), as fairseq's ``--constraints unordered`` runs it
 default keeps the constraints in the order given; here any order goes), vectorized over every
 row of the batch with tensor operations (fairseq loops over sentences and beams in Python):
 
-- EOS is masked (-inf) for every hypothesis that has not met all its constraints, and every token
-  but a match's next one for a hypothesis with a match in progress (below).
+- EOS is masked (-inf) for every hypothesis that has not met all its constraints (and tokens by
+  the word rules below).
 - Each step's candidates per sentence: the 2K best extensions over its beams (as plain beam
   search), each beam's best token, and for each beam the tokens that continue or start one of
   its unmet constraints. Duplicates (the same beam and token) are dropped.
@@ -24,17 +24,16 @@ row of the batch with tensor operations (fairseq loops over sentences and beams 
   ``total constraint tokens + 1`` steps some hypothesis meets them all (the search's budget is
   raised to that, after any forced prefix, within the position table).
 
-A started constraint is finished first: a hypothesis with a match in progress may only write the
-next token of a match in progress (unless nothing else is left: a forced prefix that leaves
-one), so that no term is left half written ("Die unend" before "Die unendliche Geschichte"). On
-a model that never saw such a span, half-written starts otherwise crowd the beam, since the
-allocation favours hypotheses with more constraint tokens. (fairseq's and Sockeye 2's searches
-let a match be abandoned and started again.)
-
-A met constraint ends a word where the caller names the tokens that go on with the word before
-them (``continues``: for sentencepiece, the pieces without a word-start mark whose first
-character is a letter or digit of a script with spaces): right after a constraint is met, those
-tokens are masked, so that the term "Haus" is never written as the start of "Hauses".
+Two rules on words, where the caller gives the vocabulary's word starts (:class:`Words`; for
+sentencepiece, the ``▁`` pieces): a term is never left half way through a word (a hypothesis
+whose match in progress goes on inside a word may only write the next token of a match in
+progress: "www.hun" goes on with "de"; between a term's words it may be left, so that a term
+opening with "a" does not take the first "a" written), and a term ends a word (right after a
+constraint is met, the tokens that go on with a word are masked: "Haus" is never the start of
+"Hauses"). A row that either rule would leave with no token (a forced prefix) keeps its own.
+On a model that never saw such spans, half-written starts otherwise crowd the beam, since the
+allocation favours hypotheses with more constraint tokens; fairseq's and Sockeye 2's searches let
+any match be abandoned and started again.
 
 A hypothesis that lacks a constraint never ends with EOS; where the position table leaves no
 room for a sentence's constraints, its n-best are unfinished hypotheses cut at the budget, the
@@ -43,8 +42,8 @@ ones that lack some marked ``Hypothesis.constraints_met = False``.
 Which constraint a token counts for (:meth:`ConstraintRows.advance`): each unmet constraint
 follows its own KMP automaton over the tokens written since the last one was met. When tokens
 complete an unmet constraint, the longest completed one is met (the first listed among equals),
-unless another unmet constraint's match in progress is longer (it spans the completed one: that
-one is left to it); meeting a constraint restarts every automaton, so met constraints never
+unless another unmet constraint's match in progress is as long or longer (it may span the
+completed one: that one is left to it; "2" to "2024" after "2"); meeting a constraint restarts every automaton, so met constraints never
 overlap. Each rule only ever counts real, disjoint occurrences, so a hypothesis marked as meeting
 its constraints contains them. The reverse does not always hold (exact counting would have to
 try every assignment of occurrences): a constraint written inside another's longer match (``b``
@@ -63,6 +62,28 @@ from transformer_mt.errors import MTError
 
 Constraints = Sequence[Sequence[Sequence[int]]]
 """Per sentence, its constraints: each a non-empty sequence of target ids (no BOS/EOS)."""
+
+
+@dataclass(frozen=True)
+class Words:
+    """Where the target vocabulary's words begin, for the search's two word rules.
+
+    ``starts`` (V,) bool: the tokens that begin a word (sentencepiece's ``▁`` pieces);
+    ``continues`` (V,) bool: the tokens that go on with the word before them (no ``▁``, and a
+    first character of a word in a script with spaces). A model's vocabulary padded beyond
+    them (for its products) is neither."""
+
+    starts: torch.Tensor
+    continues: torch.Tensor
+
+    def fitted(self, vocab: int, device: torch.device) -> "Words":
+        """These masks on ``device``, padded to ``vocab`` tokens (a ValueError if longer)."""
+        masks = []
+        for mask in (self.starts, self.continues):
+            if mask.dim() != 1 or mask.numel() > vocab:
+                raise ValueError(f"a word mask of shape {tuple(mask.shape)} for {vocab} tokens")
+            masks.append(torch.nn.functional.pad(mask, (0, vocab - mask.numel())).to(device))
+        return Words(masks[0], masks[1])
 
 
 def check_constraints(
@@ -144,7 +165,7 @@ class ConstraintTable:
         self,
         constraints: list[list[list[int]]],
         device: torch.device,
-        continues: torch.Tensor | None = None,
+        words: Words | None = None,
     ) -> None:
         m = max(1, max(len(c) for c in constraints))
         width = max((len(ids) for c in constraints for ids in c), default=1)
@@ -158,9 +179,8 @@ class ConstraintTable:
         self.steps = torch.tensor(steps, dtype=torch.long, device=device)  # (B, M, L+1, L)
         self.totals = self.lens.sum(dim=1)  # (B,) constraint tokens of each sentence
         self.most_tokens = int(self.totals.max())  # the fullest bank any hypothesis can reach
-        # (V,) bool: the tokens that go on with the word before them (no word start), never
-        # written right after a constraint is met; None: any token may follow one.
-        self.continues = None if continues is None else continues.to(device)
+        # The vocabulary's word starts, for the word rules (the module's text); None: no rules.
+        self.words = words
 
     @classmethod
     def of(
@@ -170,23 +190,19 @@ class ConstraintTable:
         *,
         vocab: int,
         banned: set[int],
-        continues: torch.Tensor | None = None,
+        words: Words | None = None,
     ) -> "ConstraintTable | None":
         """The checked constraints (:func:`check_constraints`) of the sentences of ``src`` (B, S).
 
         None when no sentence has one: search then runs exactly as without constraints.
-        ``continues``: see the attribute; shorter than ``vocab`` (a model's vocabulary padded
-        for its products): the rest are False; longer: a ValueError."""
+        ``words``: the vocabulary's word starts (:class:`Words`), or None for no word rules."""
         if constraints is None:
             return None
         checked = check_constraints(constraints, src.size(0), vocab, banned)
         if not any(checked):
             return None
-        if continues is not None:
-            if continues.dim() != 1 or continues.numel() > vocab:
-                raise ValueError(f"continues: {tuple(continues.shape)} for {vocab} tokens")
-            continues = torch.nn.functional.pad(continues, (0, vocab - continues.numel()))
-        return cls(checked, src.device, continues)
+        fitted = None if words is None else words.fitted(vocab, src.device)
+        return cls(checked, src.device, fitted)
 
 
 @dataclass
@@ -229,41 +245,42 @@ class ConstraintRows:
     def mask_detours(
         self, log_probs: torch.Tensor, table: ConstraintTable, sent: torch.Tensor
     ) -> torch.Tensor:
-        """``log_probs`` (R, V) with only the next tokens of matches in progress, where any is.
+        """``log_probs`` (R, V) with only the next tokens of matches in progress, mid-word.
 
-        Every other token at -inf, in place, in rows with a match in progress; ``sent`` (R,):
-        the rows' sentences.
-
-        A term once started is finished before anything else is written: "Die unend" goes on
-        with "liche" rather than leaving the term half written."""
+        In rows where a match in progress goes on inside a word (its next token starts no
+        word), every token but the next ones of the matches in progress at -inf, in place;
+        ``sent`` (R,): the rows' sentences. A term is never left half way through a word: "www.
+        hun" goes on with "de", "Die unend" with "liche"; between its words it may be left (its
+        first word may be an ordinary one: "a" of "a blue shirt"). No change without
+        ``table.words``."""
+        if table.words is None:
+            return log_probs
         # (R, M): a match in progress (not one complete but left to a longer one)
         going = ~self.met & (self.progress > 0) & (self.progress < table.lens[sent])
         rows = going.any(dim=1).nonzero().squeeze(1)  # (k,): usually a few of the R
         if rows.numel() == 0:
             return log_probs
-        ids, progress, going = table.ids[sent[rows]], self.progress[rows], going[rows]
-        at = progress.clamp(max=ids.size(2) - 1)[..., None]
-        following = ids.gather(2, at).squeeze(2)  # (k, M)
+        ids, going = table.ids[sent[rows]], going[rows]
+        at = self.progress[rows].clamp(max=ids.size(2) - 1)[..., None]
+        following = ids.gather(2, at).squeeze(2).clamp(min=0)  # (k, M)
+        inside = (going & ~table.words.starts[following]).any(dim=1)  # (k,): mid-word
         row, slot = going.nonzero(as_tuple=True)
-        allowed = torch.zeros((rows.numel(), log_probs.size(1)), dtype=torch.bool)
-        allowed = allowed.to(log_probs.device)
+        allowed = torch.zeros(
+            (rows.numel(), log_probs.size(1)), dtype=torch.bool, device=log_probs.device
+        )
         allowed[row, following[row, slot]] = True
-        kept = log_probs[rows].masked_fill(~allowed, float("-inf"))
-        # A row left with no finite token (a forced prefix that starts a term and leaves it)
-        # keeps its tokens: the detour is the only way on.
-        left = (kept > float("-inf")).any(dim=1)
-        log_probs[rows[left]] = kept[left]
-        return log_probs
+        return _masked_rows(log_probs, rows[inside], ~allowed[inside])
 
     def mask_continuations(self, log_probs: torch.Tensor, table: ConstraintTable) -> torch.Tensor:
-        """``log_probs`` (R, V) with ``table.continues`` at -inf in rows that just met a term.
+        """``log_probs`` (R, V) with the tokens that go on with a word at -inf after a term.
 
-        A term ends a word: "Haus" is not met by "Hauses" (in place; unchanged without
-        ``table.continues``)."""
-        if table.continues is not None:
-            both = self.closed[:, None] & table.continues[None, :]
-            log_probs.masked_fill_(both, float("-inf"))
-        return log_probs
+        In rows whose last token met a constraint, in place: a term ends a word ("Haus" is not
+        met by "Hauses"). No change without ``table.words``."""
+        if table.words is None:
+            return log_probs
+        rows = self.closed.nonzero().squeeze(1)
+        blocked = table.words.continues[None, :].expand(rows.numel(), -1)
+        return _masked_rows(log_probs, rows, blocked)
 
     def next_tokens(
         self, table: ConstraintTable, sent: torch.Tensor
@@ -298,10 +315,28 @@ class ConstraintRows:
         completed = torch.where((progress == lens) & ~self.met, lens, 0)  # (R, M)
         slot = completed.argmax(dim=1)  # (R,) the first of the longest completed
         longest = completed.gather(1, slot[:, None]).squeeze(1)
-        meets = (longest > 0) & (progress.amax(dim=1) <= longest)  # (R,)
+        # Met unless another match in progress is as long or longer (it may hold this one):
+        # "2" is left to "2024" after "2", and met only if "2024" fails.
+        others = progress.masked_fill((completed > 0) | self.met, 0).amax(dim=1)
+        meets = (longest > 0) & (others < longest)  # (R,)
         chosen = torch.nn.functional.one_hot(slot, lens.size(1)).bool() & meets[:, None]
         progress = progress.masked_fill(meets[:, None], 0)
         return ConstraintRows(progress, self.met | chosen, meets)
+
+
+def _masked_rows(
+    log_probs: torch.Tensor, rows: torch.Tensor, blocked: torch.Tensor
+) -> torch.Tensor:
+    """``log_probs`` with ``blocked`` (k, V) at -inf in rows ``rows`` (k,), in place.
+
+    A row that would be left with no finite token (a forced prefix's token among the blocked)
+    keeps its tokens: the search has no other way on."""
+    if rows.numel() == 0:
+        return log_probs
+    kept = log_probs[rows].masked_fill(blocked, float("-inf"))
+    left = (kept > float("-inf")).any(dim=1)
+    log_probs[rows[left]] = kept[left]
+    return log_probs
 
 
 def drop_duplicates(keys: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ from transformer_mt.decoding.constraints import (
     ConstraintRows,
     Constraints,
     ConstraintTable,
+    Words,
     allocation_order,
     drop_duplicates,
 )
@@ -640,7 +641,7 @@ def constrained_beam_search(
     use_cache: bool = True,
     eos_idx: int = EOS_ID,
     prefixes: Prefixes | None = None,
-    continues: torch.Tensor | None = None,
+    words: Words | None = None,
 ) -> list[DecodeResult]:
     """Beam search whose finished hypotheses contain each sentence's ``constraints``.
 
@@ -659,8 +660,8 @@ def constrained_beam_search(
     documentation runs beam 10, and advises a larger beam for constraints in any order, which
     these are.) An empty or out-of-vocabulary constraint, or one holding PAD, BOS, EOS or a
     language tag, is an MTError. ``decode.nbest`` hypotheses per sentence, fewer only where the
-    vocabulary has fewer tokens than the beam can use. ``continues`` (V,) bool: the tokens that
-    never directly follow a met constraint (it ends a word); None: any."""
+    vocabulary has fewer tokens than the beam can use. ``words``: the vocabulary's word starts,
+    for the word rules of :mod:`~transformer_mt.decoding.constraints` (None: none)."""
     _check_model(model)
     k = decode.beam_size
     table = ConstraintTable.of(
@@ -668,7 +669,7 @@ def constrained_beam_search(
         src,
         vocab=target_vocab(model),
         banned=_never_written(model, eos_idx),
-        continues=continues,
+        words=words,
     )
     if table is not None and (decode.sampling or k < 2):
         raise MTError(
@@ -865,7 +866,7 @@ def search(
     use_cache: bool = True,
     prefixes: Prefixes | None = None,
     constraints: Constraints | None = None,
-    continues: torch.Tensor | None = None,
+    words: Words | None = None,
 ) -> list[DecodeResult]:
     """Run the search that ``decode`` asks for.
 
@@ -873,8 +874,8 @@ def search(
     keyed by ``line_keys``), :func:`greedy_search` at beam size 1, else :func:`beam_search`; each
     output starts with its sentence's forced prefix, if ``prefixes`` are given (one per row of
     ``src``). With ``constraints`` (one list per row of ``src``) where a sentence has one:
-    :func:`constrained_beam_search` (beam >= 2, no sampling, else an MTError), with the
-    tokens ``continues`` never right after a met constraint."""
+    :func:`constrained_beam_search` (beam >= 2, no sampling, else an MTError), with the word
+    rules where ``words`` are given."""
     if constraints is not None and any(len(c) for c in constraints):
         return constrained_beam_search(
             model,
@@ -883,7 +884,7 @@ def search(
             constraints,
             use_cache=use_cache,
             prefixes=prefixes,
-            continues=continues,
+            words=words,
         )
     if decode.sampling:
         return sample(

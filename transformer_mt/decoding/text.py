@@ -15,10 +15,11 @@ Lexical constraints (optional, per input line a list of target texts, e.g. a glo
 each term is tokenized alone with the target tokenizer (no EOS), and every finished translation
 of the line contains each term's pieces (:mod:`~transformer_mt.decoding.constraints`). A term
 tokenized alone starts with a word-start piece, so it matches where the translation writes it as
-a word of its own, and ends one: the piece after it never continues a word (the term "Haus" is
-not met inside "Hauses"). Lines with nothing to translate ignore theirs. A term the target vocabulary
-cannot spell (a character it never saw, which becomes ``<unk>``) is still forced as its pieces,
-and the translation shows the term as given where those pieces are (:func:`respelled`).
+a word of its own, ends one (the piece after it never continues a word: the term "Haus" is
+not met inside "Hauses") and, once started, is not left half way through one. Lines with
+nothing to translate ignore theirs. A term the target vocabulary cannot spell (a character it
+never saw, which becomes ``<unk>``) is still forced as its pieces, and the translation shows the
+term as given where those pieces are (:func:`respelled`).
 
 A line with no words to translate (:func:`has_text`: emoji, punctuation, numbers or a link alone)
 is its own translation, unchanged but for surrounding whitespace, with the score 0.0; the model
@@ -38,10 +39,11 @@ from tqdm import tqdm
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding.batched import BatchCallback, decode_sources
+from transformer_mt.decoding.constraints import Words
 from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult
 from transformer_mt.errors import MTError
-from transformer_mt.text._scripts import is_word_char
+from transformer_mt.text._scripts import continues_word
 from transformer_mt.text.content import untranslatable
 
 Translation = list[tuple[str, float]]  # n-best (text, score) pairs of one input line, best first
@@ -158,8 +160,7 @@ def encode_constraints(
     for (i, j, term), ids in zip(terms, encoded, strict=True):
         if not term:
             raise MTError(
-                f"line {i + first_line}: constraint {j + 1} ({term!r}) has no target pieces: "
-                "give each term some text"
+                f"line {i + first_line}: constraint {j + 1} is empty: give each term some text"
             )
         if not ids:  # the tokenizer drops every character of it: the model cannot write it
             warnings.warn(
@@ -205,32 +206,38 @@ def _constraint_ids(
     return ids, misspelled_terms(trg_tok, lines, encoded)
 
 
-def word_continuations(trg_tok: Tokenizer) -> torch.Tensor:
-    """(V,) bool: the target pieces that go on with the word before them.
+def target_words(trg_tok: Tokenizer) -> Words:
+    """Where the target pieces begin words (:class:`~transformer_mt.decoding.constraints.Words`).
 
-    No word-start mark (``▁``), and a first character that is a letter or digit of a script
-    with spaces between words; a constraint's term is never followed by one (it ends a word).
-    Computed once per tokenizer."""
-    cached = _CONTINUATIONS.get(id(trg_tok))
+    A piece starts a word where it opens with ``▁``; it goes on with the word before it where
+    it does not and its first character belongs to a word of a script with spaces (a letter,
+    a digit, a combining mark). Computed once per tokenizer."""
+    cached = _WORDS.get(id(trg_tok))
     if cached is not None and cached[0] is trg_tok:
         return cached[1]
     pieces = trg_tok.id_to_piece(range(trg_tok.vocab_size))
-    mask = torch.tensor([bool(p) and is_word_char(p[0]) for p in pieces], dtype=torch.bool)
-    _CONTINUATIONS[id(trg_tok)] = (trg_tok, mask)
-    return mask
+    starts = [p.startswith("\u2581") for p in pieces]
+    goes_on = [
+        bool(p) and not start and continues_word(p[0])
+        for p, start in zip(pieces, starts, strict=True)
+    ]
+    words = Words(torch.tensor(starts), torch.tensor(goes_on))
+    _WORDS[id(trg_tok)] = (trg_tok, words)
+    return words
 
 
-_CONTINUATIONS: dict[int, tuple[Tokenizer, torch.Tensor]] = {}
+_WORDS: dict[int, tuple[Tokenizer, Words]] = {}
 
 
 def respelled(trg_tok: Tokenizer, tokens: Sequence[int], respell: Sequence[tuple]) -> str:
     """``tokens`` as text, each misspelled term (:func:`misspelled_terms`) written as given.
 
-    The first place (left to right, not overlapping) where a term's pieces are in ``tokens``,
-    which the constrained search put there, reads as the term; a space before and after it
+    The first place (left to right, not overlapping; longer terms placed first) where a term's
+    pieces are in ``tokens``, which the constrained search put there, reads as the term; a space before and after it
     where the pieces around it start a word."""
     places: list[tuple[int, int, str]] = []
-    for ids, term in respell:
+    # Longer terms first: "€" must not take the place of the "€" in "€5" (stable: source order)
+    for ids, term in sorted(respell, key=lambda pair: -len(pair[0])):
         taken = [range(start, end) for start, end, _ in places]
         for start in range(len(tokens) - len(ids) + 1):
             free = all(start >= r.stop or start + len(ids) <= r.start for r in taken)
@@ -364,6 +371,6 @@ def translate_texts(
             prefixes=forced,
             line_keys=keys,
             constraints=terms,
-            continues=None if terms is None else word_continuations(trg_tok),
+            words=None if terms is None else target_words(trg_tok),
         )
     return results

@@ -22,6 +22,7 @@ from transformer_mt.errors import MTError
 
 if TYPE_CHECKING:
     from transformer_mt.text.glossary import Glossary
+    from transformer_mt.text.protect import Span
 
 
 @dataclass(frozen=True)
@@ -128,21 +129,32 @@ class TranslateExtras:
     def constrained(self, lines: Sequence[str]) -> tuple[list[str], "TranslateExtras"]:
         """The lines as the model reads them, and extras with their protected spans as terms.
 
-        With :attr:`protect`, each line's terms are its glossary terms and its protected spans'
-        texts, each once; without, ``lines`` and these extras come back unchanged. The lines lose the user's ``<keep>``
-        marks (the text between them stays, as a term; :func:`text.protect.as_constraints`)."""
+        With :attr:`protect`, each line loses the user's ``<keep>`` marks (the text between
+        them stays; :func:`text.protect.as_constraints`), and its terms are its glossary's
+        target terms (those whose source terms lie outside the protected spans: a term the user
+        keeps is not translated) and its protected spans' texts, each once. Without, ``lines``
+        and these extras come back unchanged."""
         if not self.protect:
             return list(lines), self
         from transformer_mt.text.protect import as_constraints
 
-        model_lines, terms = [], []
-        glossary_terms = self.line_terms(lines)
-        for i, line in enumerate(lines):
-            model_line, spans = as_constraints(line)
-            model_lines.append(model_line)
-            given = glossary_terms[i] if glossary_terms is not None else []
-            terms.append(list(dict.fromkeys([*given, *spans])))
-        return model_lines, dataclasses.replace(self, protect=False, glossary=None, terms=terms)
+        model_lines = [as_constraints(line) for line in lines]
+        given = None if self.terms is None else self.line_terms(lines)
+        terms = []
+        for i, (model_line, spans) in enumerate(model_lines):
+            glossary = self._terms_outside(model_line, spans) if given is None else given[i]
+            terms.append(list(dict.fromkeys([*glossary, *(span.text for span in spans)])))
+        unmarked = [model_line for model_line, _ in model_lines]
+        return unmarked, dataclasses.replace(self, protect=False, glossary=None, terms=terms)
+
+    def _terms_outside(self, line: str, spans: Sequence["Span"]) -> list[str]:
+        """The glossary's target terms of ``line`` whose source terms lie outside ``spans``."""
+        if self.glossary is None:
+            return []
+        kept = [range(span.start, span.end) for span in spans]
+        found = self.glossary.find(line)
+        free = [m for m in found if not any(m.start < r.stop and r.start < m.end for r in kept)]
+        return list(dict.fromkeys(m.target for m in free))
 
     def torch_only(self) -> str | None:
         """The first option given that only our torch engine gives, as the CLI names it."""

@@ -260,9 +260,29 @@ def _word_starts(
     return out
 
 
-def split_lines(lines: Sequence[str], languages: Sequence[str]) -> Paragraphs:
-    """Each line cut into sentences by the rules of its language (one language per line)."""
-    return Paragraphs([split_text(line, lang) for line, lang in zip(lines, languages, strict=True)])
+def split_lines(lines: Sequence[str], languages: Sequence[str], marks: bool = False) -> Paragraphs:
+    """Each line cut into sentences by the rules of its language (one language per line).
+
+    ``marks``: never cut between a protected span's marks (``<keep>Save. Quit.</keep>`` stays
+    in one sentence, :mod:`transformer_mt.text.protect`)."""
+    splits = [split_text(line, lang) for line, lang in zip(lines, languages, strict=True)]
+    return Paragraphs([_kept_whole(split) for split in splits] if marks else splits)
+
+
+def _kept_whole(split: SplitText) -> SplitText:
+    """``split`` with the sentences that a mark left open joined to the ones that close it."""
+    from transformer_mt.text.protect import DEFAULT_MARKS
+
+    opened, closed = DEFAULT_MARKS.open, DEFAULT_MARKS.close
+    sentences: list[str] = []
+    separators = [split.separators[0]]
+    for sentence, after in zip(split.sentences, split.separators[1:], strict=True):
+        if sentences and sentences[-1].count(opened) > sentences[-1].count(closed):
+            sentences[-1] += separators.pop() + sentence  # the mark is still open: go on
+        else:
+            sentences.append(sentence)
+        separators.append(after)
+    return SplitText(sentences, separators)
 
 
 def line_languages(engine: Translator, lines: Sequence[str], source_lang: str | None) -> list[str]:
@@ -291,7 +311,8 @@ def translate_split(
 
     With ``attention``, each line's result has its attention (its sentences' joined:
     :func:`join_attention`)."""
-    paragraphs = split_lines(lines, line_languages(engine, lines, extras.source_lang))
+    languages = line_languages(engine, lines, extras.source_lang)
+    paragraphs = split_lines(lines, languages, extras.protect)
     each = dataclasses.replace(extras, split=False)
     if all(len(split.sentences) <= 1 for split in paragraphs.splits):
         # A sentence a line (a corpus): the lines as they are, so that each keeps its index

@@ -148,7 +148,7 @@ async def _translate_texts(
     """
     texts = [text.replace("\r\n", "\n") for text in texts]  # a form's line breaks: LF
     languages = line_languages(state.engine, texts, req.source)
-    paragraphs = split_lines(texts, languages)
+    paragraphs = split_lines(texts, languages, req.protect)
     lines = paragraphs.sentences
     check_lines(lines, state.limits, "q sentences", state.engine)
     glossary = _glossary(state, req.glossary)

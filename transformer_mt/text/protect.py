@@ -133,14 +133,20 @@ def unmark(text: str, marks: Marks = DEFAULT_MARKS) -> str:
 
 def as_constraints(
     text: str, kinds: Collection[str] = KINDS, marks: Marks | None = DEFAULT_MARKS
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[Span]]:
     """What a constrained search needs to carry ``text``'s protected spans through.
 
-    The text the model translates (:func:`unmark`: without the user's marks) and the spans'
-    texts, each once, in order: the terms its translation must contain verbatim."""
-    spans = find_protected(text, kinds, marks)
-    model_text = text if marks is None else unmark(text, marks)
-    return model_text, list(dict.fromkeys(span.text for span in spans))
+    The text the model translates (:func:`unmark`: without the user's marks) and its protected
+    spans, placed in that text (``start``/``end`` index it): their ``text`` is what the
+    translation must contain verbatim."""
+    parts, placed, end, at = [], [], 0, 0
+    for span in find_protected(text, kinds, marks):
+        before = text[end : span.start]
+        parts += [before, span.text]  # a marked span without its marks, any other as it is
+        at += len(before)
+        placed.append(Span(at, at + len(span.text), span.kind, span.text))
+        at, end = at + len(span.text), span.end
+    return "".join(parts) + text[end:], placed
 
 
 @dataclass(frozen=True)

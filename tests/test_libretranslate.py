@@ -54,7 +54,7 @@ class UpperEngine(Engine):
     def count_tokens(self, lines) -> int:
         return sum(len(line.split()) + 1 for line in lines)
 
-    def translate(self, lines, decode, attention=False, stop=None, target=None):
+    def _translate(self, lines, decode, attention, stop, target, extras):
         self.calls.append(list(lines))
         return [LineResult(s.upper(), 0.0, [(s.upper(), 0.0)] * decode.nbest) for s in lines]
 

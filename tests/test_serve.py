@@ -487,7 +487,7 @@ class FakeEngine(Engine):
     def count_tokens(self, lines) -> int:
         return sum(len(line.split()) + 1 for line in lines)
 
-    def translate(self, lines, decode, attention=False, stop=None, target=None):
+    def _translate(self, lines, decode, attention, stop, target, extras):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
@@ -926,8 +926,8 @@ class AttentionEngine(FakeEngine):
         self.size = size
         self.matrix = [[(i * 7 + j) % 97 / 97.0000001 for j in range(size)] for i in range(size)]
 
-    def translate(self, lines, decode, attention=False, stop=None, target=None):
-        results = super().translate(lines, decode, attention, stop)
+    def _translate(self, lines, decode, attention, stop, target, extras):
+        results = super()._translate(lines, decode, attention, stop, target, extras)
         for result in results if attention else ():
             result.attention = Attention(["s"] * self.size, ["t"] * self.size, self.matrix)
         return results

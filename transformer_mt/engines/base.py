@@ -6,7 +6,7 @@ one, through :mod:`transformer_mt.engines.engine`. It lives apart from that modu
 engines can subclass it while ``load_engine`` there imports them without a circle.
 """
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +102,7 @@ class Engine(ABC):
         lines, extras = extras.constrained(lines)
         return self._translate(lines, decode, attention, stop, target, extras)
 
+    @abstractmethod
     def _translate(
         self,
         lines: Sequence[str],
@@ -111,13 +112,7 @@ class Engine(ABC):
         target: str | None,
         extras: TranslateExtras,
     ) -> list[LineResult]:
-        """The engine's own part of :meth:`translate`: ``lines`` as they are, extras checked.
-
-        Each engine implements it. Not an abstract method: an engine (a test's stand-in) may
-        override :meth:`translate` itself instead."""
-        raise NotImplementedError(
-            f"{type(self).__name__} implements neither _translate nor translate"
-        )
+        """The engine's own part of :meth:`translate`: ``lines`` as they are, extras checked."""
 
     def score(
         self,

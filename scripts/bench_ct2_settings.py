@@ -1,4 +1,4 @@
-"""What each of `bench_decode_fair.py`'s CTranslate2 settings costs, against CT2 as its users run it.
+"""What each of `bench_decode_fair.py`'s CTranslate2 settings costs, against CT2 as users run it.
 
     python scripts/bench_ct2_settings.py --export runs/m30k/ct2 --src test_2016_flickr.de \
         --ref test_2016_flickr.en --len-penalty 1.4 --runs 3

@@ -1,4 +1,4 @@
-"""Write docs/CONFIG.md, the reference of every config key, from the declarations in config/schema.py.
+"""Write docs/CONFIG.md, the reference of every config key, from config/schema.py's declarations.
 
 Each key's section, name, type, default, allowed values and help come from its ``setting(...)``
 declaration (the same one that validation, the command-line options and `mt config` read), so
@@ -30,9 +30,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"
 INTRO = """\
 # Configuration reference
 
-Every key a config file (or `--set section.key=value`) can set, generated from the declarations
-in `transformer_mt/config/schema.py` by `python scripts/config_doc.py` (a test fails when this file is
-out of date). `mt config [NAME_OR_PATH] [--set key=value ...]` prints a resolved config with the
+Every key a config file (or `--set section.key=value`) can set, generated from the
+declarations in `transformer_mt/config/schema.py` by `python scripts/config_doc.py` (a test fails
+when this file is out of date). `mt config [NAME_OR_PATH] [--set key=value ...]` prints a resolved config with the
 same help as comments; a value outside its allowed range stops `mt train` before any work, with
 one line naming the key.
 """

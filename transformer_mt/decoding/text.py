@@ -151,9 +151,9 @@ def encode_constraints(
     """The target ids of the constraint terms of input lines ``lines``.
 
     Per line of ``lines`` (indices into ``constraints``), in that order, each of its terms
-    (surrounding whitespace removed) with its target ids (no EOS). A blank term is an MTError naming its
-    line (``constraints[0]``'s is ``first_line``); one the tokenizer writes as no pieces at all
-    is left out, with a warning."""
+    (surrounding whitespace removed) with its target ids (no EOS). A blank term is an MTError
+    naming its line (``constraints[0]``'s is ``first_line``); one the tokenizer writes as no
+    pieces at all is left out, with a warning."""
     terms = [(i, j, term.strip()) for i in lines for j, term in enumerate(constraints[i])]
     encoded = trg_tok.encode_batch([term for _, _, term in terms]) if terms else []
     by_line: dict[int, list[tuple[str, list[int]]]] = {i: [] for i in lines}
@@ -233,8 +233,8 @@ def respelled(trg_tok: Tokenizer, tokens: Sequence[int], respell: Sequence[tuple
     """``tokens`` as text, each misspelled term (:func:`misspelled_terms`) written as given.
 
     The first place (left to right, not overlapping; longer terms placed first) where a term's
-    pieces are in ``tokens``, which the constrained search put there, reads as the term; a space before and after it
-    where the pieces around it start a word."""
+    pieces are in ``tokens``, which the constrained search put there, reads as the term; a space
+    before and after it where the pieces around it start a word."""
     places: list[tuple[int, int, str]] = []
     # Longer terms first: "€" must not take the place of the "€" in "€5" (stable: source order)
     for ids, term in sorted(respell, key=lambda pair: -len(pair[0])):

@@ -107,6 +107,28 @@ def test_a_glossary_term_comes_out_as_the_glossary_says(tmp_path, engine):
     assert term in result.stdout
 
 
+def test_a_glossary_holds_in_each_sentence_of_a_document(tmp_path, engine):
+    line = "The horse pulls the mouse on a cup although the doctor watches a cold bird."
+    term = "trumenaul"
+    page = tmp_path / "page.html"
+    page.write_text(f"<p>{line} The friend closed the woman.</p><p>A <i>horse</i> ran.</p>")
+    terms = tmp_path / "terms.tsv"
+    terms.write_text(f"horse\t{term}\n")
+    out = tmp_path / "page.en.html"
+    base = ["translate", "-c", str(CKPT), "-i", str(page), "-o", str(out)]
+    plain = runner.invoke(app, base)
+    assert plain.exit_code == 0, plain.output
+    assert term not in out.read_text()
+    kept = runner.invoke(app, [*base, "--glossary", str(terms)])
+    assert kept.exit_code == 0, kept.output
+    assert out.read_text().count(term) == 2, out.read_text()
+    refused = runner.invoke(app, [*base, "--protect"])
+    assert refused.exit_code == 1 and "--protect is for lines of text" in refused.output
+    same = runner.invoke(app, ["translate", "-c", str(CKPT), "-i", str(page), "-o", str(terms),
+                               "--glossary", str(terms)])  # fmt: skip
+    assert same.exit_code == 1 and terms.read_text() == f"horse\t{term}\n"
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -28,9 +28,10 @@ TERM = "trumenaul"  # a target word of the fixture model's language
 class Multi(Engine):
     """A de/fr/cs -> en engine that upper-cases each sentence, keeping the calls."""
 
-    def __init__(self) -> None:
-        pairs = [("de", "en"), ("fr", "en"), ("cs", "en")]
-        super().__init__("fake", None, None, DecodeConfig(beam_size=2), "de", "en", pairs=pairs)
+    def __init__(self, sources: tuple[str, ...] = ("de", "fr", "cs")) -> None:
+        pairs = [(source, "en") for source in sources]
+        first = sources[0]
+        super().__init__("fake", None, None, DecodeConfig(beam_size=2), first, "en", pairs=pairs)
         self.calls: list[list[str]] = []
 
     def count_tokens(self, lines) -> int:
@@ -81,6 +82,26 @@ def test_a_glossary_by_name_or_inline_keeps_its_term(torch_served):
     assert unknown.json()["error"] == (
         "Invalid request: no glossary named 'plants' (glossaries: animals)"
     )
+
+
+def test_a_glossary_holds_in_an_html_body_and_protect_is_for_plain_text(torch_served):
+    client, _ = torch_served
+    line = "The horse pulls the mouse on a cup although the doctor watches a cold bird."
+    html = f"<p>{line} <b>The friend</b> closed the woman.</p>"
+    body = {"q": html, "source": "src", "target": "trg", "format": "html"}
+    plain = client.post("/translate", json=body)
+    assert plain.status_code == 200 and TERM not in plain.json()["translatedText"]
+    for glossary in ("animals", {"horse": TERM}):
+        reply = client.post("/translate", json={**body, "glossary": glossary})
+        assert reply.status_code == 200, reply.text
+        translated = reply.json()["translatedText"]
+        assert translated.count(TERM) == 1 and translated.startswith("<p>"), translated
+    unknown = client.post("/translate", json={**body, "glossary": "plants"})
+    assert unknown.status_code == 400 and "no glossary named 'plants'" in unknown.json()["error"]
+    protect = client.post("/translate", json={**body, "protect": True})
+    assert protect.status_code == 400
+    assert protect.json()["error"] == "Invalid request: protect is for plain text (format: text)"
+    assert 'translate="no"' in protect.json()["detail"]
 
 
 def test_protect_keeps_links_addresses_numbers_and_marked_text(torch_served):
@@ -153,6 +174,28 @@ def test_source_auto_splits_each_text_by_its_own_language(multi_served):
         "Il est parti.",
     ]
     assert [d["language"] for d in reply.json()["detectedLanguage"]] == ["de", "fr"]
+
+
+@pytest.mark.parametrize(
+    ("source", "text", "sentences"),
+    [
+        ("ja", "今日は晴れです。\r\n\t明日は？ 「はい。」と彼は言った。", ["今日は晴れです。", "明日は？", "「はい。」と彼は言った。"]),
+        ("zh", "我今天很忙。你呢？\t我们明天见！\r\n", ["我今天很忙。", "你呢？", "我们明天见！"]),
+        ("de", "Dr. Meier kam um 9.30 Uhr.\r\n\r\nZ. B. \"das\" hier.  Ok.", ["Dr. Meier kam um 9.30 Uhr.", "Z. B. \"das\" hier.", "Ok."]),
+    ],
+)  # fmt: skip
+def test_each_sentence_is_translated_and_the_spacing_comes_back_byte_for_byte(
+    source, text, sentences
+):
+    engine = Multi((source,))
+    with running(create_app(engine, LIMITS)) as url, httpx.Client(base_url=url) as client:
+        body = {"q": text, "source": source, "target": "en"}
+        reply = client.post("/translate", json=body)
+        assert reply.status_code == 200, reply.text
+        assert engine.calls[-1] == sentences
+        assert reply.json()["translatedText"] == text.upper()  # CRLF, tabs, spaces as sent
+        form = client.post("/translate", data=body)  # a browser's form: its CRLF read as LF
+        assert form.json()["translatedText"] == text.upper().replace("\r\n", "\n")
 
 
 def test_a_repeated_line_comes_from_the_cache_counted_in_metrics(multi_served_cached):

@@ -57,6 +57,17 @@ def test_a_language_outside_the_candidates_gives_the_default(text):
     assert detect(text, CANDIDATES, "cs") == [Detection("cs", 0.0)]
 
 
+@pytest.mark.parametrize("text", ["OK", "Hotel", "Paris", "Bank", "Hund", "hello world"])
+def test_a_model_of_one_source_language_is_not_sure_of_a_short_unclear_text(text):
+    assert detect(text, ["de"], "de") == [Detection("de", 0.0)]
+
+
+def test_a_model_of_one_source_language_is_sure_of_its_language_only():
+    assert detect("Das ist gut", ["de"], "de") == [Detection("de", 100.0)]
+    assert detect("Ein Mann fährt mit dem Fahrrad.", ["de"], "de") == [Detection("de", 100.0)]
+    assert detect("A man rides a bicycle down the street.", ["de"], "de") == [Detection("de", 0.0)]
+
+
 def test_the_default_need_not_be_a_candidate():
     assert detect("12", CANDIDATES, "en") == [Detection("en", 0.0)]
     assert detect("Ein Mann fährt Fahrrad.", CANDIDATES, "en")[0].language == "de"
@@ -114,6 +125,14 @@ def test_multi30k_sentences_among_de_fr_cs():
     seconds = (time.perf_counter() - t0) / sum(map(len, sentences.values()))
     assert right / sum(map(len, sentences.values())) >= 0.99
     assert seconds < 0.005  # goal 1 ms; loose for a shared CI machine
+
+
+def test_two_word_prefixes_for_a_model_of_one_source_language():
+    """With the one candidate de: most German prefixes detected, English ones hardly ever."""
+    german = [" ".join(s.split()[:2]) for s in _test_sentences("de")]
+    english = [" ".join(s.split()[:2]) for s in _test_sentences("en")]
+    assert sum(detect(s, ["de"], "de")[0].confidence > 0 for s in german) >= 0.8 * len(german)
+    assert sum(detect(s, ["de"], "de")[0].confidence > 0 for s in english) <= 0.01 * len(english)
 
 
 def test_multi30k_english_among_de_fr_cs_is_never_a_confident_guess():

@@ -196,7 +196,7 @@ def translate(
         protect,
     )
     if input is not None and _is_document(input):
-        _translate_document(input, output, model, options, text.given())
+        _translate_document(input, output, model, options, text)
     else:
         _translate_text(input, output, model, options, text)
 
@@ -352,29 +352,34 @@ def _is_document(path: Path) -> bool:
 
 
 def _translate_document(
-    input: Path, output: Path | None, model: _ModelOptions, options: dict, unused: list[str]
+    input: Path, output: Path | None, model: _ModelOptions, options: dict, text: _TextOptions
 ) -> None:
     """Translate a document into a document of its format.
 
     `mt translate -i DOC -o DOC`: a document into one of its format, its markup kept (the
-    model's cross-attention places it); ``unused``: options for lines, refused."""
+    model's cross-attention places it), a --glossary held in each sentence; the other options
+    for lines (``text``) are refused."""
     from transformer_mt.documents.document import read_document_file
     from transformer_mt.documents.translate import check_document_output, translate_file
     from transformer_mt.fileio import check_output
 
+    unused = [option for option in text.given() if option != "--glossary"]
     if unused:
         raise MTError(f"{unused[0]} is for lines of text; {input} is a document: drop {unused[0]}")
     if output is None:
         raise MTError(f"--input {input} is a document: name its translation with --output FILE")
     if len(model.checkpoints) > 1:
         raise MTError("a document is translated with one --checkpoint (no ensemble)")
-    inputs = [input, *model.checkpoints]
+    inputs = [input, *model.checkpoints, *([text.glossary] if text.glossary else [])]
     check_output(output, inputs)
+    extras = text.extras()  # a bad glossary file: one line, before the model loads
+    extras.check_engine(model.engine)
     document = read_document_file(input)
     check_document_output(document, output)
     engine = _load_engine(model)
     decode = decode_settings(engine.decode, **options)
-    translate_file(engine, document, output, decode, model.target_lang, inputs=inputs)
+    target = model.target_lang
+    translate_file(engine, document, output, decode, target, inputs, extras.glossary)
     note(f"wrote {output}: {len(document.segments)} segments translated")
 
 

@@ -2,9 +2,10 @@
 
 :func:`translate_file` translates an .html, .docx, .odt, .pptx or .epub file into a file of the same
 format (:mod:`transformer_mt.documents.document` reads it). A segment of several sentences (a
-paragraph) is cut into them and each is translated alone, as pasted text is
-(:func:`~transformer_mt.engines.paragraphs.translate_split`, by the rules of the model's source
-language); their attention is joined into the segment's, which places its markup.
+paragraph) is cut into them and each is translated alone, as pasted text is (the engine's
+``translate`` with ``TranslateExtras(split=True)``, by the rules of the model's source language);
+their attention is joined into the segment's, which places its markup. A glossary holds in every
+sentence, as in pasted text.
 """
 
 from collections.abc import Sequence
@@ -13,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from transformer_mt.documents.document import SUFFIXES, Document
 from transformer_mt.engines.options import TranslateExtras
-from transformer_mt.engines.paragraphs import translate_split
 from transformer_mt.errors import MTError
 from transformer_mt.fileio import write_output
 
 if TYPE_CHECKING:  # the engine and its settings need torch; documents are read without it
     from transformer_mt.config import DecodeConfig
     from transformer_mt.engines.engine import Engine
+    from transformer_mt.text.glossary import Glossary
 
 
 def is_document(path: Path) -> bool:
@@ -31,17 +32,21 @@ def is_document(path: Path) -> bool:
 
 
 def translate_document(
-    engine: "Engine", document: Document, decode: "DecodeConfig", target: str | None = None
+    engine: "Engine",
+    document: Document,
+    decode: "DecodeConfig",
+    target: str | None = None,
+    glossary: "Glossary | None" = None,
 ) -> bytes:
     """Translate ``document`` with ``engine``, in its own format.
 
     ``document`` translated by ``engine``: its segments as lines, each cut into sentences and
     joined back (see the module's docstring), with their cross-attention (which places the
     markup inside a segment), rendered in the document's format. ``target``: the language a
-    multilingual model translates into."""
-    extras = TranslateExtras(split=True, source_lang=engine.src_lang)
-    lines = document.segments
-    results = translate_split(engine, lines, decode, None, target, extras, attention=True)
+    multilingual model translates into. ``glossary``: the terms each sentence's translation
+    must hold (a constrained search: the torch engine's)."""
+    extras = TranslateExtras(split=True, source_lang=engine.src_lang, glossary=glossary)
+    results = engine.translate(document.segments, decode, True, target=target, extras=extras)
     return document.render(results)
 
 
@@ -62,6 +67,7 @@ def translate_file(
     decode: "DecodeConfig",
     target: str | None = None,
     inputs: Sequence[Path] = (),
+    glossary: "Glossary | None" = None,
 ) -> None:
     """Translate ``document`` into the file ``output`` of its format.
 
@@ -69,5 +75,5 @@ def translate_file(
     into the file ``output`` of its format (:func:`check_document_output`), written whole
     (:func:`~transformer_mt.fileio.write_output`: never over one of ``inputs``)."""
     check_document_output(document, output)
-    data = translate_document(engine, document, decode, target)
+    data = translate_document(engine, document, decode, target, glossary)
     write_output(output, data, inputs=inputs)

@@ -21,7 +21,14 @@ from transformer_mt.documents.document import FILE_FORMATS, html_segments, rende
 from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.paragraphs import line_languages, split_lines
 from transformer_mt.errors import MTError
-from transformer_mt.serve.forms import Strict, body_schema, read_fields
+from transformer_mt.serve.forms import (
+    FORM,
+    MULTIPART,
+    Strict,
+    body_schema,
+    content_type,
+    read_fields,
+)
 from transformer_mt.serve.languages import is_toy, language_name
 from transformer_mt.serve.settings import ApiError
 from transformer_mt.serve.state import (
@@ -86,7 +93,7 @@ async def libre_translate(request: Request, state: ServerState = Depends(server_
     target = req.target if state.engine.lang_tags else None
     confidences = None
     if req.format == "html":
-        html = await _translate_html(state, request, req.source, texts, target)
+        html = await _translate_html(state, request, req, texts, target)
         translated, alternatives = html, None
     else:
         translated, alternatives, confidences = await _translate_texts(
@@ -142,11 +149,13 @@ async def _translate_texts(
 
     Each text is cut into sentences (by the rules of ``source``, or of each text's detected
     language for "auto"), the sentences of all texts are decoded together and joined back with
-    each text's own spaces and line breaks (:mod:`~transformer_mt.engines.paragraphs`).
+    each text's own spaces and line breaks (:mod:`~transformer_mt.engines.paragraphs`; a JSON
+    text's byte for byte, a form's with its CRLF line breaks, which browsers send, as LF).
     Sentences with nothing to translate are kept as they are (never decoded:
     :func:`decode_lines`), and a text of such sentences alone has no alternatives.
     """
-    texts = [text.replace("\r\n", "\n") for text in texts]  # a form's line breaks: LF
+    if content_type(request) in (FORM, MULTIPART):  # a browser sends a textarea's breaks as CRLF
+        texts = [text.replace("\r\n", "\n") for text in texts]
     languages = line_languages(state.engine, texts, req.source)
     paragraphs = split_lines(texts, languages, req.protect)
     lines = paragraphs.sentences
@@ -219,11 +228,7 @@ def _detected(state: ServerState, text: str) -> list[dict]:
 
 
 async def _translate_html(
-    state: ServerState,
-    request: Request,
-    source: str | None,
-    texts: list[str],
-    target: str | None,
+    state: ServerState, request: Request, req: LibreRequest, texts: list[str], target: str | None
 ) -> list[str]:
     """HTML fragments translated sentence by sentence, their markup kept.
 
@@ -234,17 +239,27 @@ async def _translate_html(
     (:func:`decode_segments`, as ``mt translate`` translates a document). Parsed, split, joined
     (and, translated, parsed again and written) in a parsing process where they are not small
     (:func:`parse`): never for long on the event loop; a fragment stops being read past
-    max_lines segments, and the sentences count against the request limits."""
+    max_lines segments, and the sentences count against the request limits. A glossary holds
+    in every sentence, as in plain text; ``protect`` is plain text's (HTML marks what it keeps
+    with ``translate="no"``)."""
+    if req.protect:
+        raise ApiError(
+            400,
+            "Invalid request: protect is for plain text (format: text)",
+            detail='in HTML, mark the spans to keep with translate="no" (or <code>)',
+        )
+    glossary = _glossary(state, req.glossary)
+    _check_constrainable(state, "glossary" if glossary else None)
     most = state.limits.max_lines
     why = {"max_segments": f"max_lines={most} per request: mt serve --max-lines"}
     limits = document_limits(why, max_segments=most)
     here = sum(len(text) for text in texts) <= INLINE_PARSE_CHARS
     found = await parse(state, html_segments, texts, limits, "q", here=here)
     segments = [segment for text in found for segment in text]
-    languages = segment_languages(state.engine, found, source)
+    languages = segment_languages(state.engine, found, req.source)
     decode = request_decode(state.engine.decode, {}, state.limits, LIBRE_NAMES)
     results = await decode_segments(
-        state, request, segments, languages, decode, target, "q sentences", here=here
+        state, request, segments, languages, decode, target, "q sentences", here, glossary
     )
     grouped, start = [], 0
     for text in found:

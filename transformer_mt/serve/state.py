@@ -363,6 +363,7 @@ async def decode_segments(
     target: str | None,
     field: str | None = None,
     here: bool = False,
+    glossary: Glossary | None = None,
 ) -> list[LineResult]:
     """One result per document segment, with attention, from its sentences' translations.
 
@@ -375,13 +376,17 @@ async def decode_segments(
     its markup. Where no segment has more than one sentence, the segments are decoded as they
     are. ``field``: the sentences are checked against the request limits
     (:func:`check_lines`), errors naming ``field``. Split and joined where :func:`parse` runs
-    (``here``: on the event loop, for a small body)."""
+    (``here``: on the event loop, for a small body). ``glossary``: the terms each sentence's
+    translation must hold (its targets of the terms the sentence holds)."""
     paragraphs = await parse(state, split_lines, segments, languages, here=here)
     if field is not None:
         check_lines(paragraphs.sentences, state.limits, field, state.engine)
-    if all(len(split.sentences) <= 1 for split in paragraphs.splits):
-        return await decode_lines(state, request, segments, decode, True, target)
-    results = await decode_lines(state, request, paragraphs.sentences, decode, True, target)
+    whole = all(len(split.sentences) <= 1 for split in paragraphs.splits)
+    lines = segments if whole else paragraphs.sentences
+    terms = None if glossary is None else [glossary.targets(line) for line in lines]
+    results = await decode_lines(state, request, lines, decode, True, target, terms)
+    if whole:
+        return results
     # Paragraphs.join(results, nbest, outer=False, attention=True): parse passes no keywords.
     return await parse(state, paragraphs.join, results, decode.nbest, False, True, here=here)
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.decoding import beam_search, greedy_search
-from transformer_mt.engines import load_for_inference, translate_lines
+from transformer_mt.engines import TranslateExtras, load_engine, load_for_inference
 from transformer_mt.engines.alignment import to_words, word_indices
 from transformer_mt.engines.attention import attention_matrices
 
@@ -82,13 +82,15 @@ def test_alignment_is_the_argmax_of_the_attention_matrices(tmp_path, loaded, lin
     expected = [(int(np.argmax(weights[j, :n_src])), j) for j in range(n_trg)]
     field = _translate(tmp_path, "--beam", "1", "--alignments")[0].split("\t")[1]
     assert _pairs(field) == expected
-    # The same through the library, with one chosen layer (the fixture has one decoder layer).
-    aligned: list = []
-    translate_lines(loaded.model, loaded.src_tok, loaded.trg_tok, lines[:1],
-                    dataclasses.replace(loaded.config.decode, beam_size=1), alignments=aligned,
-                    alignment_layer=0)  # fmt: skip
+    # The same through the library, with one chosen layer (the fixture has one decoder layer):
+    # each result carries its line's alignments; asked for none, it carries none.
+    engine = load_engine("torch", CKPT)
+    decode = dataclasses.replace(engine.run_decode, beam_size=1)
+    extras = TranslateExtras(alignments=True, alignment_layer=0)
+    (result,) = engine.translate(lines[:1], decode, extras=extras)
     (layer0,) = attention_matrices(loaded.model, torch.tensor([src_ids]), [hyp], layer=0)
-    assert aligned == [[[(int(np.argmax(layer0[j, :n_src])), j) for j in range(n_trg)]]]
+    assert result.alignments == [[(int(np.argmax(layer0[j, :n_src])), j) for j in range(n_trg)]]
+    assert engine.translate(lines[:1], decode)[0].alignments is None
 
 
 def _beam(loaded, line: str, beam: int, nbest: int):
@@ -191,3 +193,15 @@ def test_attention_of_a_hypothesis_that_fills_the_position_table():
     (weights,) = attention_matrices(model, src, [cut])
     full = longer.cross_attention(src, torch.tensor([[1, *cut.tokens]])).mean(dim=(0, 2))[0]
     np.testing.assert_allclose(weights, full[:8].numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_alignments_need_one_checkpoint(lines):
+    """An ensemble's alignments would be one model's: refused in one line, before decoding."""
+    from transformer_mt.errors import MTError
+
+    ensemble = load_engine("torch", [CKPT, CKPT])
+    with pytest.raises(MTError, match="alignments need one checkpoint, not an ensemble"):
+        ensemble.translate(lines[:1], ensemble.run_decode, extras=TranslateExtras(alignments=True))
+    result = runner.invoke(app, ["translate", "-c", CKPT, "-c", CKPT, "-i", SRC, "--alignments"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: alignments need one checkpoint, not an ensemble"

@@ -234,3 +234,41 @@ def test_sampling_is_seeded_and_top_k_1_equals_greedy(trained):
     assert draws[0].stdout.count("\n") == 6
     bad = runner.invoke(app, [*ckpt, "--sample", "--beam", "4"], input=text)
     assert bad.exit_code == 1 and "--sample" in bad.stderr
+
+
+def _params(command: str) -> dict:
+    """The click parameters of the command ``command``, by name, as Typer builds them."""
+    import typer
+
+    return {param.name: param for param in typer.main.get_command(app).commands[command].params}
+
+
+def test_each_model_option_is_read_from_its_declaration():
+    """`mt translate` and `mt evaluate` take every field of ModelOptions as its declared option:
+    its flag, default, help and the values it accepts; `mt score` the ones it has. A value
+    outside the declared choices is one line naming the option, before any work."""
+    import dataclasses
+
+    from transformer_mt.engines.options import ModelOptions
+
+    fields = dataclasses.fields(ModelOptions)
+    for command, names in (
+        ("translate", [f.name for f in fields]),
+        ("evaluate", [f.name for f in fields]),
+        ("score", ["device", "target_lang"]),
+    ):
+        params = _params(command)
+        for f in (f for f in fields if f.name in names):
+            param, choices = params[f.name], f.metadata["choices"]
+            assert param.opts == [f.metadata["option"]], (command, f.name)
+            assert param.default == f.default, (command, f.name)
+            help_text = " ".join(param.help.split())
+            assert help_text.lower().startswith(f.metadata["help"].lower()), (command, f.name)
+            assert choices is None or f"({' or '.join(choices)})" in help_text, (command, f.name)
+        defaults = {name: params[name].default for name in names}
+        assert ModelOptions(**defaults) == ModelOptions(), command
+    for flag, value in (("--engine", "onnx"), ("--quantize", "int4"), ("--precision", "fp16")):
+        result = runner.invoke(app, ["translate", "-c", "never-read.pt", flag, value], input="x\n")
+        assert result.exit_code == 1, result.output
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith(f"error: {flag}={value!r}: expected one of "), line

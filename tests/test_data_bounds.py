@@ -357,7 +357,14 @@ def test_a_5000_digit_number_in_jsonl_is_read_or_refused_as_a_number(tmp_path: P
 def test_a_weight_no_epoch_can_draw_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(MTError) as exc:
         _config(tmp_path, "{tsv: a.tsv, weight: 1e12}")
-    assert _one_line(exc) == "data.train[0].weight is 1e+12; it must be finite and in (0, 1000]"
+    assert _one_line(exc) == (
+        "data.train[0].weight is 1e+12; it must be finite and in (0, 1000]: an epoch draws a "
+        "pair at most 1,000 times; to draw this source more than the others, lower the others' "
+        "weights"
+    )
+    with pytest.raises(MTError) as exc:
+        _config(tmp_path, "{tsv: a.tsv, weight: -1}")
+    assert _one_line(exc) == "data.train[0].weight is -1; it must be finite and in (0, 1000]"
     _config(tmp_path, "{tsv: a.tsv, weight: 1000}")  # the most an epoch draws
 
 

@@ -164,7 +164,7 @@ def test_the_cli_passes_precision_and_refuses_what_cannot_apply(tmp_path, caplog
     assert auto.exit_code == 0 and "linear layers in " in caplog.text and "(auto: " in caplog.text
 
     errors = {
-        "--precision 'fp16'": [*args, "--precision", "fp16"],
+        "--precision='fp16': expected one of auto, fp32, bf16": [*args, "--precision", "fp16"],
         "--quantize int8": [*args, "--precision", "bf16", "--quantize", "int8"],
         "--engine torch": [*args, "--precision", "bf16", "--engine", "ct2", "-c", str(tmp_path)],
     }

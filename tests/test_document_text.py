@@ -27,6 +27,7 @@ from transformer_mt.documents.document import html_document, read_document
 from transformer_mt.documents.limits import DocumentLimits, DocumentTooLarge
 from transformer_mt.documents.placement import word_links
 from transformer_mt.documents.translate import translate_document
+from transformer_mt.engines.base import Engine
 from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.paragraphs import join_attention, translate_split
 from transformer_mt.engines.results import Attention, LineResult
@@ -45,21 +46,20 @@ def pieces(word: str) -> list[str]:
     return [WORD + word[:2], word[2:]] if len(word) > 2 else [WORD + word]
 
 
-class Fake:
-    """An engine stand-in (the Translator protocol): each sentence's words in capitals.
+class Fake(Engine):
+    """An engine stand-in: each sentence's words in capitals.
 
     ``reverse``: in reverse order. ``eos``: our engine's convention (the source's EOS column and
     the EOS row) or, without, CTranslate2's (neither; rows sum to a little under 1). ``tag``: a
     multilingual model's target-language piece before each source."""
 
-    pairs = (("de", "en"),)
-
     def __init__(self, reverse: bool = False, eos: bool = True, tag: str | None = None, lang="de"):
-        self.reverse, self.eos, self.tag, self.src_lang = reverse, eos, tag, lang
+        super().__init__("fake", None, None, DECODE, lang, "en", pairs=[(lang, "en")])  # type: ignore[arg-type]
+        self.reverse, self.eos, self.tag = reverse, eos, tag
         self.calls: list[list[str]] = []
 
-    def translate(self, lines, decode, attention=False, stop=None, target=None, extras=None):
-        assert extras is None or not extras.split  # the sentences come one by one
+    def _translate(self, lines, decode, attention, stop, target, extras):
+        assert not extras.split  # the sentences come one by one
         self.calls.append(list(lines))
         return [self.one(line, attention) for line in lines]
 

@@ -90,6 +90,20 @@ def well_nested(found: list[tuple[str, str, tuple]]) -> bool:
 # --- HTML ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('<p><img src="a.png"> Ein Mann.</p>', '<p><img src="a.png"> EIN MANN.</p>'),
+        ('<p>Ein Mann. <img src="a.png"></p>', '<p>EIN MANN. <img src="a.png"></p>'),
+        ('<p> <img src="a.png">  Ein Mann. <!-- c --> </p>', '<p> <img src="a.png">  EIN MANN. <!-- c --> </p>'),
+        ('<p><img src="a.png">Ein Mann.</p>', '<p><img src="a.png">EIN MANN.</p>'),
+        ('<p>Ein <img src="a.png"> Mann.</p>', '<p>EIN <img src="a.png"> MANN.</p>'),
+    ],
+)  # fmt: skip
+def test_markup_in_the_whitespace_around_a_segments_words_stays_where_it_was(source, expected):
+    assert translated(source) == expected
+
+
 def test_html_keeps_tags_attributes_and_entities_around_the_words_they_held():
     source = (
         '<p class="intro">Hello <b>big</b> world &amp; <a href="/x?a=1&amp;b=2" title="T &lt;">'

@@ -281,6 +281,23 @@ def test_the_char_limit_counts_a_batch_as_a_whole():
         assert batch(client, ["Hi", "you"]).json() == {"translatedText": ["HI", "YOU"]}
 
 
+def test_a_keys_own_char_limit_counts_a_batch_as_a_whole(tmp_path):
+    keys = tmp_path / "keys.json"
+    key = add_key(keys, "team", char_limit=12)
+    access = AccessSettings(api_keys=keys, char_limit=100)
+
+    def batch(texts):
+        body = {"q": texts, "source": "en", "target": "es", "api_key": key}
+        return client.post("/translate", json=body)
+
+    with serving(ServeSettings(access=access)) as (client, engine):
+        refused = batch(["Hello", "there", "again"])  # 5 characters each, 15 together
+        assert refused.status_code == 400, refused.text
+        assert refused.json() == {"error": "Invalid request: request (15) exceeds text limit (12)"}
+        assert engine.calls == [], "a refused batch was decoded"
+        assert batch(["Hello", "there!"]).json() == {"translatedText": ["HELLO", "THERE!"]}
+
+
 # --- --key-free-origin: the whole origin, matched in linear time ----------------------------
 
 

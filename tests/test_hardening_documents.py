@@ -10,14 +10,18 @@ gets a 413 (or 400) of one line while other clients are answered at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import io
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 import zipfile
 from pathlib import Path
 
@@ -76,6 +80,19 @@ def docx_bomb(paragraphs: int, filler: bytes = b"<w:p/>") -> bytes:
     template = io.BytesIO()
     docx.Document().save(template)
     return _rewrite(template.getvalue(), "word/document.xml", b"<w:body>", filler, paragraphs)
+
+
+def pptx_bomb(paragraphs: int) -> bytes:
+    pptx = pytest.importorskip("pptx")
+    from pptx.util import Inches
+
+    presentation = pptx.Presentation()
+    slide = presentation.slides.add_slide(presentation.slide_layouts[6])  # blank
+    slide.shapes.add_textbox(Inches(1), Inches(1), Inches(4), Inches(1)).text_frame.text = "x"
+    template = io.BytesIO()
+    presentation.save(template)
+    member = "ppt/slides/slide1.xml"
+    return _rewrite(template.getvalue(), member, b"<a:lstStyle/>", b"<a:p/>", paragraphs)
 
 
 def odt_bomb(paragraphs: int) -> bytes:
@@ -165,6 +182,7 @@ def read_in_subprocess(path: Path) -> tuple[str, int]:
     "suffix, make, paragraphs",
     [
         (".docx", docx_bomb, 10_000_000),
+        (".pptx", pptx_bomb, 10_000_000),
         (".odt", odt_bomb, 5_000_000),
         (".epub", epub_bomb, 5_000_000),
     ],
@@ -173,7 +191,7 @@ def test_a_document_bomb_is_refused_while_read_in_bounded_memory(
     tmp_path, suffix, make, paragraphs
 ):
     # The issue's inputs: a 128 KB .docx of 10M empty paragraphs (4 GB), an 83 KB .odt (4 GB),
-    # a 62 KB .epub (2.7 GB).
+    # a 62 KB .epub (2.7 GB); a .pptx slide of 10M empty paragraphs in 116 KB.
     path = tmp_path / f"bomb{suffix}"
     path.write_bytes(make(paragraphs))
     assert path.stat().st_size < 200_000
@@ -374,6 +392,10 @@ def test_malformed_html_reads_as_text_and_an_unclosed_script_is_kept():
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed")
 
+from transformer_mt.serve import state as serve_state  # noqa: E402
+from transformer_mt.serve.settings import ApiError, FileSettings, ServeSettings  # noqa: E402
+from transformer_mt.serve.state import INLINE_PARSE_CHARS, Parsing, parse  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -390,26 +412,70 @@ def _post_html(client, html: str):
     )
 
 
-def _plain_while(client, hostile) -> tuple[float, list]:
-    """How long a plain /translate takes while ``hostile(client)`` runs in another thread."""
+def _plain_while(client, hostile, delay: float = 0.5) -> tuple[float, bool, list]:
+    """How long a plain /translate takes while ``hostile()`` runs in another thread.
+
+    The plain request is sent ``delay`` seconds after the hostile one. Returns how long it
+    took, whether the hostile request was still unanswered when it was answered, and the
+    hostile request's answer (in a list)."""
     answers: list = []
     worker = threading.Thread(target=lambda: answers.append(hostile()))
     worker.start()
-    time.sleep(0.5)  # the hostile request is being parsed
+    time.sleep(delay)  # the hostile request is being parsed
     start = time.perf_counter()
     reply = client.post("/translate", json={"q": "Hello", "source": "en", "target": "es"})
-    waited = time.perf_counter() - start
+    waited, pending = time.perf_counter() - start, not answers
     assert reply.status_code == 200 and reply.json()["translatedText"] == "HELLO"
     worker.join(120)
-    return waited, answers
+    return waited, pending, answers
+
+
+def _parsing_children() -> list[int]:
+    """The pids of this process's parsing processes (the server's: in this process)."""
+    return [child.pid for child in multiprocessing.active_children()]
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds this process's parsing processes have used so far."""
+    ticks = 0
+    for pid in _parsing_children():
+        with contextlib.suppress(FileNotFoundError):  # a process that has just ended
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime and stime (stat's 14th, 15th)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+PAGE_LINES = [f"Line {i} of a page long enough to be parsed apart." for i in range(40)]
+SMALL_PAGE = "".join(f"<p>{line}</p>" for line in PAGE_LINES)  # parsed in a parsing process
 
 
 def test_a_long_html_parse_never_holds_the_event_loop(server):
-    body = "<p>" + "<b>x</b> " * 100_000  # 900 KB: one segment of 200,000 characters
-    waited, (reply,) = _plain_while(server, lambda: _post_html(server, body))
+    assert len(SMALL_PAGE) > INLINE_PARSE_CHARS
+    assert _post_html(server, SMALL_PAGE).status_code == 200  # a parsing process is running
+    body = "<p>" + "<b>x</b> " * 116_000  # 1 MB (the body limit): one segment, seconds to parse
+    cpu = _children_cpu_s()
+    waited, pending, (reply,) = _plain_while(server, lambda: _post_html(server, body), 0.3)
     assert reply.status_code == 413
     assert one_line(reply.json()["error"]).endswith("exceed max_chars=2000 per line")
-    assert waited < 1.5, f"a plain request waited {waited:.1f} s behind an HTML parse"
+    assert pending, "the plain request was answered only after the HTML parse"
+    assert waited < 1.0, f"a plain request waited {waited:.1f} s behind an HTML parse"
+    parsed = _children_cpu_s() - cpu
+    assert parsed > 0.3, f"the parsing processes worked {parsed:.2f} s: the server parsed it"
+
+
+def test_the_nested_html_of_the_issue_is_a_413_at_once_beside_a_plain_request(server):
+    body = "<p>" + "<b>" * 30_000 + "word"  # 90 KB: took 41 s through /translate
+
+    def hostile():
+        start = time.perf_counter()
+        return _post_html(server, body), time.perf_counter() - start
+
+    waited, _, ((reply, took),) = _plain_while(server, hostile, 0.05)
+    assert reply.status_code == 413
+    error = one_line(reply.json()["error"])
+    assert error.startswith("q[0]: more than 256 HTML inline elements nested"), error
+    assert took < 2.0, f"the nested HTML took {took:.1f} s to refuse"
+    assert waited < 1.0, f"a plain request waited {waited:.1f} s beside the nested HTML"
 
 
 def test_html_past_its_bounds_is_a_413_of_one_line(server):
@@ -429,15 +495,13 @@ def test_html_past_its_bounds_is_a_413_of_one_line(server):
 
 
 def _children_peak_mb() -> int:
-    """The largest peak RSS (MB) of this process's parsing processes."""
-    import multiprocessing
-
-    peaks = [0]
-    for child in multiprocessing.active_children():
-        status = Path(f"/proc/{child.pid}/status")
-        if status.exists():
-            hwm = [line for line in status.read_text().splitlines() if line.startswith("VmHWM")]
-            peaks += [int(hwm[0].split()[1]) // 1024] if hwm else []
+    """The largest peak RSS (MB) of this process's parsing processes (there must be one)."""
+    peaks = []
+    for pid in _parsing_children():
+        with contextlib.suppress(FileNotFoundError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            peaks += [int(line.split()[1]) // 1024 for line in status if line.startswith("VmHWM")]
+    assert peaks, "no parsing process: the server parsed the document itself"
     return max(peaks)
 
 
@@ -447,7 +511,8 @@ def _upload(client, name: str, data: bytes):
 
 
 @pytest.mark.parametrize(
-    "suffix, make", [(".docx", docx_bomb), (".odt", odt_bomb), (".epub", epub_bomb)]
+    "suffix, make",
+    [(".docx", docx_bomb), (".pptx", pptx_bomb), (".odt", odt_bomb), (".epub", epub_bomb)],
 )
 def test_a_document_bomb_upload_is_a_413_in_bounded_memory(server, suffix, make):
     import resource
@@ -455,7 +520,8 @@ def test_a_document_bomb_upload_is_a_413_in_bounded_memory(server, suffix, make)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     data = make(5_000_000)
     assert len(data) < 8 << 20
-    waited, (reply,) = _plain_while(server, lambda: _upload(server, "bomb" + suffix, data))
+    cpu = _children_cpu_s()
+    waited, _, (reply,) = _plain_while(server, lambda: _upload(server, "bomb" + suffix, data))
     assert reply.status_code == 413, reply.text
     error = one_line(reply.json()["error"])
     assert error.startswith(f"bomb{suffix}: more than ") and "MT_DOC_MAX_" in error
@@ -463,6 +529,62 @@ def test_a_document_bomb_upload_is_a_413_in_bounded_memory(server, suffix, make)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     assert after - before < 100, "the server's own process parsed the document"
     assert _children_peak_mb() < 400
+    parsed = _children_cpu_s() - cpu  # reading up to the bound: a tenth of a second or more
+    assert parsed >= 0.02, f"the parsing processes worked {parsed:.2f} s: the server parsed it"
+
+
+def test_parses_past_parse_waiting_get_a_503_naming_the_option_and_the_server_serves_on():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_libretranslate import UpperEngine
+    from test_serve import running
+
+    from transformer_mt.serve.app import create_app
+
+    files = FileSettings(parse_processes=1, parse_waiting=0)
+    app = create_app(UpperEngine(), settings=ServeSettings(files=files))
+    slow = "<p>" + "<b>x</b> " * 116_000  # seconds in the one parsing process
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        answers: list = []
+        worker = threading.Thread(target=lambda: answers.append(_post_html(client, slow)))
+        worker.start()
+        deadline = time.monotonic() + 30
+        while app.state.server.parsing.waiting < 1:
+            assert time.monotonic() < deadline, "the slow body was never parsed"
+            time.sleep(0.01)
+        busy = _post_html(client, SMALL_PAGE)
+        assert not answers, "the slow body was parsed before the next one came"
+        worker.join(120)
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert one_line(busy.json()["error"]) == (
+            "server busy: 1 documents are being parsed or wait (mt serve --parse-waiting); "
+            "try again later"
+        )
+        assert answers[0].status_code == 413  # the slow one itself: its line is too long
+        again = _post_html(client, SMALL_PAGE)
+        assert again.status_code == 200
+        assert again.json()["translatedText"] == "".join(f"<p>{t.upper()}</p>" for t in PAGE_LINES)
+
+
+def test_a_parsing_process_that_dies_is_a_422_and_the_next_parse_gets_a_new_one():
+    files = FileSettings(parse_memory_bytes=768 << 20)  # a pool of its own
+    # What parse() reads of a ServerState.
+    server = types.SimpleNamespace(settings=ServeSettings(files=files), parsing=Parsing())
+
+    async def parses() -> tuple[int, int]:
+        first = await parse(server, os.getpid)
+        with pytest.raises(ApiError) as died:
+            await parse(server, os._exit, 1)
+        assert died.value.status == 422
+        assert died.value.message == (
+            "the document could not be parsed: its parsing process died (out of memory?)"
+        )
+        return first, await parse(server, os.getpid)
+
+    try:
+        first, second = asyncio.run(parses())
+    finally:
+        serve_state._drop_pool(files)
+    assert os.getpid() not in (first, second) and first != second
 
 
 def test_an_encrypted_epub_upload_is_a_400_of_one_line(server):
@@ -566,6 +688,6 @@ def test_a_parse_past_its_memory_is_a_document_too_large_naming_the_bound():
     context = multiprocessing.get_context("spawn")
     bound = 512 << 20
     with ProcessPoolExecutor(1, context, parse_worker_init, (bound, 0)) as pool:
-        with pytest.raises(DocumentTooLarge, match=r"512 MiB \(FileSettings.parse_memory_bytes\)"):
+        with pytest.raises(DocumentTooLarge, match=r"512 MiB \(mt serve --parse-memory-mib\)$"):
             pool.submit(parse_call, bytearray, (2 << 30,)).result()
         assert len(pool.submit(parse_call, bytearray, (1 << 20,)).result()) == 1 << 20

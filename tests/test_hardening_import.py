@@ -77,6 +77,7 @@ def _edit_config(directory: Path, **changes) -> None:
         ({"dropout": 5.0}, r"field dropout=5.0: expected a number, in \[0, 1\)"),
         ({"attention_dropout": math.nan}, r"field attention_dropout=nan: expected a number"),
         ({"encoder_layers": 0}, r"field encoder_layers=0: expected an integer, 1 to 1024"),
+        ({"decoder_layers": 0}, r"field decoder_layers=0: expected an integer, 1 to 1024"),
         ({"decoder_layers": True}, r"field decoder_layers=True: expected an integer"),
         ({"max_position_embeddings": 10**9}, r"field max_position_embeddings=1000000000"),
         ({"activation_function": ["swish"]}, r"field activation_function=\['swish'\]: expected a string"),

@@ -8,6 +8,8 @@ what it was asked to decode; the replay uses the fixture model.
 
 import json
 import os
+import re
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,7 @@ from transformer_mt.config import DecodeConfig  # noqa: E402
 from transformer_mt.engines.engine import Engine  # noqa: E402
 from transformer_mt.engines.results import LineResult  # noqa: E402
 from transformer_mt.engines.torch_engine import TorchEngine  # noqa: E402
+from transformer_mt.errors import MTError  # noqa: E402
 from transformer_mt.serve.access import (  # noqa: E402
     INVALID_KEY,
     NEED_KEY,
@@ -140,7 +143,9 @@ def test_the_libretranslatepy_client(upper):
     lt = LibreTranslateAPI(str(client.base_url))
     assert lt.translate("Hello world", "en", "es") == "HELLO WORLD"
     assert lt.translate("Grüße\n🙂", "en", "es") == "GRÜSSE\n🙂"
-    assert lt.detect("Hello") == [{"language": "en", "confidence": 100.0}]
+    sure = lt.detect("The weather is lovely today and we are going for a walk.")
+    assert sure == [{"language": "en", "confidence": 100.0}]
+    assert lt.detect("Hello") == [{"language": "en", "confidence": 0.0}]  # one word: unsure
     assert lt.languages() == [
         {"code": "en", "name": "English", "targets": ["es"]},
         {"code": "es", "name": "Spanish", "targets": []},
@@ -447,23 +452,55 @@ def test_serve_keys_command_adds_lists_and_removes(tmp_path):
 
 
 def test_serve_keys_keep_what_they_do_not_know_and_write_through_a_symlink(tmp_path):
-    """add/remove change one entry: every other byte of meaning stays; a link stays a link."""
+    """add then remove gives the keys file back byte for byte: the fields this version does not
+    read (the file's and an entry's, a newer version's) and the file's mode stay; a link stays a
+    link and its target gets the change."""
     target = tmp_path / "real" / "keys.json"
     target.parent.mkdir()
-    other = {"name": "bob", "sha256": "a" * 64, "req_limit": None, "char_limit": 7}
-    target.write_text(json.dumps({"keys": [other], "owner": "ops", "version": 3}))
+    bob = {"name": "bob", "sha256": "a" * 64, "req_limit": None, "char_limit": 7}
+    bob |= {"scopes": ["translate"], "note": "équipe"}  # an entry's fields of a newer version
+    target.write_text(json.dumps({"keys": [bob], "owner": "ops", "version": 3}))
+    target.chmod(0o640)  # the server's group may read it
     link = tmp_path / "keys.json"
     link.symlink_to(target)
     runner = CliRunner()
+    assert runner.invoke(cli_app, ["serve-keys", "add", str(link), "carol"]).exit_code == 0
+    written = target.read_bytes()  # the file as serve-keys writes it
     added = runner.invoke(cli_app, ["serve-keys", "add", str(link), "alice"])
     assert added.exit_code == 0, added.output
     assert link.is_symlink() and os.readlink(link) == str(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
     data = json.loads(target.read_text())
-    assert data["owner"] == "ops" and data["version"] == 3 and data["keys"][0] == other
-    assert [k.name for k in read_keys(target)] == ["bob", "alice"]
+    assert data["owner"] == "ops" and data["version"] == 3 and data["keys"][0] == bob
+    assert [k.name for k in read_keys(link)] == ["bob", "carol", "alice"]
+    listed = runner.invoke(cli_app, ["serve-keys", "list", str(link)])
+    assert listed.stdout.splitlines()[0] == "bob\treq_limit=-\tchar_limit=7"
     assert runner.invoke(cli_app, ["serve-keys", "remove", str(link), "alice"]).exit_code == 0
-    assert json.loads(target.read_text()) == {"keys": [other], "owner": "ops", "version": 3}
-    assert link.is_symlink()
+    assert target.read_bytes() == written
+    assert link.is_symlink() and stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        ({"req_limit": "5"}, "keys[0]: req_limit must be a positive integer or null"),
+        ({"char_limit": 0}, "keys[0]: char_limit must be a positive integer or null"),
+        ({"sha256": 5}, "keys[0]: name and sha256 must be strings"),
+        ({"name": ["x"]}, "keys[0]: name and sha256 must be strings"),
+    ],
+)
+def test_a_known_field_of_another_type_is_refused_beside_unknown_ones(tmp_path, entry, says):
+    keys = tmp_path / "keys.json"
+    known = {"name": "bob", "sha256": "a" * 64, "scopes": ["translate"]}
+    keys.write_text(json.dumps({"keys": [known | entry]}))
+    before = keys.read_bytes()
+    with pytest.raises(MTError, match=rf"^{re.escape(str(keys))}: {re.escape(says)}$"):
+        read_keys(keys)
+    result = CliRunner().invoke(cli_app, ["serve-keys", "add", str(keys), "alice"])
+    assert result.exit_code == 1 and says in result.output and keys.read_bytes() == before
+    keys.write_text(json.dumps({"keys": ["bob"]}))
+    with pytest.raises(MTError, match=r"keys\[0\]: an entry is an object of name, sha256"):
+        read_keys(keys)
 
 
 @pytest.mark.parametrize("name", ["", "   ", "a\nb", "tab\there", "bell\x07"])

@@ -1,6 +1,8 @@
 """Pasted text through an engine: paragraphs cut into sentences and joined back, glossaries kept,
 source languages detected (`mt translate --source-lang auto`)."""
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,40 @@ def test_attention_alone_no_longer_stops_splitting_but_per_line_extras_do():
     for asked in per_line:
         for attention in (False, True):
             assert not TranslateExtras(split=True, **asked).splits(attention)  # type: ignore[arg-type]
+
+
+def test_source_lang_is_auto_or_a_language_code(tmp_path, engine):
+    """A code the splitting rules cannot know is one line naming --source-lang, before the model
+    loads; auto, ISO 639 codes (with a region or script) and the model's own code are taken."""
+    src = tmp_path / "in.txt"
+    src.write_text("The light friend saw the blue letter. The friend closed the woman.\n")
+    base = ["translate", "-c", str(CKPT), "-i", str(src), "--beam", "1"]
+    for code in ("xx", "english", "e", "en-", "de DE"):
+        result = runner.invoke(app, [*base, "--source-lang", code])
+        assert result.exit_code == 1, (code, result.output)
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith(f"error: --source-lang {code!r}: not a language code"), line
+    english = runner.invoke(app, [*base, "--source-lang", "en"])
+    assert english.exit_code == 0, english.output
+    for code in ("en-GB", "pt_BR", "zh-Hant", "yue", engine.src_lang):
+        result = runner.invoke(app, [*base, "--source-lang", code])
+        assert result.exit_code == 0, (code, result.output)
+
+
+def test_evaluate_translates_a_line_of_two_sentences_as_one_segment(tmp_path, engine):
+    """`mt evaluate` scores line against line: a source line of two sentences is translated
+    whole, as training's validation translates it (not cut as `mt translate` cuts it)."""
+    first, second = "The light friend saw the blue letter.", "The friend closed the woman."
+    lines = [f"{first} {second}", "The horse pulls the mouse."]
+    decode = dataclasses.replace(engine.run_decode, beam_size=1)  # as `--beam 1` changes it
+    whole = [result.text for result in engine.translate(lines, decode)]
+    split = engine.translate(lines[:1], decode, extras=TranslateExtras(split=True))[0].text
+    assert split != whole[0]  # the two ways differ on this line
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(line + "\n" for line in lines))
+    ref.write_text("".join(text + "\n" for text in whole))
+    args = ["evaluate", "-c", str(CKPT), "--src", str(src), "--ref", str(ref), "--beam", "1"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    scores = json.loads(result.stdout)
+    assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100)

@@ -60,7 +60,7 @@ def test_cli_int8_reaches_the_model_keeps_the_line_contract_and_half_the_texts(t
         rounded = torch.softmax(quantized(src, trg), dim=-1)
     assert 0 < (exact - rounded).abs().max() < 0.2
     bad = runner.invoke(app, [*args, "--quantize", "int4"])
-    assert bad.exit_code == 1 and "--quantize 'int4'" in bad.stderr
+    assert bad.exit_code == 1 and "--quantize='int4': expected one of int8" in bad.stderr
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -1232,6 +1232,55 @@ def test_each_serve_option_is_read_from_the_setting_it_sets():
     assert serve_settings.settings_from_options(defaults) == fresh
 
 
+# A value other than its default for each `mt serve` option, in the option's unit (a yes/no
+# option: its other form); with the options one needs.
+SERVE_VALUES: dict[str, object] = {
+    "--host": "0.0.0.0", "--port": 8123, "--engine": "ct2", "--device": "cuda:1",
+    "--batching": False, "--continuous": True, "--batch-window-ms": 7.0,
+    "--batch-max-wait-ms": 70.0, "--max-lines": 65, "--max-chars": 2001, "--max-body-kib": 3,
+    "--body-timeout": 31.0, "--shutdown-timeout": 32.0, "--drain-seconds": 3.0, "--workers": 2,
+    "--max-beam": 17, "--access-log": True, "--quantize": "int8", "--precision": "bf16",
+    "--api-keys": Path("keys.json"), "--require-api-key": True,
+    "--key-free-origin": r"https://a\.example", "--req-limit": 5, "--ipv6-prefix": 48,
+    "--char-limit": 99, "--forwarded-allow-ips": "10.0.0.1", "--files": False,
+    "--files-dir": Path("downloads"), "--files-ttl": 60.0, "--cache-lines": 11,
+    "--glossary": ("a=x.tsv", "b=y.tsv"), "--public-url": "https://mt.example.org",
+    "--parse-processes": 2, "--parse-waiting": 3, "--parse-memory-mib": 300,
+}  # fmt: skip
+SERVE_NEEDS = {"--require-api-key": ("--api-keys",)}
+
+
+def test_each_serve_option_given_on_the_command_line_sets_its_own_field(monkeypatch):
+    """`mt serve` with one option changed (and the options it needs) serves with the default
+    settings but for that option's field, in the field's unit: no option's value lands in
+    another field or is lost on the way from the command's parameters."""
+    declared, served = serve_settings.serve_options(), []
+    assert set(SERVE_VALUES) == set(declared), "give each new option a value here"
+    monkeypatch.setattr(
+        "transformer_mt.serve.launch.serve", lambda path, settings: served.append(settings)
+    )
+    for flag in declared:
+        args, expected = [], serve_settings.ServeSettings()
+        for given in (*SERVE_NEEDS.get(flag, ()), flag):
+            option, value = declared[given], SERVE_VALUES[given]
+            if option.type is bool:
+                assert value != option.default, given
+                args.append(given if value else f"--no-{given[2:]}")
+            else:
+                values = value if isinstance(value, tuple) else (value,)
+                args += [arg for one in values for arg in (given, str(one))]
+            group = getattr(expected, option.group) if option.group else expected
+            assert getattr(group, option.declared.name) != option.to_field(value), given
+            group = dataclasses.replace(group, **{option.declared.name: option.to_field(value)})
+            if option.group:
+                expected = dataclasses.replace(expected, **{option.group: group})
+            else:
+                expected = group
+        result = CliRunner().invoke(cli_app, ["serve", "-c", str(CKPT), *args])
+        assert result.exit_code == 0, (flag, result.output)
+        assert served.pop() == expected, flag
+
+
 def _outside(allowed, size: float) -> list[float]:
     """Values just outside a declared range, in the option's unit."""
     out = []

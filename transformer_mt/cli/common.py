@@ -109,19 +109,17 @@ BatchTokensOpt = Annotated[
 ]
 
 
-def _model_option(name: str) -> Any:
-    """The typer option of the model option ``name``, from its one declaration.
+def model_option(name: str) -> Any:
+    """The typer option that sets the model option ``name``, from its one declaration.
 
-    (:mod:`transformer_mt.engines.options`, which the server's settings read too.)"""
-    return typer.Option(declared(name).metadata["option"], help=option_text(name))
+    Its flag, default and help (with the values it accepts) are those of the field ``name`` of
+    :class:`~transformer_mt.engines.options.ModelOptions`, which the server's settings read too;
+    a command builds a ``ModelOptions`` from the values, which checks them. A parameter
+    ``device: str = model_option("device")``."""
+    field = declared(name)
+    return typer.Option(field.default, field.metadata["option"], help=option_text(name))
 
 
-# The model options: which engine, where, and in which precision (declared in engines/options.py).
-EngineOpt = Annotated[str, _model_option("engine")]
-QuantizeOpt = Annotated[str | None, _model_option("quantize")]
-PrecisionOpt = Annotated[str | None, _model_option("precision")]
-DeviceOpt = Annotated[str, _model_option("device")]
-TargetLangOpt = Annotated[str | None, _model_option("target_lang")]
 DEFAULT_CONFIG = "toy"  # the shipped recipe (transformer_mt/configs/toy.yaml) without --config
 
 

@@ -68,6 +68,9 @@ def serve(
     cache_lines: int = _serve_option("--cache-lines"),
     glossary: list[str] | None = _serve_option("--glossary"),
     public_url: str | None = _serve_option("--public-url"),
+    parse_processes: int = _serve_option("--parse-processes"),
+    parse_waiting: int = _serve_option("--parse-waiting"),
+    parse_memory_mib: int = _serve_option("--parse-memory-mib"),
 ) -> None:
     """Serve the model over HTTP.
 
@@ -120,6 +123,9 @@ def serve(
             "cache_lines": cache_lines,
             "glossary": tuple(glossary) if glossary else None,
             "public_url": public_url,
+            "parse_processes": parse_processes,
+            "parse_waiting": parse_waiting,
+            "parse_memory_mib": parse_memory_mib,
         }
     )
     serve_model(checkpoint, settings)
@@ -141,7 +147,11 @@ def serve_keys_add(
         int | None, typer.Option(min=1, help="Its requests per minute (default: --req-limit).")
     ] = None,
     char_limit: Annotated[
-        int | None, typer.Option(min=1, help="Its characters per text (default: --char-limit).")
+        int | None,
+        typer.Option(
+            min=1,
+            help="Its characters per request, a batch's texts together (default: --char-limit).",
+        ),
     ] = None,
 ) -> None:
     """Add a new random key and print it (the only time it is shown)."""

@@ -14,14 +14,10 @@ from transformer_mt.cli.common import (
     BatchTokensOpt,
     BeamOpt,
     CheckpointsOpt,
-    DeviceOpt,
-    EngineOpt,
     LenPenaltyOpt,
-    PrecisionOpt,
-    QuantizeOpt,
-    TargetLangOpt,
     app,
     decode_settings,
+    model_option,
     note,
     read_input,
     stdin_stat,
@@ -29,24 +25,22 @@ from transformer_mt.cli.common import (
     write_lines,
 )
 from transformer_mt.config import option_help
+from transformer_mt.engines.options import ModelOptions, TranslateExtras, check_source_lang
 from transformer_mt.errors import MTError
 
 if TYPE_CHECKING:
     from transformer_mt.config import DecodeConfig
     from transformer_mt.engines.engine import Engine
-from transformer_mt.engines.options import TranslateExtras
 
 
-def _load_engine(model: "_ModelOptions") -> "Engine":
+def _load_engine(checkpoints: list[Path], model: ModelOptions) -> "Engine":
     """The engine that translates for `mt translate` / `mt evaluate`, loaded once.
 
     ``torch``: checkpoints (several: an ensemble); ``ct2``: one directory written by `mt export`.
     A multilingual model's target language is checked here, before any work."""
     from transformer_mt.engines.engine import load_engine
 
-    engine = load_engine(
-        model.engine, model.checkpoints, model.device, model.quantize, model.precision
-    )
+    engine = load_engine(model.engine, checkpoints, model.device, model.quantize, model.precision)
     why = str(engine.info.get("precision_why", ""))
     if why.startswith("auto"):  # a choice this machine made: say which, and why
         logging.getLogger("transformer_mt").info(
@@ -81,7 +75,7 @@ def translate(
     nbest: Annotated[int | None, typer.Option("--nbest", help=option_help("nbest"))] = None,
     len_penalty: LenPenaltyOpt = None,
     batch_tokens: BatchTokensOpt = None,
-    device: DeviceOpt = "cpu",
+    device: str = model_option("device"),
     attention_dir: Annotated[
         Path | None, typer.Option(help="Write a cross-attention heatmap PNG per sentence here.")
     ] = None,
@@ -101,9 +95,9 @@ def translate(
         Path | None,
         typer.Option(help="One target prefix per input line (empty: none); outputs start with it."),
     ] = None,
-    engine: EngineOpt = "torch",
-    quantize: QuantizeOpt = None,
-    precision: PrecisionOpt = None,
+    engine: str = model_option("engine"),
+    quantize: str | None = model_option("quantize"),
+    precision: str | None = model_option("precision"),
     interactive: Annotated[
         bool,
         typer.Option(
@@ -135,7 +129,7 @@ def translate(
             "links mapped to word links, duplicates dropped).",
         ),
     ] = None,
-    target_lang: TargetLangOpt = None,
+    target_lang: str | None = model_option("target_lang"),
     no_split: Annotated[
         bool,
         typer.Option(
@@ -149,9 +143,9 @@ def translate(
         str | None,
         typer.Option(
             "--source-lang",
-            help="The input's language, for the sentence splitting rules (default: the model's "
-            "source language); auto: each line's, detected among the model's source languages "
-            "(the text extra).",
+            help="The input's language code, for the sentence splitting rules (default: the "
+            "model's source language); auto: each line's, detected among the model's source "
+            "languages (the text extra).",
         ),
     ] = None,
     glossary: Annotated[
@@ -177,7 +171,13 @@ def translate(
 
     Translate text in order: one output line per input line (K with --nbest K); empty in, empty
     out. A document (-i page.html, .docx, .odt, .pptx, .epub) becomes one of its format (-o)."""
-    model = _ModelOptions(checkpoints, engine, device, quantize, target_lang, precision)
+    model = ModelOptions(
+        engine=engine,
+        device=device,
+        quantize=quantize,
+        precision=precision,
+        target_lang=target_lang,
+    )
     options = _decode_options(
         beam, nbest, len_penalty, batch_tokens, sample, temperature, top_k, top_p, seed
     )
@@ -196,24 +196,9 @@ def translate(
         protect,
     )
     if input is not None and _is_document(input):
-        _translate_document(input, output, model, options, text)
+        _translate_document(input, output, checkpoints, model, options, text)
     else:
-        _translate_text(input, output, model, options, text)
-
-
-@dataclasses.dataclass
-class _ModelOptions:
-    """The options that choose what translates.
-
-    What translates: --checkpoint (several: an ensemble), --engine, --device, --quantize,
-    --target-lang, --precision."""
-
-    checkpoints: list[Path]
-    engine: str
-    device: str
-    quantize: str | None
-    target_lang: str | None
-    precision: str | None = None
+        _translate_text(input, output, checkpoints, model, options, text)
 
 
 @dataclasses.dataclass
@@ -233,11 +218,14 @@ class _TextOptions:
     glossary: Path | None = None
     protect: bool = False
 
-    def extras(self) -> "TranslateExtras":
-        """What the engine is asked for besides the lines (the prefixes: read later)."""
-        from transformer_mt.engines.options import TranslateExtras
+    def extras(self) -> TranslateExtras:
+        """What the engine is asked for besides the lines (the prefixes: read later).
+
+        Read before the model loads: a bad glossary file or --source-lang is one line first."""
         from transformer_mt.text.glossary import read_glossary
 
+        if self.source_lang is not None:
+            check_source_lang(self.source_lang)
         return TranslateExtras(
             alignments=self.alignments,
             alignment_layer=self.alignment_layer,
@@ -264,7 +252,8 @@ class _TextOptions:
 def _translate_text(
     input: Path | None,
     output: Path | None,
-    model: _ModelOptions,
+    checkpoints: list[Path],
+    model: ModelOptions,
     options: dict,
     text: _TextOptions,
 ) -> None:
@@ -277,7 +266,7 @@ def _translate_text(
     inputs = _check_translate_paths(
         input,
         output,
-        model.checkpoints,
+        checkpoints,
         text.prefix_file,
         text.attention_dir,
         text.attention_layer,
@@ -296,13 +285,13 @@ def _translate_text(
     at_terminal = at_terminal and sys.stdin.isatty()
     if text.interactive or at_terminal:
         _check_interactive(input, output, text.prefix_file, implied=not text.interactive)
-        engine = _load_engine(model)
+        engine = _load_engine(checkpoints, model)
         decode = decode_settings(engine.run_decode, **options)
         _translate_interactively(engine, decode, model.target_lang, extras)
         return
     lines = read_input(input)
     prefixes = _read_prefixes(text.prefix_file, lines, str(input or "stdin"))
-    engine = _load_engine(model)
+    engine = _load_engine(checkpoints, model)
     decode = decode_settings(engine.run_decode, **options)
     extras = dataclasses.replace(extras, prefixes=prefixes, progress=input is not None)
     results = engine.translate(lines, decode, target=model.target_lang, extras=extras)
@@ -352,7 +341,12 @@ def _is_document(path: Path) -> bool:
 
 
 def _translate_document(
-    input: Path, output: Path | None, model: _ModelOptions, options: dict, text: _TextOptions
+    input: Path,
+    output: Path | None,
+    checkpoints: list[Path],
+    model: ModelOptions,
+    options: dict,
+    text: _TextOptions,
 ) -> None:
     """Translate a document into a document of its format.
 
@@ -368,15 +362,15 @@ def _translate_document(
         raise MTError(f"{unused[0]} is for lines of text; {input} is a document: drop {unused[0]}")
     if output is None:
         raise MTError(f"--input {input} is a document: name its translation with --output FILE")
-    if len(model.checkpoints) > 1:
+    if len(checkpoints) > 1:
         raise MTError("a document is translated with one --checkpoint (no ensemble)")
-    inputs = [input, *model.checkpoints, *([text.glossary] if text.glossary else [])]
+    inputs = [input, *checkpoints, *([text.glossary] if text.glossary else [])]
     check_output(output, inputs)
     extras = text.extras()  # a bad glossary file: one line, before the model loads
     extras.check_engine(model.engine)
     document = read_document_file(input)
     check_document_output(document, output)
-    engine = _load_engine(model)
+    engine = _load_engine(checkpoints, model)
     decode = decode_settings(engine.decode, **options)
     target = model.target_lang
     translate_file(engine, document, output, decode, target, inputs, extras.glossary)
@@ -409,7 +403,7 @@ def _check_interactive(
 
 
 def _translate_interactively(
-    engine: "Engine", decode: "DecodeConfig", target: str | None, extras: "TranslateExtras"
+    engine: "Engine", decode: "DecodeConfig", target: str | None, extras: TranslateExtras
 ) -> None:
     """Translate line by line, each answer written as soon as it is ready.
 
@@ -495,11 +489,11 @@ def evaluate(
     ] = None,
     beam: BeamOpt = None,
     len_penalty: LenPenaltyOpt = None,
-    device: DeviceOpt = "cpu",
+    device: str = model_option("device"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    engine: EngineOpt = "torch",
-    quantize: QuantizeOpt = None,
-    precision: PrecisionOpt = None,
+    engine: str = model_option("engine"),
+    quantize: str | None = model_option("quantize"),
+    precision: str | None = model_option("precision"),
     tokenize: Annotated[
         str,
         typer.Option(
@@ -508,7 +502,7 @@ def evaluate(
             "the signature names it."
         ),
     ] = "13a",
-    target_lang: TargetLangOpt = None,
+    target_lang: str | None = model_option("target_lang"),
 ) -> None:
     """BLEU, chrF and TER (sacrebleu, detokenized text) with their signatures.
 
@@ -518,6 +512,13 @@ def evaluate(
     from transformer_mt.fileio import read_lines
 
     bleu_metric(tokenize)  # a tokenizer sacrebleu cannot load fails before any translating
+    model = ModelOptions(
+        engine=engine,
+        device=device,
+        quantize=quantize,
+        precision=precision,
+        target_lang=target_lang,
+    )
     if (hyp is None) == (src is None):
         raise MTError("give either --hyp FILE, or --src FILE with --checkpoint")
     if hyp is not None:
@@ -533,14 +534,11 @@ def evaluate(
         assert src is not None  # exactly one of --hyp and --src, checked above
         sources = read_lines(src)
         check_same_length(sources, str(src), refs, [str(r) for r in ref])
-        from transformer_mt.engines.options import TranslateExtras
-
-        model = _ModelOptions(checkpoint, engine, device, quantize, target_lang, precision)
-        translator = _load_engine(model)
+        translator = _load_engine(checkpoint, model)
         options = {"beam_size": beam, "nbest": 1, "len_penalty": len_penalty}
         decode = decode_settings(translator.run_decode, **options)
         extras = TranslateExtras(progress=True)
-        results = translator.translate(sources, decode, target=target_lang, extras=extras)
+        results = translator.translate(sources, decode, target=model.target_lang, extras=extras)
         hyps, hyp_name = [result.text for result in results], str(src)
     check_same_length(hyps, hyp_name, refs, [str(r) for r in ref])
     scores = score_all(hyps, refs, tokenize)
@@ -562,9 +560,9 @@ def score(
     as_json: Annotated[
         bool, typer.Option("--json", help='One {"logprob", "tokens", "avg"} object per line.')
     ] = False,
-    device: DeviceOpt = "cpu",
+    device: str = model_option("device"),
     batch_tokens: BatchTokensOpt = None,
-    target_lang: TargetLangOpt = None,
+    target_lang: str | None = model_option("target_lang"),
 ) -> None:
     """Forced decoding: the model's log-probability of each target given its source.
 

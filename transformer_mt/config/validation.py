@@ -182,8 +182,14 @@ def _validate_source(source: SourceConfig, key: str, split: str) -> None:
         raise MTError(f"{key}.fields={source.fields}: give the source field and the target field")
     weight = next(s for s in settings_of(SourceConfig) if s.name == "weight").range
     if weight is not None and not (math.isfinite(source.weight) and weight.holds(source.weight)):
+        more = (
+            f": an epoch draws a pair at most {weight.hi:,g} times; to draw this source more "
+            "than the others, lower the others' weights"
+            if weight.hi is not None and source.weight > weight.hi
+            else ""
+        )
         raise MTError(
-            f"{key}.weight is {source.weight:g}; it must be finite and {weight.describe()}"
+            f"{key}.weight is {source.weight:g}; it must be finite and {weight.describe()}{more}"
         )
     if split != "train" and source.weight != 1.0:
         raise MTError(f"{key}.weight: only training sources are weighted; remove it")

@@ -170,6 +170,10 @@ class Segment:
         target = result.text.split()
         if not target:
             return fill(self.raw)
+        first, last = len(self.text) - len(self.text.lstrip()), len(self.text.rstrip())
+        # Markup in the whitespace before the first word or after the last (outside any
+        # element) stays where it was in that whitespace; the rest goes between the words.
+        edge = [p for p in self.points if p.parent is None and not first <= p.at <= last]
         spans = _Spans(self.text)
         links = word_links(result, len(spans.starts))
         layout = _Layout(len(target))
@@ -179,14 +183,24 @@ class Segment:
             span = links.span(*spans.words_within(element.start, element.end))
             ranges[id(element)] = layout.fit(element, span, bounds)
         for point in self.points:
+            if any(point is p for p in edge):
+                continue
             bounds = (0, len(target)) if point.parent is None else ranges[id(point.parent)]
             at = links.point(spans.words_before(point.at))
             glue = _glue(self.text, point.at)
             layout.add_point(point.raw, min(max(at, bounds[0]), bounds[1]), glue)
         body = layout.render([escape(word, self.xml) for word in target], fill)
-        lead = self.text[: len(self.text) - len(self.text.lstrip())]
-        trail = self.text[len(self.text.rstrip()) :]
+        lead = self._whitespace(0, first, [p for p in edge if p.at < first], fill)
+        trail = self._whitespace(last, len(self.text), [p for p in edge if p.at > last], fill)
         return lead + body + trail
+
+    def _whitespace(self, start: int, end: int, points: list[_Point], fill: Callable) -> str:
+        """The text's whitespace ``[start, end)``, ``points`` (offsets in it) where they were."""
+        out, at = [], start
+        for point in points:
+            out += [self.text[at : point.at], fill(point.raw)]
+            at = point.at
+        return "".join(out) + self.text[at:end]
 
 
 @dataclass

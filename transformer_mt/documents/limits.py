@@ -275,7 +275,7 @@ def parse_call(fn: Callable[..., Any], args: tuple) -> Any:
         where = f" of {limit / (1 << 20):,.0f} MiB" if limit > 0 else ""
         raise DocumentTooLarge(
             f"parsing the document needs more than this server's parsing memory{where} "
-            "(FileSettings.parse_memory_bytes)"
+            "(mt serve --parse-memory-mib)"
         ) from None
     finally:
         gc.collect()

@@ -30,6 +30,7 @@ from transformer_mt.config import check_device_name
 from transformer_mt.engines.base import Engine
 from transformer_mt.engines.ct2 import check_export_directory
 from transformer_mt.engines.ct2_engine import CT2Engine
+from transformer_mt.engines.options import ENGINES, ModelOptions
 from transformer_mt.engines.torch_engine import TorchEngine
 from transformer_mt.errors import MTError
 
@@ -39,16 +40,18 @@ __all__ = ["Engine", "check_engine", "load_engine"]
 def load_engine(
     kind: str,
     path: Path | str | Sequence[Path | str],
-    device: str = "cpu",
-    quantize: str | None = None,
-    precision: str | None = None,
+    device: str = ModelOptions.device,
+    quantize: str | None = ModelOptions.quantize,
+    precision: str | None = ModelOptions.precision,
 ) -> Engine:
     """Load the engine ``kind`` from ``path``.
 
     ``kind`` "torch" (``path``: a checkpoint, or several: an ensemble) or "ct2" (``path``: an
     exported directory); ``quantize`` ("int8", torch only): dynamic int8 linear layers;
     ``precision`` (torch only; None: the checkpoint's decode.precision): see
-    :func:`load_for_inference`."""
+    :func:`~transformer_mt.engines.loading.load_for_inference`. The options and their defaults
+    are :class:`~transformer_mt.engines.options.ModelOptions`' (a caller with one passes its
+    fields)."""
     paths = [path] if isinstance(path, str | Path) else list(path)
     if not paths:
         raise MTError("no model given: name a checkpoint (or an export directory) to load")
@@ -86,4 +89,4 @@ def check_engine(
     elif kind == "ct2":
         check_export_directory(Path(path))
     else:
-        raise MTError(f"--engine {kind!r}: expected torch or ct2")
+        raise MTError(f"--engine {kind!r}: expected {' or '.join(ENGINES)}")

@@ -1,11 +1,13 @@
-"""`mt translate` as a library call.
+"""Lines in, n-best translations out, with our model: what the torch engine's search runs.
 
-Lines in, n-best translations out, optional attention pictures
-and word alignments.
+Optional attention pictures, and the output formats of `mt translate` (a line's word alignments
+after its text, where the results carry them). A library user calls
+``load_engine(...).translate`` (:mod:`transformer_mt.engines.engine`), which runs this for a
+checkpoint and adds what is kept per batch (word alignments, attention, log-probabilities).
 
 The line contract (one result per input line, in order; empty in, empty out; over-long lines
 truncated with a warning) is kept by :func:`transformer_mt.decoding.text.translate_texts`, which
-training's validation uses too; this module adds the pictures, the alignments and the output
+training's validation uses too; this module adds the pictures, ensembles and the output
 formats. Documents go through :mod:`transformer_mt.documents.translate`.
 """
 
@@ -18,7 +20,7 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.decoding.ensemble import Ensemble, SearchModel, check_ensemble
 from transformer_mt.decoding.text import OnBatch, Translation, translate_texts
 from transformer_mt.engines.alignment import Alignment, format_alignment
-from transformer_mt.engines.attention import Alignments, AttentionPictures
+from transformer_mt.engines.attention import AttentionPictures
 from transformer_mt.engines.loading import LoadedModel
 from transformer_mt.engines.results import LineResult
 from transformer_mt.errors import MTError
@@ -57,9 +59,6 @@ def translate_lines(
     attention_dir: Path | None = None,
     attention_layer: int | None = None,
     prefixes: Sequence[str] | None = None,
-    alignments: list[list[Alignment]] | None = None,
-    alignment_layer: int | None = None,
-    alignment_units: str = "pieces",
     first_line: int = 1,
     src_prefix: Sequence[int] = (),
     on_batch: OnBatch | None = None,
@@ -87,19 +86,12 @@ def translate_lines(
         prefixes: one target text per input line (empty: none) that its translations start with;
             the prefix's tokens count toward the length budget and their log-probs toward the
             score (see :func:`transformer_mt.decoding.text.translate_texts`).
-        alignments: an out-parameter: if a list is given, it is replaced by the word alignments,
-            per input line and in input order, one :data:`Alignment` per n-best translation
-            (the same count as the results; empty for an empty line). See
-            :mod:`transformer_mt.engines.attention` for what the indices count.
-        alignment_layer: decoder layer for the alignments (negative counts from the end); None
-            averages all layers.
-        alignment_units: "pieces" (sentencepiece pieces, EOS excluded) or "words".
         first_line: the line number of ``lines[0]`` in pictures and warnings (`mt translate
             --interactive` passes each line's own).
         src_prefix: ids that start every source: a multilingual model's target-language tag
-            (:meth:`LoadedModel.source_prefix`); alignments leave it out.
-        on_batch: called after each decoded batch, after the pictures and alignments (the
-            engine's attention and stop checks).
+            (:meth:`LoadedModel.source_prefix`).
+        on_batch: called after each decoded batch, after the pictures (the engine's word
+            alignments, attention and stop checks: what it keeps of each batch).
         constraints: per input line, target texts every translation of it must contain (a
             glossary's terms; see :func:`transformer_mt.decoding.text.translate_texts`).
     """
@@ -112,15 +104,6 @@ def translate_lines(
                 model, src_tok, trg_tok, Path(attention_dir), attention_layer, first_line
             )
         )
-    aligner = None
-    if alignments is not None:
-        if not isinstance(model, Transformer):
-            raise MTError("alignments need one checkpoint, not an ensemble")
-        aligner = Alignments(
-            model, src_tok, trg_tok, alignment_layer, alignment_units, skip=len(src_prefix)
-        )
-        callbacks.append(aligner)
-
     if on_batch is not None:
         callbacks.append(on_batch)
 
@@ -132,7 +115,7 @@ def translate_lines(
 
     lines = list(lines)
     decode = decode or DecodeConfig()
-    results = translate_texts(
+    return translate_texts(
         model,
         src_tok,
         trg_tok,
@@ -146,9 +129,6 @@ def translate_lines(
         first_line=first_line,
         constraints=constraints,
     )
-    if aligner is not None and alignments is not None:
-        alignments[:] = aligner.per_line(len(lines), decode.nbest)
-    return results
 
 
 def format_nbest(
@@ -158,7 +138,7 @@ def format_nbest(
 
     K lines per input, ``translation<TAB>score``, and
     ``<TAB>alignment`` (Pharaoh format, possibly empty) after each when ``alignments`` (one
-    list per input, as :func:`translate_lines` fills it) are given.
+    list per input, as :class:`LineResult` carries them) are given.
 
     Tabs and line breaks inside a translation become spaces, so the line count always holds.
     """

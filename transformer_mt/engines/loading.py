@@ -22,6 +22,7 @@ from transformer_mt.engines.linear_layers import (  # noqa: F401
     quantize,
     to_bf16,
 )
+from transformer_mt.engines.options import PRECISIONS, ModelOptions
 from transformer_mt.errors import MTError
 from transformer_mt.host_memory import keep_freed_memory
 from transformer_mt.model import Transformer, TransformerConfig
@@ -59,7 +60,7 @@ class LoadedModel:
 
 def load_for_inference(
     path: Path | str,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = ModelOptions.device,
     quantization: str | None = None,
     *,
     pack: bool = True,
@@ -144,7 +145,10 @@ _PROBE_ROWS = 128
 
 
 def agreed_precision(
-    path: Path | str, device: str = "cpu", quantization: str | None = None, given: str | None = None
+    path: Path | str,
+    device: str = ModelOptions.device,
+    quantization: str | None = None,
+    given: str | None = None,
 ) -> tuple[str | None, str]:
     """The precision :func:`load_for_inference` would choose for ``path``, decided once, and why.
 
@@ -186,8 +190,8 @@ def _precision(
     if not pack:
         return "fp32", "plain linear layers asked for"
     precision, source = (stored, "decode.precision") if given is None else (given, "--precision")
-    if precision not in ("auto", "fp32", "bf16"):
-        raise MTError(f"{source} {precision!r}: expected one of auto, fp32, bf16")
+    if precision not in PRECISIONS:
+        raise MTError(f"{source} {precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision != "auto":
         return precision, source
     chosen, why = choose_precision(device, cfg.d_model, cfg.ffn_hidden, _PROBE_ROWS)

@@ -12,12 +12,13 @@ read before any model loads.
 """
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformer_mt.config import check_settings, setting
+from transformer_mt.config import DecodeConfig, check_settings, declared_settings, setting
 from transformer_mt.errors import MTError
 
 if TYPE_CHECKING:
@@ -25,15 +26,24 @@ if TYPE_CHECKING:
     from transformer_mt.text.protect import Span
 
 
+# The values the model options accept: the engines (engines.engine.load_engine loads each) and
+# the precisions, decode.precision's own (a checkpoint's setting, or --precision in its place).
+ENGINES = ("torch", "ct2")
+PRECISIONS: tuple[str, ...] = declared_settings(DecodeConfig)["precision"].choices or ()
+
+
 @dataclass(frozen=True)
 class ModelOptions:
-    """The model options of a translating command, checked as they are built."""
+    """The model options of a translating command, checked as they are built.
+
+    Each field's default is its class attribute (``ModelOptions.device``: "cpu"), which
+    :func:`~transformer_mt.engines.engine.load_engine` and the command line take as theirs."""
 
     engine: str = setting(
         "torch",
         "the model's engine: torch reads a checkpoint written by `mt train`, ct2 a directory "
         "written by `mt export`",
-        choices=("torch", "ct2"),
+        choices=ENGINES,
         option="--engine",
     )
     device: str = setting(
@@ -48,9 +58,9 @@ class ModelOptions:
     )
     precision: str | None = setting(
         None,
-        "the products of the linear layers (torch engine): auto, fp32 or bf16, as "
-        "decode.precision; default: the checkpoint's decode.precision",
-        choices=("auto", "fp32", "bf16"),
+        "the products of the linear layers (torch engine), as decode.precision; default: the "
+        "checkpoint's decode.precision",
+        choices=PRECISIONS,
         option="--precision",
     )
     target_lang: str | None = setting(
@@ -88,6 +98,43 @@ def option_text(name: str) -> str:
     text, choices = metadata["help"], metadata["choices"]
     text += f" ({' or '.join(choices)})" if choices else ""
     return text[:1].upper() + text[1:] + "."
+
+
+# ISO 639-1: every two-letter language code (a three-letter one, of ISO 639-2 or -3, is taken as
+# written: there are some 8,000).
+ISO_639_1 = frozenset(
+    """aa ab ae af ak am an ar as av ay az ba be bg bh bi bm bn bo br bs ca ce ch co cr cs cu cv
+    cy da de dv dz ee el en eo es et eu fa ff fi fj fo fr fy ga gd gl gn gu gv ha he hi ho hr ht
+    hu hy hz ia id ie ig ii ik io is it iu ja jv ka kg ki kj kk kl km kn ko kr ks ku kv kw ky la
+    lb lg li ln lo lt lu lv mg mh mi mk ml mn mr ms mt my na nb nd ne ng nl nn no nr nv ny oc oj
+    om or os pa pi pl ps pt qu rm rn ro ru rw sa sc sd se sg si sk sl sm sn so sq sr ss st su sv
+    sw ta te tg th ti tk tl tn to tr ts tt tw ty ug uk ur uz ve vi vo wa wo xh yi yo za zh
+    zu""".split()
+)
+# A language code: its language (two or three letters), then any script, region or variant
+# subtags after - or _ (zh-Hant, pt_BR, sr-Latn-RS).
+_LANGUAGE_CODE = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
+
+
+def check_source_lang(code: str, option: str = "--source-lang") -> None:
+    """Refuse a source language that is neither ``auto`` nor a language code.
+
+    ``auto`` detects each line's language; a code chooses the splitting rules
+    (:func:`transformer_mt.text.split.split_text`), where a code it does not know would quietly
+    get the generic rule: so a two-letter language must be one of ISO 639-1's.
+
+    Raises:
+        MTError: one line naming ``option``, e.g. ``--source-lang 'xx': not a language code``.
+    """
+    if code == "auto":
+        return
+    spelled = _LANGUAGE_CODE.fullmatch(code)
+    language = spelled.group(1).lower() if spelled else ""
+    if not spelled or (len(language) == 2 and language not in ISO_639_1):
+        raise MTError(
+            f"{option} {code!r}: not a language code; give auto or an ISO 639 code, with any "
+            "region or script after - or _ (en, de, zh-Hant, pt_BR, yue)"
+        )
 
 
 @dataclass(frozen=True)

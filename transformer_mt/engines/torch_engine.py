@@ -18,12 +18,11 @@ from transformer_mt.decoding.ensemble import Ensemble
 from transformer_mt.decoding.score import PairScore, score_pairs
 from transformer_mt.decoding.text import check_beam, encode_sources, untranslatable
 from transformer_mt.devices import resolve_device
-from transformer_mt.engines.alignment import Alignment
-from transformer_mt.engines.attention import attention_matrices
+from transformer_mt.engines.attention import Alignments, attention_matrices
 from transformer_mt.engines.base import Engine
 from transformer_mt.engines.lines import ensemble_model, translate_lines
 from transformer_mt.engines.loading import load_for_inference, validation_report
-from transformer_mt.engines.options import TranslateExtras
+from transformer_mt.engines.options import ModelOptions, TranslateExtras
 from transformer_mt.engines.results import (
     Attention,
     LineResult,
@@ -44,7 +43,7 @@ class TorchEngine(Engine):
     def __init__(
         self,
         checkpoint: Path | str | Sequence[Path | str],
-        device: str = "cpu",
+        device: str = ModelOptions.device,
         quantization: str | None = None,
         precision: str | None = None,
     ) -> None:
@@ -111,11 +110,12 @@ class TorchEngine(Engine):
     ) -> list[LineResult]:
         """Our search over ``lines`` (:func:`~transformer_mt.engines.lines.translate_lines`).
 
-        It keeps the lines with nothing to translate as they are, and keeps attention per
-        decoded batch."""
+        It keeps the lines with nothing to translate as they are, and keeps, per decoded batch,
+        the log-probabilities, the word alignments and the attention asked for."""
         self._check_extras(extras, attention)
         lines = list(lines)
         prefix = self.source_prefix(target)
+        aligner = self._aligner(extras, len(prefix))
         matrices: dict[int, Attention] = {}
         logprobs: dict[int, list[tuple[float, int]]] = {}
         done: set[int] = set()
@@ -123,6 +123,8 @@ class TorchEngine(Engine):
         def on_batch(
             batch_lines: list[int], src: torch.Tensor, decoded: list[DecodeResult]
         ) -> None:
+            if aligner is not None:
+                aligner(batch_lines, src, decoded)
             done.update(batch_lines)
             for i, result in zip(batch_lines, decoded, strict=True):
                 logprobs[i] = [_logprob(h, decode.len_penalty) for h in result.nbest]
@@ -130,7 +132,6 @@ class TorchEngine(Engine):
                 self._keep_attention(matrices, batch_lines, src, decoded, len(prefix))
             check_stop(stop, lines, done)  # raised through the search: no further batch
 
-        aligned: list[list[Alignment]] | None = [] if extras.alignments else None
         results = translate_lines(
             self.model,
             self.src_tok,
@@ -141,14 +142,12 @@ class TorchEngine(Engine):
             attention_dir=extras.attention_dir,
             attention_layer=extras.attention_layer,
             prefixes=extras.prefixes,
-            alignments=aligned,
-            alignment_layer=extras.alignment_layer,
-            alignment_units=extras.alignment_units,
             first_line=extras.first_line,
             src_prefix=prefix,
             on_batch=on_batch,
             constraints=extras.line_terms(lines),
         )
+        aligned = None if aligner is None else aligner.per_line(len(lines), decode.nbest)
         out = []
         for i, nbest in enumerate(results):
             if attention and i not in matrices:  # nothing to translate on this line
@@ -159,6 +158,20 @@ class TorchEngine(Engine):
                 out[-1].alignments = aligned[i]
             out[-1].logprobs = logprobs.get(i)
         return out
+
+    def _aligner(self, extras: TranslateExtras, prefix: int) -> Alignments | None:
+        """What collects the word alignments of each decoded batch, where ``extras`` asks.
+
+        One model's (not an ensemble's), leaving out the ``prefix`` source pieces before the
+        text (a language tag)."""
+        if not extras.alignments:
+            return None
+        if self.ensemble:
+            raise MTError("alignments need one checkpoint, not an ensemble")
+        units = extras.alignment_units
+        return Alignments(
+            self.first, self.src_tok, self.trg_tok, extras.alignment_layer, units, skip=prefix
+        )
 
     def _check_extras(self, extras: TranslateExtras, attention: bool) -> None:
         """One-line MTErrors for what this engine cannot give.

@@ -1,10 +1,11 @@
 """Access control for a server opened beyond localhost: API keys, request and character limits.
 
 A keys file (``mt serve --api-keys FILE``, managed with ``mt serve-keys add/list/remove``) is
-JSON: ``{"keys": [{"name", "sha256", "req_limit", "char_limit"}]}``. It holds each key's SHA-256,
-never the key itself: the key is printed once, when it is added. A key given in a request is
-hashed and compared with every entry in constant time (:func:`hmac.compare_digest`); keys are
-never logged. A running server reads the file again when it changes; a file that is removed
+JSON: ``{"keys": [{"name", "sha256", "req_limit", "char_limit"}]}``; fields this version does not
+read (a newer version's), in the file or in an entry, are kept as they are. It holds each key's
+SHA-256, never the key itself: the key is printed once, when it is added. A key given in a
+request is hashed and compared with every entry in constant time (:func:`hmac.compare_digest`);
+keys are never logged. A running server reads the file again when it changes; a file that is removed
 revokes every key (a file that cannot be read keeps the keys read before, with a warning).
 
 What a translating request meets, in LibreTranslate's order and with its answers:
@@ -68,7 +69,7 @@ class ApiKey:
     name: str
     sha256: str
     req_limit: int | None = None  # requests per minute
-    char_limit: int | None = None  # characters per text
+    char_limit: int | None = None  # characters per request, the texts of a batch together
 
 
 def key_hash(key: str) -> str:
@@ -99,8 +100,8 @@ def _document(path: Path) -> dict:
 def _entry(path: Path, i: int, entry: object, check_name: bool = True) -> ApiKey:
     """One entry of a keys file, checked (its name too, unless ``check_name`` is False)."""
     where = f"{path}: keys[{i}]"
-    if not isinstance(entry, dict) or set(entry) - {"name", "sha256", "req_limit", "char_limit"}:
-        raise MTError(f"{where}: an entry has name, sha256, req_limit and char_limit only")
+    if not isinstance(entry, dict):
+        raise MTError(f"{where}: an entry is an object of name, sha256, req_limit and char_limit")
     name, digest = entry.get("name"), entry.get("sha256")
     if not isinstance(name, str) or not isinstance(digest, str):
         raise MTError(f"{where}: name and sha256 must be strings")
@@ -136,13 +137,18 @@ def _name_problem(name: str) -> str | None:
 
 
 def _write_document(path: Path, data: dict) -> None:
-    """Replace the keys file's content atomically, readable by its owner only.
+    """Replace the keys file's content atomically: a new file is readable by its owner only.
 
-    Through a symlink: the link stays a link and its target gets the change."""
+    An existing file keeps its permissions (a group the server runs as may read it). Through a
+    symlink: the link stays a link and its target gets the change. The new content is a new
+    file renamed over the old one, so that a server never reads half a file: a hard link to the
+    old file keeps the old content."""
     target = Path(os.path.realpath(path))
+    new = not target.exists()
     with atomic_write(target) as out:
         out.write(json.dumps(data, indent=2) + "\n")
-    target.chmod(0o600)
+    if new:
+        target.chmod(0o600)
 
 
 def add_key(

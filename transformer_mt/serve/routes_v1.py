@@ -147,10 +147,10 @@ async def model_info(state: ServerState = Depends(server_state)) -> dict:
 
 @router.get("/", include_in_schema=False)
 async def page() -> FileResponse:
-    """The translation page (``inference/static/index.html``)."""
+    """The translation page (``serve/static/index.html``)."""
     index = STATIC_DIR / "index.html"
     if not index.is_file():
-        raise ApiError(404, "no translation page is installed (inference/static/index.html)")
+        raise ApiError(404, "no translation page is installed (serve/static/index.html)")
     return FileResponse(index)
 
 

@@ -11,7 +11,8 @@ and (``option=``) the `mt serve` option that sets it. The command's options are 
 declarations (:func:`serve_options`), and each settings object checks its fields when it is
 built, in code as from the command line, with one line naming the option
 (``--max-beam is 0; it must be 1 to 64``). A field kept in bytes or seconds whose option is
-given in KiB or milliseconds says so with :func:`unit_setting`: the one conversion between them.
+given in KiB, MiB or milliseconds says so with :func:`unit_setting`: the one conversion between
+them.
 """
 
 import dataclasses
@@ -66,7 +67,7 @@ class ApiError(Exception):
 class Unit:
     """The unit an option is given in, where its field keeps another.
 
-    One option unit is ``size`` field units (KiB: 1024 bytes; ms: 0.001 seconds).
+    One option unit is ``size`` field units (KiB: 1024 bytes; MiB: 1024 KiB; ms: 0.001 seconds).
     """
 
     name: str
@@ -91,6 +92,7 @@ def _tidy(value: float, like: float) -> float | int:
 
 
 KIB = Unit("KiB", 1024)
+MIB = Unit("MiB", 1 << 20)
 MS = Unit("ms", 0.001)
 
 
@@ -99,8 +101,8 @@ def unit_setting(
 ) -> Any:
     """A :func:`~transformer_mt.config.setting` whose option is given in ``unit``.
 
-    The field keeps bytes or seconds, ``option`` takes KiB or ms (its default, range and value
-    converted by :class:`Unit`).
+    The field keeps bytes or seconds, ``option`` takes KiB, MiB or ms (its default, range and
+    value converted by :class:`Unit`).
     """
     declared = setting(default, help, range=range, option=option)
     return field(default=default, metadata={**declared.metadata, "unit": unit})
@@ -332,15 +334,21 @@ class FileSettings:
         "once, each in a process of its own at a lower CPU priority, never on the event loop "
         "(small HTML bodies aside); more wait their turn",
         range=Range(1, 64),
+        option="--parse-processes",
     )
     parse_waiting: int = setting(
-        16, "parses waiting for a parsing process; more get a 503", range=AT_LEAST_0
+        16,
+        "parses waiting for a parsing process; more get a 503",
+        range=AT_LEAST_0,
+        option="--parse-waiting",
     )
-    parse_memory_bytes: int = setting(
+    parse_memory_bytes: int = unit_setting(
+        MIB,
         1 << 30,
         "address space of a parsing process: a parse that needs more gets a 413 (the "
         "documents' own bounds, the MT_DOC_MAX_* variables, apply first)",
         range=Range(lo=256 << 20),
+        option="--parse-memory-mib",
     )
 
     def __post_init__(self) -> None:

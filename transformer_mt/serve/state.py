@@ -324,7 +324,8 @@ async def parse(state: ServerState, fn: Callable[..., Any], *args: Any, here: bo
     priority with its address space bounded: a parse never holds the GIL that the event loop
     and the decode worker need), or with ``here`` (a body small enough to cost a millisecond)
     where it is. A :class:`DocumentTooLarge` is a 413, another MTError a 400, a process that
-    died a 422, and more parses waiting than ``files.parse_waiting`` a 503."""
+    died a 422, and more parses waiting than ``files.parse_waiting`` (``mt serve
+    --parse-waiting``) a 503."""
     files, parsing = state.settings.files, state.parsing
     try:
         if here:
@@ -333,7 +334,7 @@ async def parse(state: ServerState, fn: Callable[..., Any], *args: Any, here: bo
             raise ApiError(
                 503,
                 f"server busy: {parsing.waiting} documents are being parsed or wait "
-                "(FileSettings.parse_waiting); try again later",
+                "(mt serve --parse-waiting); try again later",
                 {"Retry-After": "1"},
             )
         parsing.slots = parsing.slots or asyncio.Semaphore(files.parse_processes)

@@ -359,6 +359,27 @@ def test_an_uploaded_document_is_translated_sentence_by_sentence(torch_served, n
     assert f"{alone[0]} {alone[1]}" in _untagged(download.content.decode("utf-8"))
 
 
+def test_an_uploaded_document_holds_a_named_glossary(torch_served):
+    from transformer_mt.documents.document import read_document
+    from transformer_mt.documents.translate import translate_document
+    from transformer_mt.text.glossary import Entry, Glossary
+
+    client, engine = torch_served
+    line = "The horse pulls the mouse on a cup although the doctor watches a cold bird."
+    data = f"<p>{line} The friend closed the woman.</p>".encode()
+    fields = {"source": "src", "target": "trg", "glossary": "animals"}
+    reply = client.post("/translate_file", data=fields, files={"file": ("page.html", data)})
+    assert reply.status_code == 200, reply.text
+    translated = client.get(reply.json()["translatedFileUrl"]).content
+    assert translated.decode().count(TERM) == 1, translated
+    document = read_document(data, ".html", "page.html")
+    glossary = Glossary([Entry("horse", TERM)])
+    assert translated == translate_document(engine, document, engine.decode, glossary=glossary)
+    fields["glossary"] = "plants"
+    unknown = client.post("/translate_file", data=fields, files={"file": ("page.html", data)})
+    assert unknown.status_code == 400 and "no glossary named 'plants'" in unknown.json()["error"]
+
+
 def test_html_with_source_auto_splits_each_fragment_by_its_own_language(multi_served):
     client, engine = multi_served
     # German rules read "19." and "3." as ordinals; French ones cut after "3.".

@@ -1,7 +1,8 @@
 """LibreTranslate's file translation: /translate_file and /download_file.
 
 LibreTranslate's file translation: ``POST /translate_file`` (multipart: ``file``, ``source``,
-``target``, ``api_key``) -> ``{"translatedFileUrl": ".../download_file/NAME"}``, then ``GET
+``target``, ``api_key``; ours besides: ``glossary``, the name of one of the server's glossaries,
+held in every sentence) -> ``{"translatedFileUrl": ".../download_file/NAME"}``, then ``GET
 /download_file/NAME`` -> the translated file, as an attachment named after the upload.
 
 A file is read by :mod:`~transformer_mt.documents.document` (its structure kept), its segments
@@ -37,11 +38,13 @@ from transformer_mt.serve.forms import (
 from transformer_mt.serve.settings import ApiError
 from transformer_mt.serve.state import (
     ServerState,
+    check_constrainable,
     check_languages,
     decode_segments,
     document_limits,
     parse,
     request_decode,
+    request_glossary,
     segment_languages,
     server_state,
 )
@@ -57,6 +60,7 @@ class FileRequest(Strict):
     source: str | None = None
     target: str | None = None
     api_key: str | None = None
+    glossary: str | None = None  # ours: the name of one of the server's glossaries
 
 
 @router.post("/translate_file")
@@ -71,6 +75,8 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
         raise ApiError(400, "Invalid request: file format not supported", detail=formats)
     check_languages(state, fields.source, fields.target)
     state.check_access(request, fields.api_key, [])
+    glossary = request_glossary(state, fields.glossary)
+    check_constrainable(state, "glossary" if glossary else None)
     # Read, split, joined (and, translated, read again and written) in a parsing process:
     # never on the event loop.
     limits = document_limits()
@@ -78,7 +84,9 @@ async def translate_file(request: Request, state: ServerState = Depends(server_s
     languages = segment_languages(state.engine, [segments], fields.source)
     decode = request_decode(state.engine.decode, {}, state.limits, {})
     target = fields.target if state.engine.lang_tags else None
-    results = await decode_segments(state, request, segments, languages, decode, target)
+    results = await decode_segments(
+        state, request, segments, languages, decode, target, glossary=glossary
+    )
     translated = await parse(state, render_document, data, suffix, filename, limits, results)
     name = await run_in_threadpool(state.files.put, translated, suffix, _download_name(filename))
     return {"translatedFileUrl": _file_url(request, state, name)}

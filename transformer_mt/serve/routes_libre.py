@@ -34,6 +34,7 @@ from transformer_mt.serve.settings import ApiError
 from transformer_mt.serve.state import (
     INLINE_PARSE_CHARS,
     ServerState,
+    check_constrainable,
     check_languages,
     check_lines,
     decode_lines,
@@ -41,13 +42,13 @@ from transformer_mt.serve.state import (
     document_limits,
     parse,
     request_decode,
+    request_glossary,
     segment_languages,
     server_state,
 )
 from transformer_mt.text.content import has_text
 from transformer_mt.text.detect import Detection
 from transformer_mt.text.detect import detect as detect_language
-from transformer_mt.text.glossary import Entry, Glossary
 
 router = APIRouter()
 
@@ -160,8 +161,8 @@ async def _translate_texts(
     paragraphs = split_lines(texts, languages, req.protect)
     lines = paragraphs.sentences
     check_lines(lines, state.limits, "q sentences", state.engine)
-    glossary = _glossary(state, req.glossary)
-    _check_constrainable(state, "protect" if req.protect else "glossary" if glossary else None)
+    glossary = request_glossary(state, req.glossary)
+    check_constrainable(state, "protect" if req.protect else "glossary" if glossary else None)
     terms = [glossary.targets(line) for line in lines] if glossary is not None else None
     if req.protect:
         lines, extras = TranslateExtras(glossary=glossary, protect=True).constrained(lines)
@@ -182,36 +183,6 @@ async def _translate_texts(
         alternatives.append([] if untranslated else [text for text, _ in result.nbest[1:]])
         confidences.append(result.confidences())
     return translated, alternatives, confidences
-
-
-def _check_constrainable(state: ServerState, field: str | None) -> None:
-    """An ApiError where the request's ``field`` needs a search the engine lacks.
-
-    ``field`` (glossary, protect; None: neither) needs a constrained search, which a CTranslate2
-    export lacks."""
-    if field is not None and state.engine.name != "torch":
-        raise ApiError(
-            400,
-            f"Invalid request: {field} needs a constrained search, which this server's "
-            f"{state.engine.name} engine lacks (serve the checkpoint with --engine torch)",
-        )
-
-
-def _glossary(state: ServerState, given: str | dict[str, str] | None) -> Glossary | None:
-    """The request's glossary: one of the server's by name, or its own terms; None for none."""
-    if given is None:
-        return None
-    if isinstance(given, str):
-        if given not in state.glossaries:
-            have = ", ".join(sorted(state.glossaries)) or "none (mt serve --glossary NAME=FILE)"
-            raise ApiError(
-                400, f"Invalid request: no glossary named {given!r} (glossaries: {have})"
-            )
-        return state.glossaries[given]
-    try:
-        return Glossary([Entry(source, target) for source, target in given.items()])
-    except (ValueError, MTError) as err:
-        raise ApiError(400, f"Invalid request: glossary: {err}") from None
 
 
 def _detected(state: ServerState, text: str) -> list[dict]:
@@ -248,8 +219,8 @@ async def _translate_html(
             "Invalid request: protect is for plain text (format: text)",
             detail='in HTML, mark the spans to keep with translate="no" (or <code>)',
         )
-    glossary = _glossary(state, req.glossary)
-    _check_constrainable(state, "glossary" if glossary else None)
+    glossary = request_glossary(state, req.glossary)
+    check_constrainable(state, "glossary" if glossary else None)
     most = state.limits.max_lines
     why = {"max_segments": f"max_lines={most} per request: mt serve --max-lines"}
     limits = document_limits(why, max_segments=most)

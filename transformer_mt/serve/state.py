@@ -37,7 +37,7 @@ from transformer_mt.serve.languages import is_toy, language_name
 from transformer_mt.serve.metrics import ServerMetrics
 from transformer_mt.serve.settings import ApiError, FileSettings, Limits, ServeSettings
 from transformer_mt.text.content import has_text
-from transformer_mt.text.glossary import Glossary, read_glossary
+from transformer_mt.text.glossary import Entry, Glossary, read_glossary
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +199,38 @@ def request_decode(
         return apply_overrides(served, overrides, limits.decode_limits(), names)
     except MTError as err:
         raise ApiError(400, str(err)) from None
+
+
+def request_glossary(state: ServerState, given: str | dict[str, str] | None) -> Glossary | None:
+    """A request's glossary: one of the server's by name, or its own terms; None for none.
+
+    An unknown name or a bad term is an ApiError (400) saying which."""
+    if given is None:
+        return None
+    if isinstance(given, str):
+        if given not in state.glossaries:
+            have = ", ".join(sorted(state.glossaries)) or "none (mt serve --glossary NAME=FILE)"
+            raise ApiError(
+                400, f"Invalid request: no glossary named {given!r} (glossaries: {have})"
+            )
+        return state.glossaries[given]
+    try:
+        return Glossary([Entry(source, target) for source, target in given.items()])
+    except (ValueError, MTError) as err:
+        raise ApiError(400, f"Invalid request: glossary: {err}") from None
+
+
+def check_constrainable(state: ServerState, field: str | None) -> None:
+    """An ApiError where the request's ``field`` needs a search the engine lacks.
+
+    ``field`` (glossary, protect; None: neither) needs a constrained search, which a CTranslate2
+    export lacks."""
+    if field is not None and state.engine.name != "torch":
+        raise ApiError(
+            400,
+            f"Invalid request: {field} needs a constrained search, which this server's "
+            f"{state.engine.name} engine lacks (serve the checkpoint with --engine torch)",
+        )
 
 
 def check_languages(state: ServerState, source: str | None, target: str | None) -> None:

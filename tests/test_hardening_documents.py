@@ -235,6 +235,22 @@ def test_the_environment_raises_a_bound_and_a_bad_value_is_one_line(monkeypatch)
         read_document(data, ".docx", "a.docx")
 
 
+def test_mt_serve_refuses_a_bad_document_bound_before_it_binds_the_port(monkeypatch):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from typer.testing import CliRunner
+
+    from transformer_mt.cli import app
+    from transformer_mt.serve import launch
+
+    bound: list[object] = []
+    monkeypatch.setattr(launch, "bind_sockets", lambda *args: bound.append(args) or [])
+    monkeypatch.setenv("MT_DOC_MAX_BYTES", "0")
+    fixture = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint" / "old_last.pt"
+    result = CliRunner().invoke(app, ["serve", "-c", str(fixture)])
+    assert result.exit_code == 1 and not bound
+    assert result.output == "error: MT_DOC_MAX_BYTES is 0; it must be a whole number, at least 1\n"
+
+
 def test_zip_members_and_declared_sizes_are_checked_before_extracting():
     data = io.BytesIO()
     with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as archive:

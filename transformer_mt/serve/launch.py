@@ -9,6 +9,7 @@ import errno
 import socket
 from pathlib import Path
 
+from transformer_mt.documents.limits import DocumentLimits
 from transformer_mt.engines.engine import check_engine
 from transformer_mt.errors import MTError
 from transformer_mt.serve.access import Access
@@ -23,13 +24,14 @@ def serve(path: Path | str, settings: ServeSettings) -> None:
     """Load the model and serve it in ``settings.workers`` processes until SIGINT/SIGTERM.
 
     Requests in flight finish first, for at most ``settings.shutdown_timeout_s``. The port is
-    bound first: one in use is an MTError before the model loads; so are a missing keys file and a
-    mistake in the options, and a model that fails to load ends the server with its error."""
+    bound first: one in use is an MTError before the model loads; so are a missing keys file, a
+    mistake in the options or in an MT_DOC_MAX_* variable, and a model that fails to load ends the server with its error."""
     check_engine(  # the options first
         settings.engine, path, settings.quantize, settings.precision, settings.device
     )
     Access(settings.access)  # the keys file, read and checked
     load_glossaries(settings.glossaries)  # each file read and checked
+    DocumentLimits.from_env()  # the documents' bounds (MT_DOC_MAX_*), each variable checked
     sockets = bind_sockets(settings.host, settings.port)
     try:
         for sock in sockets:  # connections wait in the backlog until a worker accepts them

@@ -22,7 +22,12 @@ from transformer_mt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
 )
-from transformer_mt.engines import load_for_inference, translate_lines
+from transformer_mt.engines import (
+    TranslateExtras,
+    load_engine,
+    load_for_inference,
+    translate_lines,
+)
 from transformer_mt.engines.loading import LoadedModel
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
@@ -145,6 +150,75 @@ def test_ct2_pieces_give_the_text_our_ids_give(fixture_model):
     pieces = tok.id_to_piece(ids)
     assert "<unk>" in pieces and "\u2047" not in tok.decode_pieces(pieces)
     assert tok.decode_pieces(pieces) == tok.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def both_engines(fixture_model, tmp_path_factory):
+    """The fixture's CT2 engine (a float32 export) and our torch engine, on the same weights."""
+    directory = export_ctranslate2(fixture_model, tmp_path_factory.mktemp("conf") / "ct2")
+    return load_engine("ct2", directory), load_engine("torch", FIXTURE / "old_last.pt")
+
+
+@pytest.mark.parametrize(
+    ("beam", "len_penalty", "max_len_b", "how"),
+    [
+        (1, 1.0, 1.2, "one call"),
+        (1, 0.0, 1.2, "one call"),
+        (3, 2.0, 1.2, "one call"),
+        (3, 1.0, 0.5, "one call"),  # outputs cut at their limit: no EOS in their pieces
+        (1, 1.0, 1.2, "attention"),
+        (3, 1.0, 0.5, "attention"),
+        (3, 1.0, 1.2, "batch by batch"),
+    ],
+)
+def test_ct2_confidences_are_the_torch_engines_for_the_same_output(
+    both_engines, source_lines, beam, len_penalty, max_len_b, how
+):
+    """CTranslate2's score is the log-probability (EOS included) over ``pieces ** penalty``,
+    pieces counting EOS too: the engine's log-probabilities and confidences are then ours for
+    every identical hypothesis. A line not decoded (empty, nothing to translate) has none."""
+    ct2, ours = both_engines
+    lines = [*source_lines[:16], "  ...  "]  # line 4 is empty
+    decode = DecodeConfig(
+        beam_size=beam, nbest=beam, len_penalty=len_penalty, max_len_a=0.0 if max_len_b < 1 else 5.0,
+        max_len_b=max_len_b, batch_tokens=60,
+    )  # fmt: skip
+    theirs = ct2.translate(
+        lines, decode, attention=how == "attention", stop=(lambda: False) if how[0] == "b" else None
+    )
+    want = ours.translate(lines, decode)
+    compared = cut = 0
+    for i, (a, b) in enumerate(zip(theirs, want, strict=True)):
+        if i in (4, len(lines) - 1):
+            assert a.logprobs is None and a.confidences() is None and b.logprobs is None
+            continue
+        assert a.logprobs is not None and len(a.logprobs) == beam
+        for k, ((text_a, _), (text_b, _)) in enumerate(zip(a.nbest, b.nbest, strict=True)):
+            if text_a != text_b:
+                continue
+            (logp_a, n_a), (logp_b, n_b) = a.logprobs[k], b.logprobs[k]
+            assert n_a == n_b and logp_a == pytest.approx(logp_b, abs=1e-4), (i, k, text_a)
+            assert a.confidences()[k] == pytest.approx(b.confidences()[k], abs=0.011)
+            compared += 1
+            cut += n_a == len(ct2.trg_tok.encode(text_a))  # no EOS
+    assert compared >= 0.8 * beam * (len(lines) - 2), f"only {compared} identical hypotheses"
+    assert cut > 0 or max_len_b >= 1, "the tight limit cuts some hypotheses"
+
+
+def test_ct2_confidence_of_a_split_paragraph_is_the_torch_engines(both_engines, source_lines):
+    """Split paragraphs join their sentences' log-probabilities: a confidence with CT2 too."""
+    ct2, ours = both_engines
+    paragraphs = [" ".join(source_lines[:3]), source_lines[5] + "\n\n" + source_lines[6], "", "..."]
+    decode = DecodeConfig(beam_size=1, nbest=1, max_len_a=5.0, max_len_b=1.2)
+    extras = TranslateExtras(split=True)
+    theirs, want = (e.translate(paragraphs, decode, extras=extras) for e in (ct2, ours))
+    assert [r.text for r in theirs] == [r.text for r in want]
+    for a, b in zip(theirs[:2], want[:2], strict=True):
+        assert a.logprobs is not None and b.logprobs is not None
+        assert a.logprobs[0][1] == b.logprobs[0][1]
+        assert a.logprobs[0][0] == pytest.approx(b.logprobs[0][0], abs=1e-4)
+        assert a.confidences() == pytest.approx(b.confidences(), abs=0.011)
+    assert [r.confidences() for r in theirs[2:]] == [None, None]
 
 
 def test_int8_export_translates_close_to_float32(fixture_model, source_lines, tmp_path):

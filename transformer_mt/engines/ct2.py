@@ -132,6 +132,24 @@ def load_ct2(directory: Path, device: str = "cpu", threads: int = 0) -> CT2Model
     return CT2Model(translator, src_tok, trg_tok, decode, max_len, pairs, lang_tags)
 
 
+LogProbs = list[tuple[float, int]]
+"""Per n-best hypothesis: its log-probability and the pieces it sums over (EOS where it ended)."""
+
+
+def hypothesis_logprob(
+    score: float, pieces: Sequence[str], limit: int, alpha: float
+) -> tuple[float, int]:
+    """A CTranslate2 hypothesis' log-probability and the pieces it sums over, from its score.
+
+    CTranslate2's score (``return_scores``) is the sum of the log-probabilities of every piece it
+    wrote, EOS included where the hypothesis ended with it, over ``n ** alpha`` (``alpha`` the
+    ``length_penalty``), where ``n`` counts those same pieces, EOS included: it decodes with EOS in
+    the hypothesis and strips it from ``pieces`` afterwards. A hypothesis ended with EOS unless
+    it reached ``limit`` (the call's ``max_decoding_length``, which counts EOS)."""
+    n = len(pieces) + int(len(pieces) < limit)
+    return float(score) * n**alpha, n
+
+
 def translate_lines_ct2(
     model: CT2Model,
     lines: list[str],
@@ -153,16 +171,39 @@ def translate_lines_ct2(
     fixed cost); what is left is a sentence whose beams outgrow its limit in the long call while
     every hypothesis returned still fits (rare: it needs a beam alive at its limit).
     ``first_line`` is the number warnings give ``lines[0]``; ``src_prefix`` (a multilingual
-    model's target-language tag, :meth:`CT2Model.source_prefix`) starts every source. Scores are CTranslate2's: log-probability sums normalized by ``length ** len_penalty`` (ours
-    use GNMT's penalty), so they compare among one model's outputs only.
+    model's target-language tag, :meth:`CT2Model.source_prefix`) starts every source. Scores are
+    CTranslate2's: log-probability sums normalized by ``length ** len_penalty``, EOS counted in
+    both (ours use GNMT's penalty), so they compare among one model's outputs only;
+    :func:`translate_lines_ct2_logprobs` gives the log-probabilities themselves.
     """
+    return [
+        nbest
+        for nbest, _ in translate_lines_ct2_logprobs(model, lines, decode, first_line, src_prefix)
+    ]
+
+
+def translate_lines_ct2_logprobs(
+    model: CT2Model,
+    lines: list[str],
+    decode: DecodeConfig,
+    first_line: int = 1,
+    src_prefix: Sequence[int] = (),
+) -> list[tuple[Translation, LogProbs | None]]:
+    """:func:`translate_lines_ct2`, each line's n-best with its :data:`LogProbs`.
+
+    From CTranslate2's scores (:func:`hypothesis_logprob`); None for a line not decoded (nothing
+    to translate in it)."""
     if decode.sampling:
         raise MTError("--engine ct2 does not sample here; use --engine torch for --sample")
+    logprobs: dict[int, LogProbs] = {}
     # CTranslate2 knows only the empty-line rule: lines with nothing to translate go to it blank
     # and come back as they are, as in our own line contract.
-    return keep_untranslatable(
-        lines, decode.nbest, lambda todo: _translate(model, todo, decode, first_line, src_prefix)
+    results = keep_untranslatable(
+        lines,
+        decode.nbest,
+        lambda todo: _translate(model, todo, decode, first_line, src_prefix, logprobs),
     )
+    return [(nbest, logprobs.get(i)) for i, nbest in enumerate(results)]
 
 
 def _translate(
@@ -171,8 +212,11 @@ def _translate(
     decode: DecodeConfig,
     first_line: int,
     src_prefix: Sequence[int],
+    logprobs: dict[int, LogProbs],
 ) -> list[Translation]:
-    """:func:`translate_lines_ct2` of lines that each have something to translate, or nothing."""
+    """:func:`translate_lines_ct2` of lines that each have something to translate, or nothing.
+
+    It puts the :data:`LogProbs` of each line it decodes in ``logprobs``, by line index."""
     sources = encode_sources(model.src_tok, lines, model.max_len, first_line, src_prefix)
     line_of = list(sources)
     ids = list(sources.values())
@@ -205,6 +249,10 @@ def _translate(
                 again.append(p)
             results[line_of[p]] = [
                 (model.trg_tok.decode_pieces(hyp[: budgets[p]]), float(score))
+                for hyp, score in zip(output.hypotheses, output.scores, strict=True)
+            ]
+            logprobs[line_of[p]] = [
+                hypothesis_logprob(score, hyp, call_limit, decode.len_penalty)
                 for hyp, score in zip(output.hypotheses, output.scores, strict=True)
             ]
         return again

@@ -13,9 +13,15 @@ from pathlib import Path
 
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.batching import longest_first_batches
-from transformer_mt.decoding.text import encode_sources, untranslatable
+from transformer_mt.decoding.text import Translation, encode_sources, untranslatable
 from transformer_mt.engines.base import Engine
-from transformer_mt.engines.ct2 import load_ct2, read_settings, translate_lines_ct2
+from transformer_mt.engines.ct2 import (
+    LogProbs,
+    hypothesis_logprob,
+    load_ct2,
+    read_settings,
+    translate_lines_ct2_logprobs,
+)
 from transformer_mt.engines.options import TranslateExtras
 from transformer_mt.engines.results import (
     Attention,
@@ -35,7 +41,9 @@ class CT2Engine(Engine):
     It computes what ``mt translate --engine ct2`` computes. Its attention is CTranslate2's
     alignment attention (the last decoder layer, the heads the export chose: the first one by
     default), not our mean over layers and heads; its matrices leave out the source's EOS column
-    (rows sum to a little under 1) and the EOS row."""
+    (rows sum to a little under 1) and the EOS row. Its ``LineResult.logprobs`` come from
+    CTranslate2's scores (:func:`~transformer_mt.engines.ct2.hypothesis_logprob`): what our torch
+    engine gives for the same output, to float precision."""
 
     def __init__(self, directory: Path | str, device: str = "cpu", threads: int = 0) -> None:
         self.model = load_ct2(Path(directory), device=device, threads=threads)
@@ -79,8 +87,10 @@ class CT2Engine(Engine):
         if attention:
             out = self._translate_with_attention(todo, decode, stop, prefix)
         elif stop is None:
-            results = translate_lines_ct2(self.model, todo, decode, extras.first_line, prefix)
-            out = [to_line_result(nbest, None) for nbest in results]
+            results = translate_lines_ct2_logprobs(
+                self.model, todo, decode, extras.first_line, prefix
+            )
+            out = [_line_result(nbest, logprobs) for nbest, logprobs in results]
         else:
             out = self._translate_batch_by_batch(todo, decode, stop, prefix)
         for i in kept:
@@ -90,7 +100,7 @@ class CT2Engine(Engine):
     def _translate_batch_by_batch(
         self, lines: list[str], decode: DecodeConfig, stop: StopCheck, prefix: list[int]
     ) -> list[LineResult]:
-        """Run ``translate_lines_ct2`` one of its batches at a time.
+        """Run ``translate_lines_ct2_logprobs`` one of its batches at a time.
 
         The same batches (longest first within ``decode.batch_tokens``; a batch alone is cut as
         one), asking ``stop`` after each."""
@@ -102,9 +112,9 @@ class CT2Engine(Engine):
         for batch in longest_first_batches(lengths, decode.batch_tokens):
             indices = [line_of[p] for p in batch.tolist()]
             batch_lines = [lines[i] for i in indices]
-            results = translate_lines_ct2(self.model, batch_lines, decode, 1, prefix)
-            for i, nbest in zip(indices, results, strict=True):
-                out[i] = to_line_result(nbest, None)
+            results = translate_lines_ct2_logprobs(self.model, batch_lines, decode, 1, prefix)
+            for i, (nbest, logprobs) in zip(indices, results, strict=True):
+                out[i] = _line_result(nbest, logprobs)
             done.update(indices)
             check_stop(stop, lines, done)
         return out
@@ -116,7 +126,7 @@ class CT2Engine(Engine):
         stop: StopCheck | None = None,
         prefix: Sequence[int] = (),
     ) -> list[LineResult]:
-        """Run ``translate_lines_ct2`` with ``return_attention``.
+        """Run CTranslate2 with ``return_attention``.
 
         The same grouping by length budget (``stop`` asked after each group)."""
         model = self.model
@@ -156,6 +166,17 @@ class CT2Engine(Engine):
                     prefix=len(prefix),
                 )
                 out[i] = to_line_result(nbest, attn)
+                out[i].logprobs = [
+                    hypothesis_logprob(score, hyp, budget, decode.len_penalty)
+                    for hyp, score in zip(output.hypotheses, output.scores, strict=True)
+                ]
             done.update(indices)
             check_stop(stop, lines, done)
         return out
+
+
+def _line_result(nbest: Translation, logprobs: LogProbs | None) -> LineResult:
+    """A line's n-best (no attention) with its log-probabilities (None: a line not decoded)."""
+    out = to_line_result(nbest, None)
+    out.logprobs = logprobs
+    return out

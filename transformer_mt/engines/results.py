@@ -54,7 +54,7 @@ class LineResult:
     # word alignments, one per n-best hypothesis (TranslateExtras.alignments), only when asked
     alignments: list[Alignment] | None = None
     # per n-best hypothesis, its log-probability and the pieces it sums over (EOS included):
-    # where the engine reads them (our torch engine; None elsewhere, and for a line not decoded)
+    # where the engine reads them (both engines do; None for a line not decoded)
     logprobs: list[tuple[float, int]] | None = None
 
     def confidences(self) -> list[float] | None:

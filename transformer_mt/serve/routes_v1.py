@@ -196,7 +196,7 @@ def _line_bytes(result: LineResult) -> bytes:
         "score": _number(result.score),
         "nbest": [{"text": text, "score": _number(score)} for text, score in result.nbest],
     }
-    confidences = result.confidences()  # our torch engine's; none for a line not decoded
+    confidences = result.confidences()  # none for a line not decoded
     if confidences is not None:
         out["confidence"] = confidences[0]
         for entry, confidence in zip(out["nbest"], confidences, strict=True):

@@ -111,7 +111,7 @@ from transformer_mt.data.corpus import CleanConfig, clean_parallel
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerSettings
 from transformer_mt.host_memory import keep_freed_memory, release_freed_memory
 from transformer_mt.model import Transformer, model_args
-from transformer_mt.training.compiled import CompileCounter, compile_layers
+from transformer_mt.training.compiled import CompileCounter, compile_layers, mark_step
 from transformer_mt.training.loss import label_smoothed_nll, linear_label_smoothed_nll
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), trg_in (B, T), trg_out (B, T)
@@ -394,6 +394,7 @@ def make_step(
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def step(c: Contender, batch: Batch) -> None:
+        mark_step(c.counter)  # as mt train's step (train.cuda_graphs)
         src, trg_in, trg_out = (x.to(device, non_blocking=True) for x in batch)
         ctx = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
         with ctx:
@@ -532,10 +533,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="device peak for utilization; default on GPUs: 989 (H100/H200 "
                         "bf16/fp16 dense)")  # fmt: skip
-    parser.add_argument("--only", choices=["ours", "baseline"], default=None,
-                        help="measure one model only (with --compile: ours compiled is kept)")  # fmt: skip
+    parser.add_argument("--only", choices=["ours", "baseline", "compiled"], default=None,
+                        help="measure one model only (with --compile: ours compiled is kept;"
+                        " compiled: ours compiled alone)")  # fmt: skip
     parser.add_argument("--compile", choices=["off", "on", "whole", "dynamic"], default="off",
                         help="ours under torch.compile against ours eager (see the docstring)")  # fmt: skip
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="with --compile on: Inductor's CUDA graphs (train.cuda_graphs)")  # fmt: skip
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile's backend (aot_eager: tracing without code generation,"
                         " for a quick check that compiling works)")  # fmt: skip
@@ -621,13 +625,15 @@ def main() -> None:
         builds = (("ours", ours), (f"ours compiled ({args.compile})", ours))
     for name, build in builds:
         compiled = name.startswith("ours compiled")
+        if args.only == "compiled" and not compiled:
+            continue
         if args.only and not compiled and (name == "ours") != (args.only == "ours"):
             continue
         torch.manual_seed(0)
         model = build(args, vocab).to(device).train()
         counter = None
         if compiled:
-            counter = CompileCounter(args.compile_backend)
+            counter = CompileCounter(args.compile_backend, cuda_graphs=args.cuda_graphs)
             if args.compile == "on":
                 compile_layers(model, counter)  # as mt train compiles
             else:
@@ -795,7 +801,11 @@ def write_json(
             record = {
                 **common,
                 "name": c.name,
-                "compile": args.compile if c.name.startswith("ours compiled") else "off",
+                "compile": (
+                    args.compile + ("+cuda-graphs" if args.cuda_graphs else "")
+                    if c.name.startswith("ours compiled")
+                    else "off"
+                ),
                 "tokens_per_s": round(med),
                 "tokens_per_s_min": round(min(c.rates)),
                 "tokens_per_s_max": round(max(c.rates)),

@@ -12,7 +12,8 @@
 #   2. scripts/bench_train.py on WMT-shaped batches (32k vocabulary, 16,384 tokens a side): the
 #      base and the big model, bf16 and fp16, each eager and compiled (`--compile on`, as `mt
 #      train` compiles; the two most frequent batch shapes, so that compiling fits the time), then
-#      base bf16 eager with unbounded shapes (what bounding costs eagerly). Tokens/s, MFU against
+#      base bf16 compiled with CUDA graphs (`--cuda-graphs`, train.cuda_graphs), then base bf16
+#      eager with unbounded shapes (what bounding costs eagerly). Tokens/s, MFU against
 #      989 TFLOP/s, the FLOP count per token (attention's share), peak memory, graphs and compile
 #      seconds.
 #   3. The GPU recipe (configs/multi30k_de_en_gpu.yaml) with train.compile for RECIPE_MINUTES
@@ -130,6 +131,12 @@ for size in "${sizes[@]}"; do
 done
 model=()
 if [ "$smoke" = 0 ]; then model=(--model base); fi
+graphs=(--cuda-graphs)
+if [ "$smoke" = 1 ]; then graphs=(); fi  # aot_eager on a CPU: nothing to replay
+run_phase "bench ${sizes[0]} bf16 compiled with CUDA graphs" 60 \
+    "$PYTHON" scripts/bench_train.py --device "$device" --data wmt "${model[@]}" \
+    "${bench_size[@]}" "${bench_runs[@]}" --precision bf16 --only compiled \
+    --compile on --max-shapes 2 "${graphs[@]}" --json "$figures"
 run_phase "bench ${sizes[0]} bf16 eager, unbounded shapes" 60 \
     "$PYTHON" scripts/bench_train.py --device "$device" --data wmt "${model[@]}" \
     "${bench_size[@]}" "${bench_runs[@]}" --precision bf16 --only ours --pad-to-multiple 0 \

@@ -288,3 +288,28 @@ def test_compiled_training_meets_a_handful_of_shapes_and_compiles_each_once(tiny
     # The same count at step 100 and at 200: nothing compiled after the first epochs.
     assert [r["compiled_graphs"] for r in records] == [2 * shapes, 2 * shapes]
     assert all(math.isfinite(r["val_loss"]) for r in records)
+
+
+def test_cuda_graphs_reach_inductor_and_need_compiling(tiny_config, monkeypatch):
+    from torch._inductor import compile_fx
+
+    from transformer_mt.errors import MTError
+    from transformer_mt.training.compiled import CompileCounter, mark_step
+
+    seen = []
+    monkeypatch.setattr(
+        compile_fx, "compile_fx", lambda g, inputs, config_patches: seen.append(config_patches) or g
+    )
+    graph = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    CompileCounter(cuda_graphs=True)(graph, [torch.zeros(1, 2)])
+    assert seen == [{"triton.cudagraphs": True}]
+    CompileCounter("eager", cuda_graphs=True)(graph, [torch.zeros(1, 2)])  # not Inductor: none
+    assert len(seen) == 1
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    mark_step(CompileCounter(cuda_graphs=True))
+    mark_step(CompileCounter())
+    mark_step(None)
+    assert marks == [1]
+    with pytest.raises(MTError, match=r"train\.cuda_graphs replays compiled layers"):
+        load_config(tiny_config, ["train.cuda_graphs=true"])

@@ -31,6 +31,7 @@ def test_gpu_check_smoke_runs_end_to_end_and_writes_its_figures(tmp_path):
         ("bf16", "on", 8),
         ("fp16", "off", 8),
         ("fp16", "on", 8),
+        ("bf16", "on", 8),  # --cuda-graphs on a GPU (--smoke: compiled alone)
         ("bf16", "off", 0),
     ]
     for r in rows:

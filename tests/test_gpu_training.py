@@ -1,7 +1,8 @@
 """Training's fast paths on a CUDA GPU (``make test-gpu``; each test skips without one).
 
 SDPA reaches the flash and memory-efficient kernels, a step queues its work without waiting for
-the device, and compiled training meets few shapes and compiles each once."""
+the device, compiled training meets few shapes and compiles each once, and CUDA graphs replay the
+compiled layers with the eager losses."""
 
 import json
 from pathlib import Path
@@ -133,3 +134,21 @@ def test_compiled_training_on_a_gpu_compiles_each_shape_once(tiny_config, tmp_pa
     ]
     graphs = [r["compiled_graphs"] for r in records if "val_loss" in r]
     assert graphs == [graphs[0]] * len(graphs) and len(graphs) == 2
+
+
+def test_cuda_graphs_replay_the_compiled_layers_with_the_eager_losses(tiny_config, tmp_path):
+    sets = ["train.device=cuda", "train.precision=fp32", "train.pad_to_multiple=32",
+            "train.max_steps=12", "train.valid_every=6", "train.valid_bleu=false",
+            "train.best_metric=loss", "train.log_every=1", "model.drop_prob=0",
+            "model.attn_drop_prob=0", "model.ffn_drop_prob=0"]  # fmt: skip
+    losses = {}
+    for name, extra in (
+        ("eager", []),
+        ("graphs", ["train.compile=true", "train.cuda_graphs=true"]),
+    ):
+        run = tmp_path / name
+        Trainer(load_config(tiny_config, sets + extra), run, progress=False).run()
+        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [r["loss"] for r in records if "loss" in r and "val_loss" not in r]
+    assert len(losses["graphs"]) == len(losses["eager"]) >= 10
+    assert losses["graphs"] == pytest.approx(losses["eager"], rel=2e-3)

@@ -524,6 +524,12 @@ class TrainConfig:
         " H200, 15-25 % more tokens/s once compiled (measured when the whole model recompiled"
         " for 7 minutes of 10 as shapes varied); no gain measured on 2 CPUs",
     )
+    cuda_graphs: bool = setting(
+        False,
+        "with train.compile on a GPU: each compiled layer replayed as a CUDA graph (Inductor's"
+        " CUDA graph trees, as torch.compile's mode='reduce-overhead'): the host launches a graph"
+        " instead of each of its kernels, for more GPU memory; ignored on a CPU; not yet measured",
+    )
     pad_to_multiple: int | None = setting(
         None,
         "batch shapes: each batch's lengths (both sides) padded up to a multiple of N (steps of"

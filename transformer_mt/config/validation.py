@@ -222,6 +222,8 @@ def _validate_train(train_cfg: TrainConfig, data_cfg: DataConfig) -> None:
     check_device_name(train_cfg.device)
     if train_cfg.best_metric == "bleu" and not train_cfg.valid_bleu:
         raise MTError("train.best_metric=bleu needs train.valid_bleu: true")
+    if train_cfg.cuda_graphs and not train_cfg.compile:
+        raise MTError("train.cuda_graphs replays compiled layers: set train.compile: true too")
     if train_cfg.batch_tokens < data_cfg.max_tokens_per_side:
         raise MTError(
             f"train.batch_tokens={train_cfg.batch_tokens} is below data.max_tokens_per_side="

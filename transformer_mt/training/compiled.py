@@ -16,6 +16,10 @@ Inductor, with a count of the graphs it compiled, the seconds it took and their 
 which the trainer logs and writes into its validation records (``compiled_graphs``,
 ``compile_s``).
 
+``train.cuda_graphs`` has Inductor replay each compiled graph as a CUDA graph (its CUDA graph
+trees: what ``mode="reduce-overhead"`` turns on), which static shapes allow; each training step
+marks a new iteration (:func:`mark_step`), so that a replay may reuse the previous step's memory.
+
 Validation and decoding run the same modules eagerly (:func:`eager`): their shapes (a search's
 growing prefixes, evaluation mode) would each compile a graph of their own.
 """
@@ -45,15 +49,23 @@ class CompileCounter:
     A graph is a forward pass's; ``seconds`` is the time of their compiles (a graph's backward is
     compiled at its first backward pass, not counted here: the step time shows it)."""
 
-    def __init__(self, backend: str = "inductor") -> None:
+    def __init__(self, backend: str = "inductor", cuda_graphs: bool = False) -> None:
         self.backend = backend  # the compiler that does the work (tests: aot_eager, quicker)
+        self.cuda_graphs = cuda_graphs  # Inductor's CUDA graph trees (train.cuda_graphs)
         self.graphs = 0
         self.seconds = 0.0
         self.shapes: list[tuple[tuple[int, ...], ...]] = []
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         started = time.perf_counter()
-        compiled = torch._dynamo.lookup_backend(self.backend)(graph, example_inputs)
+        compiled: Any
+        if self.cuda_graphs and self.backend == "inductor":
+            from torch._inductor import compile_fx
+
+            patches = {"triton.cudagraphs": True}
+            compiled = compile_fx.compile_fx(graph, example_inputs, config_patches=patches)
+        else:
+            compiled = torch._dynamo.lookup_backend(self.backend)(graph, example_inputs)
         spent = time.perf_counter() - started
         shapes = tuple(
             tuple(x.shape)
@@ -89,6 +101,14 @@ def compile_layers(model: Transformer, counter: CompileCounter) -> None:
     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     for layer in (*model.encoder, *model.decoder):
         layer.compile(backend=counter, dynamic=False)
+
+
+def mark_step(counter: CompileCounter | None) -> None:
+    """Start a training step's iteration of the CUDA graphs (where ``counter`` replays them).
+
+    A replay may then overwrite what the previous step's graphs returned (all read by now)."""
+    if counter is not None and counter.cuda_graphs:
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 @contextmanager

@@ -55,7 +55,7 @@ from transformer_mt.host_memory import release_freed_memory, resident_mib
 from transformer_mt.model import Transformer, TransformerConfig
 from transformer_mt.training import distributed
 from transformer_mt.training.batches import BatchStream, DeviceBatches
-from transformer_mt.training.compiled import CompileCounter, compile_layers, eager
+from transformer_mt.training.compiled import CompileCounter, compile_layers, eager, mark_step
 from transformer_mt.training.device import (
     AUTOCAST_DTYPES,
     autocast,
@@ -336,7 +336,8 @@ class Trainer:
         train.compile its layers are compiled in place; validation runs them eagerly)."""
         wrapped: torch.nn.Module = model
         if self.cfg.train.compile:
-            self.compile_counter = CompileCounter()
+            cuda_graphs = self.cfg.train.cuda_graphs and self.device.type == "cuda"
+            self.compile_counter = CompileCounter(cuda_graphs=cuda_graphs)
             compile_layers(model, self.compile_counter)
         if not self.info.enabled:
             return wrapped
@@ -480,6 +481,7 @@ class Trainer:
         A step whose loss is not finite changes no weight: on one process with a fused AdamW
         the optimizer skips it on the device (its ``found_inf``, as under fp16's gradient scaler),
         so that nothing in the step waits for the device; otherwise the loss is read first."""
+        mark_step(self.compile_counter)
         if tokens is None:
             tokens = [int((out != PAD_ID).sum()) for _, _, out in micro_batches]
         (global_tokens,) = distributed.all_reduce_sum([float(sum(tokens))], self.info, self.device)

@@ -5,7 +5,8 @@ Contract: :func:`detect(text, candidates, default) <detect>` returns :class:`Det
 ``default``):
 
 - **a detection**: every candidate, ranked by the detector's probability among the candidates
-  alone; confidences are those probabilities x 100 (they add up to 100, one decimal);
+  alone; confidences are those probabilities x 100 (one decimal; over the distinct languages
+  they add up to 100: two candidates naming one language, below, each get its share);
 - **the default**, ``[Detection(default, 0.0)]``, confidence 0 meaning "not detected", when
   the text gives no reason to choose:
 

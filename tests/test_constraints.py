@@ -2,14 +2,16 @@
 each of its sentence's constraints; on a tiny vocabulary an exhaustive beam finds exactly the
 best sequences that an enumeration of all of them finds (scores and length penalty included);
 no constraints change nothing; a batch equals its sentences one at a time; the KV cache changes
-nothing; bad constraints are one-line errors. Checked on a random-weight model and on a tiny model
-trained to reverse sequences (which ends its hypotheses with EOS)."""
+nothing; bad constraints, and constraints with no room, are one-line errors; every hypothesis
+returned holds them (fewer than asked where fewer do). Checked on a random-weight model and on a
+tiny model trained to reverse sequences (which ends its hypotheses with EOS)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import random
+import warnings
 
 import pytest
 import torch
@@ -37,8 +39,9 @@ from transformer_mt.decoding.constraints import (
     allocation_order,
     drop_duplicates,
     kmp_steps,
+    unmet,
 )
-from transformer_mt.decoding.text import translate_texts
+from transformer_mt.decoding.text import check_room, translate_texts
 from transformer_mt.errors import MTError
 from transformer_mt.model import Transformer
 
@@ -168,15 +171,12 @@ def _tracker_steps(tokens: list[int], constraints: list[list[int]]) -> list[tupl
 
 
 def _check_holds(results: list[DecodeResult], constraints: list[list[list[int]]]) -> None:
-    """Every hypothesis marked as meeting its constraints holds them (every finished one is so
-    marked), and each sentence's best meets them (its budget fits them)."""
+    """Every hypothesis returned is marked as meeting its constraints, and holds them."""
     for res, cons in zip(results, constraints, strict=True):
-        assert res.nbest[0].constraints_met, (res.nbest[0], cons)
         for hyp in res.nbest:
-            assert hyp.constraints_met or not hyp.finished
-            if hyp.constraints_met:
-                assert holds_all(hyp.tokens, cons), (hyp, cons)
-                assert tracker_meets(hyp.tokens, cons)
+            assert hyp.constraints_met, (hyp, cons)
+            assert holds_all(hyp.tokens, cons), (hyp, cons)
+            assert tracker_meets(hyp.tokens, cons)
 
 
 # (1) Every constraint appears.
@@ -192,11 +192,12 @@ def test_every_finished_hypothesis_holds_its_constraints(
     results = constrained_beam_search(model, src, _beam(4, 4, max_len_b=3.0), constraints)
     _check_holds(results, constraints)
     for res in results:
-        scores = [h.score for h in res.nbest if h.constraints_met]
+        scores = [h.score for h in res.nbest]
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(h.tokens) for h in res.nbest}) == len(res.nbest) == 4
     if which == "reverse":  # the trained model ends hypotheses with EOS once they are written
-        assert sum(any(h.finished for h in r.nbest) for r in results) >= len(results) - 1
+        # (a long hypothesis cut at the budget may still outscore them in a sentence's n-best)
+        assert sum(any(h.finished for h in r.nbest) for r in results) >= len(results) - 2
 
 
 def test_a_met_constraint_is_never_followed_by_a_token_that_continues_a_word(
@@ -225,17 +226,66 @@ def test_a_met_constraint_is_never_followed_by_a_token_that_continues_a_word(
 
 def test_the_budget_grows_to_fit_the_constraints(random_model, random_src):
     """A length rule of 2 tokens and 7 constraint tokens: the budget becomes 8, the best meets
-    them; where the position table (64) cannot hold them, the result says so."""
+    them; where the position table (64) cannot hold them beside the prefix and EOS, a one-line
+    MTError says so before any search."""
     constraints = [[[5, 6, 7], [8], [9, 10, 11]]] + [[]] * 7
     short = _beam(3, 3, max_len_a=2.0, max_len_b=0.0)
     results = constrained_beam_search(random_model, random_src, short, constraints)
     _check_holds(results, constraints)
     assert all(len(h.tokens) <= 8 for h in results[0].nbest)
     assert all(len(h.tokens) <= 2 for r in results[1:] for h in r.nbest)
-    too_long = [[[5] * 40, [6] * 40]]
-    (res,) = constrained_beam_search(random_model, random_src[:1], _beam(3, 3), too_long)
-    assert [h.constraints_met for h in res.nbest] == [False] * 3
-    assert all(not h.finished and len(h.tokens) == 64 for h in res.nbest)
+    exactly = [[[5] * 40, [6] * 23]]  # 63 and EOS: the whole table
+    (res,) = constrained_beam_search(random_model, random_src[:1], _beam(3, 3), exactly)
+    _check_holds([res], exactly)
+    assert all(len(h.tokens) == 64 for h in res.nbest)
+    for too_long, prefixes in (([[[5] * 40, [6] * 24]], None), (exactly, [[7]])):
+        message = r"sentence 0: its constraints hold 6[34] target ids, and its output has room"
+        with pytest.raises(MTError, match=message + " for 6[23]") as caught:
+            constrained_beam_search(
+                random_model, random_src[:1], _beam(3, 3), too_long, prefixes=prefixes
+            )
+        assert "\n" not in str(caught.value)
+
+
+def test_every_hypothesis_returned_holds_the_constraints_at_a_tight_budget(
+    random_model, random_src
+):
+    """A budget a few tokens over the constraints': the last steps keep the beams that can still
+    meet them (a bank that cannot fill in the steps left comes after those that can), so all
+    K hypotheses cut at the budget hold them, and none that lacks one is returned."""
+    decode = _beam(4, 4, max_len_a=0.0, max_len_b=0.0)
+    for seed in range(4):
+        constraints = [c or [[5]] for c in _random_constraints(8, 23 + seed)]
+        for extra in (1, 3):
+            tight = dataclasses.replace(decode, max_len_a=float(extra))
+            lens = [sum(map(len, c)) + 1 for c in constraints]  # the budget's floor
+            results = constrained_beam_search(random_model, random_src, tight, constraints)
+            _check_holds(results, constraints)
+            for res, n in zip(results, lens, strict=True):
+                assert len(res.nbest) == 4
+                assert all(len(h.tokens) <= max(n, extra) for h in res.nbest)
+
+
+def test_a_sentence_that_no_hypothesis_can_meet_returns_its_best_alone(random_model, random_src):
+    """Three one-token terms that each go on with a word: after one is met, the next may not
+    follow at once, and a budget of 4 (the terms and EOS) cannot hold them with the tokens
+    between. The one result is the best cut hypothesis, marked as lacking them; a budget with
+    room for the tokens between gives 3 that hold them."""
+    continues = torch.zeros(VOCAB, dtype=torch.bool)
+    continues[5:8] = True
+    words = Words(starts=~continues, continues=continues)
+    constraints = [[[5], [6], [7]]]
+    src = random_src[:1]
+    tight = _beam(3, 3, max_len_a=0.0, max_len_b=0.0)
+    (res,) = constrained_beam_search(random_model, src, tight, constraints, words=words)
+    assert len(res.nbest) == 1
+    (best,) = res.nbest
+    assert not best.constraints_met and not best.finished and len(best.tokens) == 4
+    assert unmet(constraints[0], best.tokens) and not tracker_meets(best.tokens, constraints[0])
+    roomy = dataclasses.replace(tight, max_len_a=6.0)
+    (res,) = constrained_beam_search(random_model, src, roomy, constraints, words=words)
+    assert len(res.nbest) == 3
+    _check_holds([res], constraints)
 
 
 def test_prefix_and_constraints_together(random_model, random_src):
@@ -321,8 +371,8 @@ def _all_scored(model: Transformer, src: torch.Tensor, n: int, alpha: float) -> 
 def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, rules, tiny_model):
     """Budget 4 (the length rule's, or the constraints' + EOS): a beam wide enough to keep every
     candidate ranks all outputs exactly as an enumeration of them all does (those without a
-    detour from a started term; those that meet the constraints first, by score with the
-    length penalty), and the best ones hold the constraints; any beam >= 2 returns one that
+    detour from a started term that meet the constraints, by score with the length penalty),
+    and they hold the constraints; any beam >= 2 returns one that
     meets them and scores no better. With the word rules and no token starting a word, every
     match in progress must go on (the end-of-word rule masks nothing)."""
     src = torch.tensor([[4, 6, 5, EOS_ID]])
@@ -339,9 +389,8 @@ def test_an_exhaustive_beam_finds_what_enumeration_finds(constraints, rules, tin
         for t, f, s in _all_scored(tiny_model, src, n, decode.len_penalty)
         if not (rules and tracker_detours(t, constraints))
     ]
-    ranked = sorted(
-        [x for x in scored if x[3] or not x[1]], key=lambda x: (x[3], x[2]), reverse=True
-    )[:25]
+    # The n-best hold only those that meet the constraints (some always do here).
+    ranked = sorted([x for x in scored if x[3]], key=lambda x: x[2], reverse=True)[:25]
     assert [(h.tokens, h.finished, h.constraints_met) for h in res.nbest] == [
         (t, f, m) for t, f, _, m in ranked
     ]
@@ -520,10 +569,67 @@ def test_translate_texts_passes_terms_as_target_pieces(random_model):
         )
 
 
+def test_terms_with_no_room_in_a_line_are_one_line_errors_naming_them(random_model):
+    """The position table (64) holds a line's terms, its prefix and EOS, or an MTError names
+    the line and the term (a long one shortened), before any search."""
+    tok = _CharTokenizer()
+    long_term = "a" * 70
+    cases = [
+        ([[long_term]], None, r"line 1: the term 'a{40}…' has 70 target pieces, and a "
+         r"translation of this line has room for 63 \(the model's 64 target positions less "
+         r"EOS\): shorten it or leave it out"),
+        ([["b" * 40, "c" * 23, "d"]], None, r"line 1: the line's terms up to 'd' have 64 "
+         r"target pieces, and a translation of this line has room for 63"),
+        ([["b" * 40, "c" * 23]], ["ef"], r"line 1: the line's terms up to 'c{23}' have 63 target "
+         r"pieces, and a translation of this line has room for 61 \(the model's 64 target "
+         r"positions less EOS and its prefix's 2 pieces\): give the line fewer terms"),
+    ]  # fmt: skip
+    for terms, prefixes, message in cases:
+        with pytest.raises(MTError, match=message) as caught:
+            translate_texts(
+                random_model, tok, tok, ["abc"], _beam(3), constraints=terms, prefixes=prefixes
+            )
+        assert "\n" not in str(caught.value)
+    fits = [[("b" * 40, [5] * 40), ("c" * 23, [6] * 23)]]
+    check_room(fits, [0], None, 64)
+    with pytest.raises(MTError, match="line 7: the line's terms up to"):
+        check_room(fits, [0], [[4]], 64, first_line=7)
+    got = translate_texts(random_model, tok, tok, ["abc"], _beam(3), constraints=[["bb" * 20]])
+    assert "b" * 40 in got[0][0][0]
+
+
+class _WordTokenizer(_CharTokenizer):
+    """As _CharTokenizer, but b, c and d go on with the word before them."""
+
+    def id_to_piece(self, ids) -> list[str]:
+        return [p[1:] if p[1:] in ("b", "c", "d") else p for p in super().id_to_piece(ids)]
+
+
+def test_a_line_whose_translation_lacks_a_term_says_which(random_model):
+    """Where no hypothesis holds every term (each goes on with a word, and the budget leaves
+    no token between them), the line gets one translation and a warning naming it and the
+    terms it lacks; with room, every translation holds them, and no warning."""
+    tok = _WordTokenizer()
+    terms = [["b", "c", "d"]]
+    tight = _beam(3, 3, max_len_a=0.0, max_len_b=0.0)
+    with pytest.warns(UserWarning, match=r"line 5: no translation holds every term; the best "
+                      r"one, given, lacks ('[bcd]'(, )?)+$") as caught:  # fmt: skip
+        (got,) = translate_texts(random_model, tok, tok, ["abc"], tight, constraints=terms,
+                                 first_line=5)  # fmt: skip
+    assert len(got) == 1
+    lacked = str(caught[0].message).split("lacks ")[1]
+    assert all((f"'{t}'" in lacked) == (t not in got[0][0]) for t in "bcd"), (got, lacked)
+    roomy = dataclasses.replace(tight, max_len_a=6.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (got,) = translate_texts(random_model, tok, tok, ["abc"], roomy, constraints=terms)
+    assert len(got) == 3 and all(set("bcd") <= set(text) for text, _ in got)
+
+
 def test_allocation_stripes_the_banks_and_drops_repeats():
     """fairseq's example: banks 3 3 3 2 2 2 2 1 1 1 0 0 (each bank's candidates best first) are
-    taken as 3 2 1 0 3 2 1 0 3 2 1 2; invalid candidates come last; a repeated (beam, token)
-    keeps its first entry."""
+    taken as 3 2 1 0 3 2 1 0 3 2 1 2; banks that can no longer meet the constraints come after
+    the others; invalid candidates come last; a repeated (beam, token) keeps its first entry."""
     banks = torch.tensor([[3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 0, 0, 3]])
     scores = -torch.arange(13.0)[None]
     valid = torch.ones_like(banks, dtype=torch.bool)
@@ -531,6 +637,10 @@ def test_allocation_stripes_the_banks_and_drops_repeats():
     order = allocation_order(scores, banks, valid, 3)
     assert banks[0, order[0]].tolist() == [3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 2, 3]
     assert order[0, -1] == 12 and order[0, :4].tolist() == [0, 3, 7, 10]
+    # Banks below 2 can no longer meet the constraints: after the others, still striped.
+    late = allocation_order(scores, banks, valid, 3, torch.tensor([2]))
+    assert banks[0, late[0]].tolist() == [3, 2, 3, 2, 3, 2, 2, 1, 0, 1, 0, 1, 3]
+    assert bool((allocation_order(scores, banks, valid, 3, torch.tensor([0])) == order).all())
     keys = torch.tensor([[5, 7, 5, 9, 7, 7]])
     kept = drop_duplicates(keys, torch.tensor([[True, True, True, True, False, True]]))
     assert kept.tolist() == [[True, True, False, True, False, False]]

@@ -233,3 +233,51 @@ def test_evaluate_translates_a_line_of_two_sentences_as_one_segment(tmp_path, en
     assert result.exit_code == 0, result.output
     scores = json.loads(result.stdout)
     assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100)
+
+
+@pytest.mark.parametrize(
+    ("line", "terms", "beam", "nbest"),
+    [
+        ("A clean wall runs.", ["zoskas", "kraskigaul", "brimail"], 3, 3),  # alternatives=2
+        ("The horse pulls the mouse.", ["trumenaul"], 4, 3),
+    ],
+)
+def test_every_alternative_holds_every_term(engine, line, terms, beam, nbest):
+    """Each of the n-best holds every term: on these lines the search cut every hypothesis at
+    its budget, and once returned one cut without a term among them."""
+    decode = dataclasses.replace(engine.run_decode, beam_size=beam, nbest=nbest)
+    (result,) = engine.translate([line], decode, extras=TranslateExtras(terms=[terms]))
+    assert len(result.nbest) == nbest
+    for text, _ in result.nbest:
+        assert all(term in text for term in terms), (text, terms)
+
+
+def test_terms_with_no_room_are_refused_before_any_search(engine):
+    """Terms longer than the model's 64 target positions can hold, alone or together, are a
+    one-line MTError naming the line and the term (what the server answers with a 400)."""
+    from transformer_mt.errors import MTError
+
+    line = "The horse pulls the mouse."
+    huge = [chr(65 + i) * 2000 for i in range(5)]
+    with pytest.raises(MTError, match=r"line 1: the term 'A{40}…' has \d+ target pieces, and a "
+                       r"translation of this line has room for 63") as caught:  # fmt: skip
+        engine.translate([line] * 8, engine.run_decode, extras=TranslateExtras(terms=[huge] * 8))
+    assert "\n" not in str(caught.value)
+    many = [["zoskas"] * 10]  # 7 pieces each
+    with pytest.raises(MTError, match=r"the line's terms up to 'zoskas' have 70 target pieces"):
+        engine.translate([line], engine.run_decode, extras=TranslateExtras(terms=many))
+
+
+def test_a_paragraph_has_as_many_alternatives_as_its_sentence_with_the_most():
+    from transformer_mt.engines.paragraphs import split_lines
+    from transformer_mt.engines.results import LineResult
+
+    paragraphs = split_lines(["One here. Two there."], ["en"])
+    one = LineResult("A.", -1.0, [("A.", -1.0)])  # a constrained search kept one
+    two = LineResult("B.", -1.0, [("B.", -1.0), ("C.", -3.0)])
+    one.logprobs, two.logprobs = [(-2.0, 2)], [(-2.0, 2), (-6.0, 2)]
+    (joined,) = paragraphs.join([one, two], 3, outer=True)
+    assert joined.nbest == [("A. B.", -1.0), ("A. C.", -2.0)]  # not "A. C." twice
+    assert joined.logprobs == [(-4.0, 4), (-8.0, 4)]
+    (both,) = paragraphs.join([one, dataclasses.replace(two, nbest=two.nbest[:1])], 3, outer=True)
+    assert both.nbest == [("A. B.", -1.0)]

@@ -2,6 +2,7 @@
 terms the target vocabulary cannot spell: URLs, e-mail addresses, numbers and marked text come
 back verbatim, and a term ends a word."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from transformer_mt.cli import app
 from transformer_mt.decoding.text import respelled
 from transformer_mt.engines.engine import load_engine
 from transformer_mt.engines.options import TranslateExtras
+from transformer_mt.engines.paragraphs import split_lines
 from transformer_mt.text.glossary import Entry, Glossary
+from transformer_mt.text.protect import as_constraints, find_protected
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint"
 CKPT = FIXTURE / "old_last.pt"
@@ -129,3 +132,66 @@ def test_glossary_terms_are_found_in_the_text_without_marks(engine):
     assert constrained.terms == [["horse", "12:30"]]  # the user keeps "horse": not translated
     lines, constrained = extras.constrained(["The horse pulls the mouse at 12:30."])
     assert constrained.terms == [["trumenaul", "12:30"]]
+
+
+@pytest.mark.parametrize(
+    ("text", "spans"),
+    [
+        ("见https://example.com。谢谢", [("url", "https://example.com")]),
+        ("网址：https://example.com，谢谢", [("url", "https://example.com")]),
+        ("（https://example.com）", [("url", "https://example.com")]),
+        ("「www.example.com/a」を見て", [("url", "www.example.com/a")]),
+        ("https://example.com에서 보세요", [("url", "https://example.com")]),
+        ("联系a@b.com。", [("email", "a@b.com")]),
+        ("邮箱bob.smith+x@mail.example.co.uk谢谢", [("email", "bob.smith+x@mail.example.co.uk")]),
+        ("See https://en.wikipedia.org/wiki/Foo_(bar).", [("url", "https://en.wikipedia.org/wiki/Foo_(bar)")]),
+        ("Write to 'bob@b.de' or a@www.example.com.", [("email", "bob@b.de"), ("email", "a@www.example.com")]),
+        ("xhttps://example.com", []),
+    ],
+)  # fmt: skip
+def test_links_and_addresses_end_where_chinese_japanese_or_korean_text_begins(text, spans):
+    assert [(s.kind, s.text) for s in find_protected(text, ("url", "email"))] == spans
+
+
+def test_a_split_never_cuts_a_marked_span_and_leaves_unpaired_marks_as_text():
+    def sentences(text: str) -> list[str]:
+        [split] = split_lines([text], ["en"], marks=True).splits
+        assert split.join(split.sentences) == text
+        return split.sentences
+
+    friend = "The friend closed the woman."
+    assert sentences(f"Use <keep>the horse. {friend} {friend}") == [
+        "Use <keep>the horse.",  # never closed: text like any other
+        friend,
+        friend,
+    ]
+    assert sentences("A </keep> b. <keep>c. d</keep> e. f.") == [
+        "A </keep> b. <keep>c. d</keep> e. f."
+    ]
+    assert sentences("Hi. </keep> Yes. <keep>No. Ok.</keep> Go. <keep>Stop.") == [
+        "Hi.",
+        "</keep> Yes.",
+        "<keep>No. Ok.</keep> Go.",
+        "<keep>Stop.",
+    ]
+    # each sentence's marks pair up as the line's do: what the model reads keeps the stray one
+    text, spans = as_constraints("A </keep> b. <keep>c. d</keep> e. f.")
+    assert text == "A </keep> b. c. d e. f." and [s.text for s in spans] == ["c. d"]
+
+
+def test_marked_spans_are_kept_whole_in_time_linear_in_the_text():
+    text = "<keep>" + "The friend closed the woman. " * 40_000  # took 2.7 s at 16,000 sentences
+    t0 = time.perf_counter()
+    assert len(split_lines([text], ["en"], marks=True).sentences) == 40_000
+    closed = "It is <keep>Save. Quit.</keep> here. " * 20_000
+    assert len(split_lines([closed], ["en"], marks=True).sentences) == 20_000
+    assert time.perf_counter() - t0 < 3
+
+
+def test_an_unclosed_mark_does_not_swallow_the_sentences_after_it(engine):
+    friend = "The friend closed the woman."
+    text = "Use <keep>the horse. " + f"{friend} " * 6
+    [alone] = engine.translate([friend], engine.run_decode)
+    extras = TranslateExtras(protect=True, split=True)
+    [result] = engine.translate([text], engine.run_decode, extras=extras)
+    assert result.text.count(alone.text) == 6

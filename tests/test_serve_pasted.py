@@ -431,3 +431,92 @@ def test_protect_and_glossary_need_an_engine_with_a_constrained_search(multi_ser
             "engine lacks (serve the checkpoint with --engine torch)"
         )
     assert len(engine.calls) == calls  # refused before any decoding
+
+
+@pytest.mark.parametrize(
+    ("glossary", "error"),
+    [
+        ({"Hund": "a\nb"}, "the target term 'a\\nb' has a control character or line break"),
+        ({"   ": "puppy"}, "empty source term ('' -> 'puppy'); give both terms"),
+        (
+            {"Hund": "puppy", "-" * 101: "x"},
+            f"the source term {'-' * 30!r}... is 101 characters, more than 100",
+        ),
+    ],
+)
+def test_a_request_glossary_is_checked_as_a_glossary_file_is(multi_served, glossary, error):
+    client, engine = multi_served
+    calls = len(engine.calls)
+    body = {"q": "Ein Hund.", "source": "de", "target": "en", "glossary": glossary}
+    reply = client.post("/translate", json=body)
+    assert reply.status_code == 400
+    assert reply.json()["error"].startswith(f"Invalid request: glossary: {error}")
+    assert len(engine.calls) == calls
+
+
+def test_a_request_glossary_drops_the_whitespace_around_its_terms(torch_served):
+    client, engine = torch_served
+    line = "The horse pulls the mouse on a cup although the doctor watches a cold bird."
+    body = {"q": line, "source": "src", "target": "trg", "glossary": {" horse ": f" {TERM}\t"}}
+    reply = client.post("/translate", json=body)
+    assert reply.status_code == 200, reply.text
+    extras = TranslateExtras(terms=[[TERM]])
+    held = engine.translate([line], engine.decode, extras=extras)[0].text
+    assert reply.json()["translatedText"] == held and TERM in held
+
+
+def test_a_request_glossary_holds_at_most_1000_terms():
+    from dataclasses import replace
+
+    engine = Multi()
+    app = create_app(engine, replace(LIMITS, max_body_bytes=64 * 1024))
+    body = {"q": "Ein Hund.", "source": "de", "target": "en"}
+    with running(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        for count in (1000, 1001):
+            glossary = {f"Hund{i}": "puppy" for i in range(count)}
+            reply = client.post("/translate", json={**body, "glossary": glossary})
+            if count == 1000:  # refused by the fake engine alone, as any glossary
+                assert "needs a constrained search" in reply.json()["error"]
+            else:
+                assert reply.status_code == 400
+                assert reply.json()["error"] == (
+                    "Invalid request: glossary: 1001 terms, more than 1000 in a request; give a "
+                    "big glossary to the server (mt serve --glossary NAME=FILE) and name it"
+                )
+
+
+def test_texts_too_big_for_the_limits_are_refused_before_they_are_split():
+    import dataclasses
+
+    from transformer_mt.serve.state import INLINE_PARSE_CHARS
+
+    engine = Multi(("en",))
+    limits = dataclasses.replace(LIMITS, max_body_bytes=1 << 20)
+    with running(create_app(engine, limits)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        # sentencex alone took minutes on 990 KB of this, the event loop blocked
+        body = {"q": ['!"' * 100_000, " \n "], "source": "en", "target": "en"}
+        reply = c.post("/translate", json=body)
+        assert reply.status_code == 413
+        assert reply.json()["error"] == (
+            f"q: 200000 characters besides whitespace exceed max_lines={limits.max_lines} "
+            f"sentences of max_chars={limits.max_chars} per request"
+        )
+        assert engine.calls == []
+        # within the bound: split as before (in a parsing process, the text not being small)
+        sentence = "Ein" + " sehr" * 55 + " langer Satz."
+        fits = " \u3000".join([sentence] * limits.max_lines)
+        assert len(fits) > INLINE_PARSE_CHARS and len(sentence) <= limits.max_chars
+        reply = c.post("/translate", json={"q": fits, "source": "en", "target": "en"})
+        assert reply.status_code == 200, reply.text
+        assert engine.calls[-1] == [sentence] * limits.max_lines
+        assert reply.json()["translatedText"] == fits.upper()
+
+
+def test_a_text_sentencex_panics_on_is_translated():
+    engine = Multi(("en",))
+    with running(create_app(engine, LIMITS)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        reply = c.post(
+            "/translate", json={"q": "Type A\u00a0. Next one.", "source": "en", "target": "en"}
+        )
+        assert reply.status_code == 200, reply.text
+        assert engine.calls[-1] == ["Type A\u00a0.", "Next one."]

@@ -6,8 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import transformer_mt.text.glossary as glossary_module
 from transformer_mt.errors import MTError
-from transformer_mt.text.glossary import DuplicateTerm, Entry, Glossary, TermMatch, read_glossary
+from transformer_mt.text._scripts import continues_word, is_word_char
+from transformer_mt.text.glossary import (
+    MAX_TERM_CHARS,
+    BadTerm,
+    DuplicateTerm,
+    Entry,
+    Glossary,
+    TermMatch,
+    read_glossary,
+)
 from transformer_mt.text.protect import (
     Marks,
     Span,
@@ -45,9 +55,15 @@ def test_a_glossary_file_with_comments_blank_lines_bom_and_crlf(tmp_path):
     [
         ("bank\tBank\nonly one column\n", r"terms\.tsv:2: has 1 column, needs 2"),
         ("a\tb\tc\n", r"terms\.tsv:1: has 3 columns, needs 2"),
-        ("\tBank\n", r"terms\.tsv:1: empty source term"),
-        ("bank\t  \n", r"terms\.tsv:1: empty target term"),
-        ("ba\x07nk\tBank\n", r"terms\.tsv:1: the source term has a control character"),
+        ("\tBank\n", r"terms\.tsv:1: empty source term \('' -> 'Bank'\)"),
+        ("bank\t  \n", r"terms\.tsv:1: empty target term \('bank' -> ''\)"),
+        ("ba\x07nk\tBank\n", r"terms\.tsv:1: the source term 'ba\\x07nk' has a control character"),
+        ("bank\tBa\u2028nk\n", r"terms\.tsv:1: the target term 'Ba\\u2028nk' has a .* line break"),
+        (
+            "bank\tBank\n" + "x" * (MAX_TERM_CHARS + 1) + "\tX\n",
+            rf"terms\.tsv:2: the source term 'x{{30}}'\.\.\. is 101 characters, more than "
+            rf"{MAX_TERM_CHARS}; a glossary term is a word or a short phrase",
+        ),
         (
             "# header\nbank\tBank\nriver\tFluss\nbank\tUfer\n",
             r"terms\.tsv:4: source term 'bank' is already on line 2 with another target",
@@ -58,6 +74,20 @@ def test_a_bad_line_is_one_error_naming_the_file_and_line(tmp_path, content, mes
     with pytest.raises(MTError, match=message) as caught:
         read_glossary(write(tmp_path, content))
     assert "\n" not in str(caught.value)
+
+
+def test_lines_may_end_with_cr_alone(tmp_path):
+    # Excel for Mac's tab-delimited export ends its lines with CR alone
+    path = write(tmp_path, "# en\tde\rbank\tBank\r\rriver bank\tUfer\r\nstreet\tStra\u00dfe\n")
+    assert read_glossary(path).entries == [
+        Entry("bank", "Bank", 2),
+        Entry("river bank", "Ufer", 4),
+        Entry("street", "Straße", 5),
+    ]
+    with pytest.raises(MTError, match=r"terms\.tsv:3: has 3 columns"):
+        read_glossary(write(tmp_path, "a\tb\r\rc\td\te\r"))
+    with pytest.raises(MTError, match=r"terms\.tsv:3: not UTF-8"):
+        read_glossary(write(tmp_path, b"bank\tBank\r\rstra\xdfe\tstreet\r"))
 
 
 def test_bad_bytes_and_missing_files(tmp_path):
@@ -242,6 +272,103 @@ def test_restore_of_the_masked_text_is_the_text_without_marks(text):
 def test_a_glossary_built_in_code_checks_its_entries():
     with pytest.raises(DuplicateTerm, match="'bank' given twice with different targets"):
         Glossary([Entry("bank", "Bank"), Entry("bank", "Ufer")])
-    with pytest.raises(ValueError, match="empty glossary term"):
-        Glossary([Entry("", "x")])
     assert len(Glossary([Entry("bank", "Bank"), Entry("bank", "Bank")])) == 1
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (Entry("", "x"), r"^empty source term \('' -> 'x'\); give both terms"),
+        (Entry("bank", "   "), r"^empty target term \('bank' -> '   '\)"),
+        (Entry("bank", "Ba\nnk"), r"^the target term 'Ba\\nnk' has a control character or line"),
+        (Entry("ba\tnk", "Bank"), r"^the source term 'ba\\tnk' has a control character"),
+        (
+            Entry("bank", "B" * 101),
+            r"^the target term 'B{30}'\.\.\. is 101 characters, more than 100",
+        ),
+    ],
+)
+def test_a_glossary_built_in_code_checks_its_terms_as_a_file_does(entry, message):
+    with pytest.raises(BadTerm, match=message) as caught:
+        Glossary([Entry("river", "Fluss"), entry])
+    assert caught.value.entry == entry and "\n" not in str(caught.value)
+    assert len(Glossary([Entry("x" * MAX_TERM_CHARS, "y" * MAX_TERM_CHARS)])) == 1
+
+
+# -- matching's cost -----------------------------------------------------------------------
+
+
+def _reference_find(glossary: Glossary, sentence: str) -> list[TermMatch]:
+    """The module's rule, written plainly: every whole-word occurrence, longest first, then
+    leftmost, kept unless it overlaps one kept (quadratic: for small sentences only)."""
+    fold = glossary._fold
+    terms = {fold(e.source): e.target for e in glossary.entries}
+    found = []
+    for start in range(len(sentence)):
+        if start > 0 and is_word_char(sentence[start]) and is_word_char(sentence[start - 1]):
+            continue
+        for end in range(start + 1, len(sentence) + 1):
+            target = terms.get(fold(sentence[start:end]))
+            after_ok = (
+                end == len(sentence)
+                or not is_word_char(sentence[end - 1])
+                or not continues_word(sentence[end])
+            )
+            if target is not None and after_ok:
+                found.append(TermMatch(start, end, sentence[start:end], target))
+    found.sort(key=lambda m: (m.start - m.end, m.start))
+    taken: set[int] = set()
+    kept = []
+    for m in found:
+        if taken.isdisjoint(range(m.start, m.end)):
+            taken.update(range(m.start, m.end))
+            kept.append(m)
+    return sorted(kept, key=lambda m: m.start)
+
+
+_TEXT = st.text(alphabet="aAb -\u0301服", max_size=40)
+_TERM = st.text(alphabet="aAb -服", min_size=1, max_size=6).filter(str.strip)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_TERM, max_size=8, unique=True), _TEXT, st.booleans())
+def test_matching_keeps_the_rule_longest_first_then_leftmost(terms, sentence, ignore_case):
+    try:
+        glossary = Glossary([Entry(t, t.upper()) for t in terms], ignore_case=ignore_case)
+    except DuplicateTerm:
+        return  # two terms that differ only by case, ignoring case
+    assert glossary.find(sentence) == _reference_find(glossary, sentence)
+
+
+def _work(monkeypatch, glossary: Glossary, sentence: str) -> int:
+    """How many terms matching looked at: the terms of the automaton's chains it walked."""
+    looked = 0
+    length = glossary_module._length
+
+    def counted(node):
+        nonlocal looked
+        looked += 1
+        return length(node)
+
+    monkeypatch.setattr(glossary_module, "_length", counted)
+    glossary.find(sentence)
+    monkeypatch.setattr(glossary_module, "_length", length)
+    return looked
+
+
+@pytest.mark.parametrize(
+    ("terms", "text"),
+    [
+        # every position starts every term: a quadratic matcher walks them all
+        ([("-" * k) for k in range(1, MAX_TERM_CHARS + 1)], "-"),
+        # terms that end inside words, which matching passes over
+        ([("aaa " * 25)[:k].strip() for k in range(1, MAX_TERM_CHARS + 1)], "aaa "),
+        (["New York", "New York City", "York City", "City Hall"], "New York City Hall "),
+    ],
+)
+def test_matching_work_is_linear_in_the_sentence(monkeypatch, terms, text):
+    glossary = Glossary([Entry(t, "X") for t in dict.fromkeys(terms)])
+    small, big = text * (2000 // len(text)), text * (8000 // len(text))
+    work = [_work(monkeypatch, glossary, sentence) for sentence in (small, big)]
+    assert work[1] <= 3 * len(big), work
+    assert work[1] <= 5 * work[0], work  # 4 times the text: about 4 times the work, not 16

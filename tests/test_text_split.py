@@ -5,6 +5,7 @@ import random
 import subprocess
 import sys
 import time
+from unittest.mock import patch
 
 import pytest
 from conftest import shared_multi30k
@@ -217,3 +218,39 @@ def test_the_text_package_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] []"
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u202f", "\u2009", "\u3000"])
+@pytest.mark.parametrize("lang", ["en", "fr", "de"])
+def test_a_text_sentencex_panics_on_gets_the_generic_rule(space, lang):
+    text = f"Type A{space}. Next one."  # sentencex 1.0.32's Rust code panics on these
+    result = split_text(text, lang)
+    check_contract(text, result)
+    assert result.sentences == [f"Type A{space}.", "Next one."]
+
+
+def test_a_long_line_splits_as_its_sentences_do():
+    sentences = [f"Sentence number {i} ends here." for i in range(400)]
+    sentences[7] = "Dr. Smith came at 3.5 p.m. and left."
+    text = "  ".join(sentences)
+    assert len(text) > 10 * split_module.WINDOW
+    result = split_text(text, "en")
+    check_contract(text, result)
+    assert result.sentences == sentences
+    ja = "".join(["今日は晴れです。", "彼は「はい。」と答えた。"] * 300)
+    assert split_text(ja, "ja").sentences == ["今日は晴れです。", "彼は「はい。」と答えた。"] * 300
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_TEXT, lang=st.sampled_from(["en", "de", "fr", "ja"]))
+def test_windows_keep_the_contract(text, lang):
+    with patch.object(split_module, "WINDOW", 12), patch.object(split_module, "_LOOKAHEAD", 5):
+        check_contract(text, split_text(text, lang))
+
+
+def test_splitting_takes_time_linear_in_the_text():
+    """Sentencex alone took 14 s on the first and 5 s on the second (quadratic)."""
+    for text in ("。」" * 80_000, '!"' * 80_000):
+        t0 = time.perf_counter()
+        check_contract(text, split_text(text, "en"))
+        assert time.perf_counter() - t0 < 2

@@ -178,6 +178,20 @@ def test_nbest_lists_and_format(model, tok):
         validate_decode(_decode(beam_size=2, nbest=3))
 
 
+def test_a_line_with_fewer_translations_than_asked_keeps_its_nbest_lines():
+    from transformer_mt.engines.lines import format_results
+    from transformer_mt.engines.results import LineResult
+
+    short = LineResult("a b", -0.5, [("a b", -0.5)], alignments=[[(0, 0), (1, 1)]])
+    full = LineResult("c", -0.1, [("c", -0.1), ("d", -0.2)], alignments=[[(0, 0)], [(0, 0)]])
+    assert list(format_results([short, full], 2)) == [
+        "a b\t-0.5000\t0-0 1-1", "\t-inf\t", "c\t-0.1000\t0-0", "d\t-0.2000\t0-0",
+    ]  # fmt: skip
+    short.alignments = full.alignments = None
+    assert list(format_results([short], 3)) == ["a b\t-0.5000", "\t-inf", "\t-inf"]
+    assert list(format_results([short], 1)) == ["a b"]
+
+
 def test_progress_bar_on_stderr(model, tok, capsys):
     translate_lines(model, tok, tok, ["the cat", "dog"], FAST, progress=True)
     assert "2/2" in capsys.readouterr().err

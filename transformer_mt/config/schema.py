@@ -605,7 +605,8 @@ class DecodeConfig:
     nbest: int = setting(
         1,
         "hypotheses returned per line, best first (at most the beam size); `mt translate` "
-        "writes them as text<TAB>score lines",
+        "writes them as text<TAB>score lines (with a glossary, those holding every term: the "
+        "lines past them empty, scored -inf)",
         range=AT_LEAST_1,
         option="--nbest",
     )

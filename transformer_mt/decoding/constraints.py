@@ -22,7 +22,13 @@ row of the batch with tensor operations (fairseq loops over sentences and beams 
   out by likelier ones that met fewer, and the best extension of the fullest bank always stays:
   while a beam can advance a constraint, the fullest bank grows by one token a step, so within
   ``total constraint tokens + 1`` steps some hypothesis meets them all (the search's budget is
-  raised to that, after any forced prefix, within the position table).
+  raised to that, after any forced prefix, within the position table; constraints that the
+  position table cannot hold are an MTError before any search).
+- A candidate whose bank is too empty for the steps its budget has left (a bank grows by at
+  most one token a step) can never meet its constraints: it comes after every candidate that
+  still can, and takes a beam only where too few of those are left. Otherwise the last steps
+  keep beams that are bound to be cut without a term while hypotheses that hold them all are
+  pushed off the beam.
 
 Two rules on words, where the caller gives the vocabulary's word starts (:class:`Words`; for
 sentencepiece, the ``▁`` pieces): a term is never left half way through a word (a hypothesis
@@ -35,9 +41,11 @@ On a model that never saw such spans, half-written starts otherwise crowd the be
 allocation favours hypotheses with more constraint tokens; fairseq's and Sockeye 2's searches let
 any match be abandoned and started again.
 
-A hypothesis that lacks a constraint never ends with EOS; where the position table leaves no
-room for a sentence's constraints, its n-best are unfinished hypotheses cut at the budget, the
-ones that lack some marked ``Hypothesis.constraints_met = False``.
+A hypothesis that lacks a constraint never ends with EOS, and the n-best hold only hypotheses
+that meet every constraint (finished, or cut at the budget): fewer than asked where fewer met
+them. Where none did (rare: the rules of words left the search no way to write a term), the
+sentence's one result is the best hypothesis cut at the budget, marked
+``Hypothesis.constraints_met = False``; :func:`unmet` says which constraints it lacks.
 
 Which constraint a token counts for (:meth:`ConstraintRows.advance`): each unmet constraint
 follows its own KMP automaton over the tokens written since the last one was met. When tokens
@@ -87,15 +95,30 @@ class Words:
 
 
 def check_constraints(
-    constraints: Constraints, n_sent: int, vocab: int, banned: set[int]
+    constraints: Constraints,
+    n_sent: int,
+    vocab: int,
+    banned: set[int],
+    room: Sequence[int] | None = None,
 ) -> list[list[list[int]]]:
     """The constraints of ``n_sent`` sentences as lists, checked.
 
     A count other than ``n_sent`` is a ValueError (the caller's bug); an empty constraint, an
     id outside the target vocabulary ``0 .. vocab - 1`` or a ``banned`` id (PAD, BOS, EOS, a
-    language tag: ids search never writes) is an MTError naming the sentence and constraint."""
+    language tag: ids search never writes) is an MTError naming the sentence and constraint.
+    ``room``: per sentence, the most constraint ids its output can hold (the position table
+    less its prefix and EOS); a sentence whose constraints hold more is an MTError, checked
+    before anything else (the search's tables grow with the square of a constraint's length)."""
     if len(constraints) != n_sent:
         raise ValueError(f"{len(constraints)} constraint lists for {n_sent} sentences: one each")
+    for i, most in enumerate(room if room is not None else []):
+        total = sum(len(ids) for ids in constraints[i])
+        if total > most:
+            raise MTError(
+                f"sentence {i}: its constraints hold {total} target ids, and its output has room "
+                f"for {max(most, 0)} (the position table less its prefix and EOS): drop or "
+                "shorten some"
+            )
     checked = []
     for i, sentence in enumerate(constraints):
         for j, ids in enumerate(sentence):
@@ -191,14 +214,16 @@ class ConstraintTable:
         vocab: int,
         banned: set[int],
         words: Words | None = None,
+        room: Sequence[int] | None = None,
     ) -> "ConstraintTable | None":
         """The checked constraints (:func:`check_constraints`) of the sentences of ``src`` (B, S).
 
         None when no sentence has one: search then runs exactly as without constraints.
-        ``words``: the vocabulary's word starts (:class:`Words`), or None for no word rules."""
+        ``words``: the vocabulary's word starts (:class:`Words`), or None for no word rules;
+        ``room``: per sentence, the most constraint ids its output can hold."""
         if constraints is None:
             return None
-        checked = check_constraints(constraints, src.size(0), vocab, banned)
+        checked = check_constraints(constraints, src.size(0), vocab, banned, room)
         if not any(checked):
             return None
         fitted = None if words is None else words.fitted(vocab, src.device)
@@ -324,6 +349,21 @@ class ConstraintRows:
         return ConstraintRows(progress, self.met | chosen, meets)
 
 
+def unmet(constraints: list[list[int]], tokens: Sequence[int]) -> list[int]:
+    """The indices of the ``constraints`` (one sentence's) that ``tokens`` does not meet.
+
+    By the rule the search counts them with (:meth:`ConstraintRows.advance`), token by token:
+    for the rare result that lacks some (the module's text)."""
+    if not constraints:
+        return []
+    table = ConstraintTable([constraints], torch.device("cpu"))
+    sent = torch.zeros(1, dtype=torch.long)
+    rows = ConstraintRows.start(table, sent)
+    for token in tokens:
+        rows = rows.advance(table, sent, torch.tensor([token]))
+    return [j for j, met in enumerate(rows.met[0].tolist()) if not met]
+
+
 def _masked_rows(
     log_probs: torch.Tensor, rows: torch.Tensor, blocked: torch.Tensor
 ) -> torch.Tensor:
@@ -352,13 +392,19 @@ def drop_duplicates(keys: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def allocation_order(
-    scores: torch.Tensor, banks: torch.Tensor, valid: torch.Tensor, most: int
+    scores: torch.Tensor,
+    banks: torch.Tensor,
+    valid: torch.Tensor,
+    most: int,
+    short: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The dynamic beam allocation's order of each sentence's candidates.
 
     ``scores``, ``banks`` and ``valid`` are (n, N), the banks at most ``most``. Returns (n, N)
     candidate indices: the best valid candidate of each bank, fullest bank first, then the
-    second best of each, and so on; invalid candidates last."""
+    second best of each, and so on; invalid candidates last. ``short`` (n,): per sentence, the
+    banks below it can no longer meet its constraints (the module's text): their candidates
+    come after every other valid one, in the same round robin."""
     n_cand = scores.size(1)
     by_score = scores.masked_fill(~valid, float("-inf")).argsort(
         dim=1, descending=True, stable=True
@@ -374,5 +420,7 @@ def allocation_order(
     rank = pos - torch.where(first, pos, 0).cummax(dim=1).values
     top = most + 1  # a bound, not bank.max(): no wait for the device
     stripe = rank * top + (top - 1 - bank)  # round robin: rank first, then fuller bank first
-    stripe = stripe.masked_fill(bank < 0, n_cand * top)  # invalid ones after every stripe
+    if short is not None:  # hopeless banks after every stripe of the others
+        stripe = stripe + (bank < short[:, None]) * (n_cand * top)
+    stripe = stripe.masked_fill(bank < 0, 2 * n_cand * top)  # invalid ones after everything
     return order.gather(1, stripe.argsort(dim=1, stable=True))

@@ -70,8 +70,8 @@ class Hypothesis:
     tokens: list[int]  # target ids without BOS and EOS
     score: float  # sum of log-probs / GNMT length penalty
     finished: bool  # True: ended with EOS; False: cut at the maximum length
-    # False: lacks one of its sentence's lexical constraints (only ever an unfinished one, where
-    # the length budget left no room for them; see constrained_beam_search)
+    # False: lacks one of its sentence's lexical constraints (only ever the one, unfinished
+    # result of a sentence none of whose hypotheses met them; see constrained_beam_search)
     constraints_met: bool = True
 
 
@@ -649,27 +649,34 @@ def constrained_beam_search(
     sentence is searched as :func:`beam_search` searches it, but for ties). The algorithm is in
     :mod:`~transformer_mt.decoding.constraints`; rows, the decoder state, finished sentences,
     length limits and scores are :func:`beam_search`'s. A sentence's budget is raised to its
-    prefix, its constraint tokens and EOS where the length rule gives less (within the position
-    table), so that a hypothesis can meet them all. Where none did (a position table too small
-    for them), the n-best may hold unfinished hypotheses that lack some: they have
-    ``constraints_met=False``, and rank after those that meet them; otherwise by score.
+    prefix, its constraint tokens and EOS where the length rule gives less, so that a
+    hypothesis can meet them all; constraints that the position table cannot hold beside the
+    prefix and EOS are an MTError naming the sentence, before any search. Every hypothesis
+    returned meets its sentence's constraints (finished, or cut at the budget), by score, and
+    ``decode.nbest`` of them, fewer where fewer met them. Where none did (the word rules left
+    no way to write a term), the one result is the best hypothesis cut at the budget, with
+    ``constraints_met=False``.
 
     Needs a beam of at least 2 (an MTError otherwise, and with ``decode.sampling``): with one
     hypothesis, the allocation always keeps the candidate furthest through the constraints, so
     the output would open with the constraints' tokens. (fairseq's code has no such check; its
     documentation runs beam 10, and advises a larger beam for constraints in any order, which
     these are.) An empty or out-of-vocabulary constraint, or one holding PAD, BOS, EOS or a
-    language tag, is an MTError. ``decode.nbest`` hypotheses per sentence, fewer only where the
-    vocabulary has fewer tokens than the beam can use. ``words``: the vocabulary's word starts,
+    language tag, is an MTError. ``words``: the vocabulary's word starts,
     for the word rules of :mod:`~transformer_mt.decoding.constraints` (None: none)."""
     _check_model(model)
     k = decode.beam_size
+    forced = _forced(model, prefixes, src, eos_idx)
+    # Room for constraint tokens: the position table less each prefix and EOS.
+    most = model.positions.max_len - 1
+    room = [most - len(prefix) for prefix in prefixes] if prefixes else [most] * src.size(0)
     table = ConstraintTable.of(
         constraints,
         src,
         vocab=target_vocab(model),
         banned=_never_written(model, eos_idx),
         words=words,
+        room=room,
     )
     if table is not None and (decode.sampling or k < 2):
         raise MTError(
@@ -680,14 +687,13 @@ def constrained_beam_search(
         return beam_search(
             model, src, decode, use_cache=use_cache, eos_idx=eos_idx, prefixes=prefixes
         )
-    forced = _forced(model, prefixes, src, eos_idx)
     beams = _Beams.start(model, src, decode, use_cache, forced, extra_len=table.totals)
     beams.terms = ConstraintRows.start(table, beams.sent)  # one row per sentence at step 0
     ended: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
 
     for step in range(int(beams.max_lens.max())):
         log_probs = beams.log_probs(step)  # (n*B, V): B = 1 at step 0, else K
-        ranked = _allocated_candidates(beams, log_probs, table, k, eos_idx)
+        ranked = _allocated_candidates(beams, log_probs, table, step, eos_idx)
         scores, beam, tok, valid, _ = ranked  # (n, N) each, in the allocation's order
 
         end_mask = (tok[:, :k] == eos_idx) & valid[:, :k]  # EOS among the first K ends one
@@ -721,12 +727,15 @@ _Ranked = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Constrai
 
 
 def _allocated_candidates(
-    beams: _Beams, log_probs: torch.Tensor, table: ConstraintTable, k: int, eos_idx: int
+    beams: _Beams, log_probs: torch.Tensor, table: ConstraintTable, step: int, eos_idx: int
 ) -> _Ranked:
-    """The candidates of a constrained step, in the dynamic beam allocation's order.
+    """The candidates of step ``step``, in the dynamic beam allocation's order.
 
     ``log_probs`` (n*B, V): the next-token log-probs of the beams that expand (B = K, or 1 at
-    step 0); EOS is masked (in place) where a beam has unmet constraints."""
+    step 0); EOS is masked (in place) where a beam has unmet constraints. A candidate whose
+    bank cannot grow to its sentence's constraint tokens in the steps its budget leaves after
+    this one comes after those that can (:func:`allocation_order`)."""
+    k = beams.k
     n_act = beams.scores.size(0)
     n_beams = log_probs.size(0) // n_act
     assert beams.terms is not None, "a constrained search keeps each row's constraint state"
@@ -743,7 +752,9 @@ def _allocated_candidates(
     cand_sent = beams.sent.repeat_interleave(n_cand)  # (n*N,)
     states = states.advance(table, cand_sent, tok.view(-1))
     banks = states.bank(table, cand_sent).view_as(beam)
-    order = allocation_order(scores, banks, valid, table.most_tokens)
+    # A bank grows by at most one token a step: below this, the constraints are out of reach.
+    short = table.totals[beams.sent] - (beams.max_lens - (step + 1))  # (n,)
+    order = allocation_order(scores, banks, valid, table.most_tokens, short)
     states = states.select((sentences * n_cand + order).view(-1))
     return (
         scores.gather(1, order),
@@ -849,12 +860,14 @@ def _end_constrained(
 
 
 def _best_constrained(hyps: list[Hypothesis], nbest: int) -> DecodeResult:
-    """The ``nbest`` best of a sentence's ended hypotheses.
+    """The ``nbest`` best of a sentence's ended hypotheses that meet its constraints.
 
-    Those that meet the constraints first, then by length-penalized score."""
-    best = sorted(hyps, key=lambda h: (h.constraints_met, h.score), reverse=True)[:nbest]
-    assert best, "a done sentence holds at least one hypothesis"
-    return DecodeResult(best)
+    By length-penalized score; fewer where fewer met them. Where none did, the best one alone
+    (``constraints_met=False``: the caller says which terms it lacks)."""
+    assert hyps, "a done sentence holds at least one hypothesis"
+    met = [h for h in hyps if h.constraints_met]
+    best = sorted(met or hyps, key=lambda h: h.score, reverse=True)
+    return DecodeResult(best[: nbest if met else 1])
 
 
 def search(

@@ -19,7 +19,12 @@ a word of its own, ends one (the piece after it never continues a word: the term
 not met inside "Hauses") and, once started, is not left half way through one. Lines with
 nothing to translate ignore theirs. A term the target vocabulary cannot spell (a character it
 never saw, which becomes ``<unk>``) is still forced as its pieces, and the translation shows the
-term as given where those pieces are (:func:`respelled`).
+term as given where those pieces are (:func:`respelled`). A line's terms must fit in its
+translation: their pieces, its prefix's and EOS within the model's target positions (the search
+raises the length rule's budget to hold them), else an MTError naming the line and the term,
+before any search. A line's n-best hold only translations that contain every term, fewer than
+asked where fewer do; where none does (rare: the search found no way to write a term), its one
+translation lacks some, with a warning naming the line and those terms.
 
 A line with no words to translate (:func:`has_text`: emoji, punctuation, numbers or a link alone)
 is its own translation, unchanged but for surrounding whitespace, with the score 0.0; the model
@@ -39,7 +44,7 @@ from tqdm import tqdm
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer
 from transformer_mt.decoding.batched import BatchCallback, decode_sources
-from transformer_mt.decoding.constraints import Words
+from transformer_mt.decoding.constraints import Words, unmet
 from transformer_mt.decoding.ensemble import SearchModel
 from transformer_mt.decoding.search import DecodeResult
 from transformer_mt.errors import MTError
@@ -190,20 +195,79 @@ def misspelled_terms(
     return respell
 
 
+def check_room(
+    encoded: list[list[tuple[str, list[int]]]],
+    lines: list[int],
+    prefixes: Sequence[Sequence[int]] | None,
+    table: int,
+    first_line: int = 1,
+) -> None:
+    """Check that each line's terms fit in its translation, before any search.
+
+    ``encoded``: :func:`encode_constraints` of input lines ``lines``; ``prefixes``: their
+    forced prefixes' ids (None: none); ``table``: the model's target positions. A line's terms,
+    its prefix and EOS must fit in them (the search raises the length rule's budget to hold
+    them, never beyond); where they do not, an MTError names the line and the term that does
+    not fit: a term too long alone, or the first one past the room the line's terms leave."""
+    for n, (i, terms) in enumerate(zip(lines, encoded, strict=True)):
+        prefix = 0 if prefixes is None else len(prefixes[n])
+        room = table - 1 - prefix
+        why = f"the model's {table} target positions less EOS" + (
+            f" and its prefix's {prefix} pieces" if prefix else ""
+        )
+        total = 0
+        for term, ids in terms:
+            total += len(ids)
+            if total <= room:
+                continue
+            name = term if len(term) <= 40 else term[:40] + "\u2026"
+            if len(ids) > room:
+                raise MTError(
+                    f"line {i + first_line}: the term {name!r} has {len(ids)} target pieces, and "
+                    f"a translation of this line has room for {max(room, 0)} ({why}): shorten "
+                    "it or leave it out"
+                )
+            raise MTError(
+                f"line {i + first_line}: the line's terms up to {name!r} have {total} target "
+                f"pieces, and a translation of this line has room for {room} ({why}): give the "
+                "line fewer terms"
+            )
+
+
 def _constraint_ids(
     trg_tok: Tokenizer,
     constraints: Sequence[Sequence[str]] | None,
     lines: list[int],
     first_line: int,
-) -> tuple[list[list[list[int]]] | None, dict[int, list[tuple[list[int], str]]]]:
-    """The constraints' ids of input lines ``lines`` for the search, and the misspelled terms.
+    prefixes: Sequence[Sequence[int]] | None,
+    table: int,
+) -> tuple[list[list[tuple[str, list[int]]]] | None, dict[int, list[tuple[list[int], str]]]]:
+    """The terms and their ids of input lines ``lines`` for the search, and the misspelled ones.
 
-    (:func:`encode_constraints`, :func:`misspelled_terms`); None and none without constraints."""
+    (:func:`encode_constraints`, checked by :func:`check_room` against the lines' ``prefixes``
+    and the ``table`` target positions; :func:`misspelled_terms`); None and none without
+    constraints."""
     if constraints is None:
         return None, {}
     encoded = encode_constraints(trg_tok, constraints, lines, first_line)
-    ids = [[term_ids for _, term_ids in line] for line in encoded]
-    return ids, misspelled_terms(trg_tok, lines, encoded)
+    check_room(encoded, lines, prefixes, table, first_line)
+    return encoded, misspelled_terms(trg_tok, lines, encoded)
+
+
+def _warn_unmet(
+    line: int, terms: list[tuple[str, list[int]]], result: DecodeResult, first_line: int
+) -> None:
+    """Warn where the best translation of input line ``line`` lacks some of its ``terms``."""
+    best = result.nbest[0]
+    if best.constraints_met:
+        return
+    missing = unmet([ids for _, ids in terms], best.tokens)
+    names = ", ".join(repr(terms[j][0]) for j in missing)
+    warnings.warn(
+        f"line {line + first_line}: no translation holds every term; the best one, given, "
+        f"lacks {names}",
+        stacklevel=3,
+    )
 
 
 def target_words(trg_tok: Tokenizer) -> Words:
@@ -314,10 +378,12 @@ def translate_texts(
             (a caller feeding lines one at a time passes its own count).
         src_prefix: ids that start every source: a multilingual model's tag of the target
             language (:func:`transformer_mt.data.languages.lang_tag`).
-        constraints: per line, target texts (terms) that each of its finished translations must
+        constraints: per line, target texts (terms) that each of its translations must
             contain (an empty list: none); beam search only (beam >= 2). A count other than the
-            lines', or a term with no pieces, is an MTError. None: no constraints (the search
-            runs exactly as without them).
+            lines', a blank term, or terms that do not fit in the line's translation
+            (:func:`check_room`) is an MTError. None: no constraints (the search runs exactly
+            as without them). The n-best may then be fewer than ``decode.nbest`` (the module's
+            text).
     """
     table = model.positions.max_len
     limit = table if max_src_len is None else min(max_src_len, table)
@@ -344,7 +410,8 @@ def translate_texts(
         if prefixes is None
         else encode_prefixes(trg_tok, prefixes, line_of, table - 1, first_line)
     )
-    terms, respell = _constraint_ids(trg_tok, constraints, line_of, first_line)
+    encoded, respell = _constraint_ids(trg_tok, constraints, line_of, first_line, forced, table)
+    terms = None if encoded is None else [[ids for _, ids in line] for line in encoded]
     # Lines with nothing to translate are answered now, without the model.
     results: list[Translation] = [
         [(kept.get(i, ""), 0.0)] * decode.nbest for i in range(len(lines))
@@ -354,7 +421,9 @@ def translate_texts(
 
         def finished(positions: list[int], src: torch.Tensor, decoded: list[DecodeResult]) -> None:
             batch_lines = [line_of[p] for p in positions]
-            for i, res in zip(batch_lines, decoded, strict=True):
+            for p, i, res in zip(positions, batch_lines, decoded, strict=True):
+                if encoded is not None:
+                    _warn_unmet(i, encoded[p], res, first_line)
                 results[i] = [
                     (respelled(trg_tok, h.tokens, respell.get(i, ())), h.score) for h in res.nbest
                 ]

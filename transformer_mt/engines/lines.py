@@ -171,11 +171,15 @@ def format_results(results: Sequence[LineResult], nbest: int) -> Iterator[str]:
     """Output lines of an engine's results.
 
     :func:`format_nbest` when ``nbest`` > 1, else :func:`format_best`; with each line's
-    alignments where the results carry them."""
-    translations = [result.nbest for result in results]
+    alignments where the results carry them. A line with fewer than ``nbest`` translations (a
+    constrained search keeps only those that hold every term) gets empty ones scored -inf, so
+    that each input line has its ``nbest`` output lines."""
+    missing = ("", float("-inf"))
+    translations = [result.nbest + [missing] * (nbest - len(result.nbest)) for result in results]
     aligned = None
     if results and results[0].alignments is not None:
         aligned = [result.alignments or [] for result in results]
+        aligned = [a + [[]] * (len(t) - len(a)) for a, t in zip(aligned, translations, strict=True)]
     formats = format_nbest if nbest > 1 else format_best
     return formats(translations, aligned)
 

@@ -13,7 +13,9 @@ model's source language; ``"auto"``: each line's own, detected among the model's
 languages (:func:`transformer_mt.text.detect.detect`; the model's first when unsure).
 
 A paragraph's n-best: the k-th alternative joins each sentence's k-th hypothesis (its last where
-it has fewer); its score is the mean of those sentences' scores. Per-line extras (target
+it has fewer); its score is the mean of those sentences' scores. A paragraph has as many as its
+decoded sentence with the most: fewer than asked where a constrained search kept fewer (only
+those that hold every term). Per-line extras (target
 prefixes, alignments, pictures, a line's own terms) do not split: their callers translate line by
 line.
 
@@ -37,6 +39,7 @@ import numpy as np
 from transformer_mt.engines.alignment import WORD_START
 from transformer_mt.engines.results import Attention, LineResult
 from transformer_mt.errors import MTError
+from transformer_mt.text.content import has_text
 from transformer_mt.text.split import SplitText, split_text
 
 if TYPE_CHECKING:
@@ -120,8 +123,12 @@ def _joined(
             text, 0.0, [(text, 0.0)] * nbest, Attention([], [], []) if attention else None
         )
     inner = split if outer else SplitText(split.sentences, ["", *split.separators[1:-1], ""])
+    # As many alternatives as the decoded sentence with the most (a constrained search keeps
+    # only the hypotheses that hold every term): no alternative of other sentences' last ones.
+    decoded = [len(r.nbest) for r, s in zip(results, split.sentences, strict=True) if has_text(s)]
+    count = min(nbest, max(decoded)) if decoded else nbest
     alternatives = []
-    for k in range(nbest):
+    for k in range(count):  # the k-th hypothesis of each sentence, or its last
         picked = [r.nbest[min(k, len(r.nbest) - 1)] for r in results]
         score = sum(s for _, s in picked) / len(picked)
         alternatives.append((inner.join([t for t, _ in picked]), score))
@@ -130,7 +137,7 @@ def _joined(
         best = [r.nbest[0][0] if r.nbest else r.text for r in results]
         joined = join_attention(split, best, [r.attention for r in results])
     out = LineResult(alternatives[0][0], alternatives[0][1], alternatives, joined)
-    out.logprobs = _joined_logprobs(results, nbest)
+    out.logprobs = _joined_logprobs(results, count)
     return out
 
 
@@ -263,26 +270,48 @@ def _word_starts(
 def split_lines(lines: Sequence[str], languages: Sequence[str], marks: bool = False) -> Paragraphs:
     """Each line cut into sentences by the rules of its language (one language per line).
 
-    ``marks``: never cut between a protected span's marks (``<keep>Save. Quit.</keep>`` stays
-    in one sentence, :mod:`transformer_mt.text.protect`)."""
+    ``marks``: never cut inside a span the user marked (``<keep>Save. Quit.</keep>`` stays in
+    one sentence): a ``<keep>`` and the next ``</keep>`` after it, as
+    :mod:`transformer_mt.text.protect` pairs them; a ``<keep>`` that no ``</keep>`` closes, or
+    a ``</keep>`` that closes none, is text like any other."""
     splits = [split_text(line, lang) for line, lang in zip(lines, languages, strict=True)]
     return Paragraphs([_kept_whole(split) for split in splits] if marks else splits)
 
 
 def _kept_whole(split: SplitText) -> SplitText:
-    """``split`` with the sentences that a mark left open joined to the ones that close it."""
-    from transformer_mt.text.protect import DEFAULT_MARKS
+    """``split`` with the sentences that a marked span runs across joined into one."""
+    from transformer_mt.text.protect import find_protected
 
-    opened, closed = DEFAULT_MARKS.open, DEFAULT_MARKS.close
-    sentences: list[str] = []
-    separators = [split.separators[0]]
-    for sentence, after in zip(split.sentences, split.separators[1:], strict=True):
-        if sentences and sentences[-1].count(opened) > sentences[-1].count(closed):
-            sentences[-1] += separators.pop() + sentence  # the mark is still open: go on
+    sentences = split.sentences
+    if not sentences:
+        return split
+    text = split.join(sentences)
+    marked = find_protected(text, ("marked",))
+    if not marked:
+        return split
+    # each sentence's (start, end) in the text; a cut is joined where a marked span crosses it
+    bounds, at = [], 0
+    for before, sentence in zip(split.separators[:-1], sentences, strict=True):
+        at += len(before)
+        bounds.append((at, at + len(sentence)))
+        at += len(sentence)
+    joined = [bounds[0]]
+    span = 0
+    for start, end in bounds[1:]:
+        last_end = joined[-1][1]
+        while span < len(marked) and marked[span].end <= last_end:
+            span += 1
+        if span < len(marked) and marked[span].start < start:  # the span goes on past the cut
+            joined[-1] = (joined[-1][0], end)
         else:
-            sentences.append(sentence)
-        separators.append(after)
-    return SplitText(sentences, separators)
+            joined.append((start, end))
+    separators, kept, at = [], [], 0
+    for start, end in joined:
+        separators.append(text[at:start])
+        kept.append(text[start:end])
+        at = end
+    separators.append(text[at:])
+    return SplitText(kept, separators)
 
 
 def line_languages(engine: Translator, lines: Sequence[str], source_lang: str | None) -> list[str]:

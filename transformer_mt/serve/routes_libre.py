@@ -52,6 +52,8 @@ from transformer_mt.text.detect import detect as detect_language
 
 router = APIRouter()
 
+# What str.isspace calls whitespace: what a sentence never starts or ends with (text.split).
+_WHITESPACE = [ch for ch in map(chr, range(0x3001)) if ch.isspace()]
 # How LibreTranslate's fields name the decode settings in its errors.
 LIBRE_NAMES = {"beam_size": "beam (alternatives + 1 at least)", "nbest": "alternatives + 1"}
 
@@ -153,12 +155,17 @@ async def _translate_texts(
     each text's own spaces and line breaks (:mod:`~transformer_mt.engines.paragraphs`; a JSON
     text's byte for byte, a form's with its CRLF line breaks, which browsers send, as LF).
     Sentences with nothing to translate are kept as they are (never decoded:
-    :func:`decode_lines`), and a text of such sentences alone has no alternatives.
+    :func:`decode_lines`), and a text of such sentences alone has no alternatives. Texts whose
+    sentences could not fit the request limits are refused before they are split
+    (:func:`_check_size`), and split in a parsing process where they are not small
+    (:func:`parse`): never for long on the event loop.
     """
     if content_type(request) in (FORM, MULTIPART):  # a browser sends a textarea's breaks as CRLF
         texts = [text.replace("\r\n", "\n") for text in texts]
+    _check_size(texts, state)
     languages = line_languages(state.engine, texts, req.source)
-    paragraphs = split_lines(texts, languages, req.protect)
+    here = sum(len(text) for text in texts) <= INLINE_PARSE_CHARS
+    paragraphs = await parse(state, split_lines, texts, languages, req.protect, here=here)
     lines = paragraphs.sentences
     check_lines(lines, state.limits, "q sentences", state.engine)
     glossary = request_glossary(state, req.glossary)
@@ -183,6 +190,23 @@ async def _translate_texts(
         alternatives.append([] if untranslated else [text for text, _ in result.nbest[1:]])
         confidences.append(result.confidences())
     return translated, alternatives, confidences
+
+
+def _check_size(texts: list[str], state: ServerState) -> None:
+    """A 413 where ``texts`` are too long for any split to fit the request limits.
+
+    That is, more characters besides whitespace than max_lines sentences of max_chars could hold:
+    their sentences would exceed one of the two (:func:`check_lines`), and splitting them first
+    would be time lost."""
+    limits = state.limits
+    most = limits.max_lines * limits.max_chars
+    size = sum(len(text) - sum(map(text.count, _WHITESPACE)) for text in texts)
+    if size > most:
+        raise ApiError(
+            413,
+            f"q: {size} characters besides whitespace exceed max_lines={limits.max_lines} "
+            f"sentences of max_chars={limits.max_chars} per request",
+        )
 
 
 def _detected(state: ServerState, text: str) -> list[dict]:

@@ -204,7 +204,10 @@ def request_decode(
 def request_glossary(state: ServerState, given: str | dict[str, str] | None) -> Glossary | None:
     """A request's glossary: one of the server's by name, or its own terms; None for none.
 
-    An unknown name or a bad term is an ApiError (400) saying which."""
+    Its own terms are checked as a glossary file's lines are (whitespace around each dropped),
+    and are at most 1,000: a glossary is built for each request, on the event loop, where a
+    server's (``mt serve --glossary NAME=FILE``) is built once at start. An unknown name, too
+    many terms or a bad term is an ApiError (400) saying which."""
     if given is None:
         return None
     if isinstance(given, str):
@@ -214,8 +217,15 @@ def request_glossary(state: ServerState, given: str | dict[str, str] | None) -> 
                 400, f"Invalid request: no glossary named {given!r} (glossaries: {have})"
             )
         return state.glossaries[given]
+    most = 1_000
+    if len(given) > most:
+        raise ApiError(
+            400,
+            f"Invalid request: glossary: {len(given)} terms, more than {most} in a request; "
+            "give a big glossary to the server (mt serve --glossary NAME=FILE) and name it",
+        )
     try:
-        return Glossary([Entry(source, target) for source, target in given.items()])
+        return Glossary([Entry(source.strip(), target.strip()) for source, target in given.items()])
     except (ValueError, MTError) as err:
         raise ApiError(400, f"Invalid request: glossary: {err}") from None
 

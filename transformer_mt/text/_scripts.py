@@ -14,9 +14,12 @@ _NO_SPACE_SCRIPTS = (
     (0x2E80, 0x9FFF),  # CJK radicals, punctuation, kana, CJK ideographs
     (0xAC00, 0xD7AF),  # Hangul syllables
     (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFE30, 0xFE4F),  # CJK compatibility forms (vertical punctuation)
     (0xFF00, 0xFFEF),  # full-width forms, half-width katakana
     (0x20000, 0x3FFFF),  # CJK extensions
 )
+NO_SPACE_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _NO_SPACE_SCRIPTS)
+"""The characters of those scripts (letters and punctuation), as the inside of a regex class."""
 
 
 def is_word_char(ch: str) -> bool:

@@ -20,8 +20,13 @@ What is protected (``kinds``, all by default), where two overlap the first kind 
   backticks included;
 - ``url``: ``scheme://...`` (http, https, ftp, ftps, file, sftp, ssh, git) and ``www.`` links,
   and ``mailto:`` addresses, without the punctuation that ends the sentence after them (a closing
-  bracket stays when the link opened it: ``.../Foo_(bar)``);
-- ``email``: ``name@example.com``;
+  bracket stays when the link opened it: ``.../Foo_(bar)``). A link starts at its scheme, or
+  ``www.``, unless a letter or digit of a script with spaces between words, ``@`` or ``.`` comes
+  right before; it ends before a character of a script without spaces (a Chinese, Japanese
+  or Korean letter, or their full-width punctuation: "见https://example.com。谢谢");
+- ``email``: ``name@example.com``, its local part of RFC 5322's characters but those that often
+  come right before an address (``' ` { } | / = ? !``), both parts of letters and digits of
+  scripts with spaces between words ("联系a@b.com。" protects "a@b.com");
 - ``placeholder``: a template placeholder in braces (``{0}``, ``{name}``, ``{{ name }}``) -
   which also keeps :func:`mask`'s own placeholders unambiguous;
 - ``number``: digits with an optional sign, and groups of digits joined by ``. , : / ' -`` or
@@ -47,7 +52,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from transformer_mt.text._scripts import is_word_char
+from transformer_mt.text._scripts import NO_SPACE_CLASS, is_word_char
 
 KINDS = ("marked", "code", "url", "email", "placeholder", "number")
 """The kinds of protected spans, in the order that decides overlaps."""
@@ -79,13 +84,21 @@ class Span:
     text: str
 
 
+# A letter, digit or _ of a script with spaces between words (not Chinese, Japanese...).
+_WORD = f"[^\\W{NO_SPACE_CLASS}]"
+# An e-mail address's local part: RFC 5322's atext and dots, but the characters that in text
+# often stand right before an address (' ` { } | / = ? !); the domain's labels: such letters,
+# digits and "-".
+_LOCAL = f"(?:{_WORD}|[.#$%&*+^~-])"
+_LABEL = f"(?:{_WORD}|-)+"
 _PATTERNS = {
     "code": re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)"),
     "url": re.compile(
-        r"(?<![\w@.])(?:(?:https?|ftps?|sftp|ssh|git|file)://|www\.|mailto:)[^\s<>\"'`]+",
+        f"(?<!{_WORD})(?<![@.])(?:(?:https?|ftps?|sftp|ssh|git|file)://|www\\.|mailto:)"
+        f"[^\\s<>\"'`{NO_SPACE_CLASS}]+",
         re.IGNORECASE,
     ),
-    "email": re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
+    "email": re.compile(f"(?<!{_LOCAL}){_LOCAL}+@{_LABEL}(?:\\.{_LABEL})+"),
     "placeholder": re.compile(r"\{\{\s*\w+\s*\}\}|\{\s*\w+\s*\}"),
     "number": re.compile(r"[-+\u2212]?\d+(?:[.,:/'\u00a0\u202f\u2009-]\d+)*"),
 }

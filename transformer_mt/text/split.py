@@ -60,8 +60,11 @@ language, Chinese included (sentencex would use English rules for it), gets
 The generic rule knows no abbreviations: "Dr. Smith" is two pieces there.
 
 sentencex is a dependency of the package (a broken install raises an :class:`MTError` saying how
-to reinstall it). A line sentencex cannot take (a lone surrogate, which is not
-UTF-8) gets the generic rule.
+to reinstall it). A line sentencex cannot take gets the generic rule: a lone surrogate (not
+UTF-8), or text its Rust code panics on (sentencex 1.0.32 on "Type A\u00a0. Next." with a
+no-break, narrow, thin or ideographic space, in en, fr, de and others). It sees a line longer
+than :data:`WINDOW` in windows of that size (:func:`_windowed`), so that splitting takes time
+linear in the text, where sentencex alone takes quadratic time on some texts.
 """
 
 from __future__ import annotations
@@ -200,6 +203,12 @@ def _generic(line: str, lang: str) -> list[str]:
 
 
 _sentencex: Any = None
+WINDOW = 1000
+"""The most characters of a line one call of sentencex sees (some texts take it time quadratic
+in their length: 80,000 characters of "。」" took 3.6 s); a longer line goes through it in
+windows (:func:`_windowed`)."""
+_LOOKAHEAD = 200  # characters past a window's end that sentencex sees to decide a cut at its end
+_WINDOW_END = re.compile(r"\s(?=\S)")  # a window ends after whitespace, before a word
 
 
 def _sentencex_pieces(line: str, lang: str) -> list[str]:
@@ -212,11 +221,52 @@ def _sentencex_pieces(line: str, lang: str) -> list[str]:
             raise MTError(f"sentence splitting needs sentencex: {EXTRA_HINT}") from None
         _sentencex = sentencex
     rules = SENTENCEX_RELATIVES.get(lang, lang)
+    if len(line) <= WINDOW:
+        return _segment(line, rules)
+    return _windowed(line, rules)
+
+
+def _segment(text: str, rules: str) -> list[str]:
+    """Sentencex's corrected pieces of ``text``; the generic rule's where sentencex fails on it."""
     try:
-        pieces = list(_sentencex.segment(rules, line))
+        pieces = list(_sentencex.segment(rules, text))
     except UnicodeEncodeError:  # a lone surrogate (from a JSON escape) is not UTF-8
-        return generic_pieces(line)
+        return generic_pieces(text)
+    except BaseException as err:  # pyo3's PanicException (its Rust code's) is no Exception
+        if type(err).__name__ != "PanicException":  # KeyboardInterrupt, SystemExit...
+            raise
+        return generic_pieces(text)
     return _undo_cuts(pieces, rules)
+
+
+def _windowed(line: str, rules: str) -> list[str]:
+    """:func:`_segment` of a line longer than :data:`WINDOW`, in time linear in its length.
+
+    A window is up to :data:`WINDOW` characters, ending after whitespace where its second half
+    has some; sentencex sees :data:`_LOOKAHEAD` characters more (what decides a cut at the
+    window's end), and the cuts it makes up to the window's end are kept. The next window starts
+    at the last of them where that is in the window's second half, else (a sentence longer than
+    half a window) at the window's end, which is then no cut: each moves on by half a window at
+    least."""
+    cuts, start = [0], 0
+    while len(line) - start > WINDOW:
+        half = start + WINDOW // 2
+        end = start + WINDOW
+        ends = [found.end() for found in _WINDOW_END.finditer(line, half, end)]
+        end = ends[-1] if ends else end
+        offset = start
+        for piece in _segment(line[start : min(len(line), end + _LOOKAHEAD)], rules)[:-1]:
+            offset += len(piece)
+            if offset > end:
+                break
+            cuts.append(offset)
+        start = cuts[-1] if cuts[-1] > half else end
+    offset = start
+    for piece in _segment(line[start:], rules)[:-1]:
+        offset += len(piece)
+        cuts.append(offset)
+    cuts.append(len(line))
+    return [line[a:b] for a, b in pairwise(cuts)]
 
 
 def _undo_cuts(pieces: list[str], rules: str) -> list[str]:

@@ -305,13 +305,7 @@ def _kept_whole(split: SplitText) -> SplitText:
             joined[-1] = (joined[-1][0], end)
         else:
             joined.append((start, end))
-    separators, kept, at = [], [], 0
-    for start, end in joined:
-        separators.append(text[at:start])
-        kept.append(text[start:end])
-        at = end
-    separators.append(text[at:])
-    return SplitText(kept, separators)
+    return SplitText.at(text, joined)
 
 
 def line_languages(engine: Translator, lines: Sequence[str], source_lang: str | None) -> list[str]:

@@ -125,6 +125,17 @@ class SplitText:
     sentences: list[str]
     separators: list[str]
 
+    @classmethod
+    def at(cls, text: str, spans: Sequence[tuple[int, int]]) -> SplitText:
+        """``text`` cut at ``spans``: its sentences' (start, end) offsets, in order, apart."""
+        separators, sentences, end = [], [], 0
+        for start, stop in spans:
+            separators.append(text[end:start])
+            sentences.append(text[start:stop])
+            end = stop
+        separators.append(text[end:])
+        return cls(sentences, separators)
+
     def join(self, translations: Sequence[str]) -> str:
         """The text with each sentence replaced by its translation, whitespace as it was.
 
@@ -156,13 +167,7 @@ def split_text(text: str, lang: str) -> SplitText:
     spans: list[tuple[int, int]] = []
     for line in _LINE.finditer(text):
         spans += _sentence_spans(line.group(), line.start(), code, pieces)
-    separators, sentences, end = [], [], 0
-    for start, stop in spans:
-        separators.append(text[end:start])
-        sentences.append(text[start:stop])
-        end = stop
-    separators.append(text[end:])
-    return SplitText(sentences, separators)
+    return SplitText.at(text, spans)
 
 
 def _sentence_spans(line: str, offset: int, lang: str, pieces: Pieces) -> list[tuple[int, int]]:

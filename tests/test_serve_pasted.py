@@ -488,10 +488,10 @@ def test_a_request_glossary_holds_at_most_1000_terms():
 def test_texts_too_big_for_the_limits_are_refused_before_they_are_split():
     import dataclasses
 
-    from transformer_mt.serve.state import INLINE_PARSE_CHARS
+    from transformer_mt.serve.routes_libre import INLINE_SPLIT_CHARS
 
     engine = Multi(("en",))
-    limits = dataclasses.replace(LIMITS, max_body_bytes=1 << 20)
+    limits = dataclasses.replace(LIMITS, max_body_bytes=1 << 20, max_lines=400)
     with running(create_app(engine, limits)) as url, httpx.Client(base_url=url, timeout=60) as c:
         # sentencex alone took minutes on 990 KB of this, the event loop blocked
         body = {"q": ['!"' * 100_000, " \n "], "source": "en", "target": "en"}
@@ -505,7 +505,7 @@ def test_texts_too_big_for_the_limits_are_refused_before_they_are_split():
         # within the bound: split as before (in a parsing process, the text not being small)
         sentence = "Ein" + " sehr" * 55 + " langer Satz."
         fits = " \u3000".join([sentence] * limits.max_lines)
-        assert len(fits) > INLINE_PARSE_CHARS and len(sentence) <= limits.max_chars
+        assert len(fits) > INLINE_SPLIT_CHARS and len(sentence) <= limits.max_chars
         reply = c.post("/translate", json={"q": fits, "source": "en", "target": "en"})
         assert reply.status_code == 200, reply.text
         assert engine.calls[-1] == [sentence] * limits.max_lines

@@ -240,15 +240,7 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
             raise MTError(f"{path}{_yaml_problem(err)}; fix the YAML syntax there") from None
         if not isinstance(raw, dict):
             raise MTError(f"{path}: expected a mapping of sections at the top level")
-        where = f"{path}: "
-        for section, body in raw.items():
-            if section == "name":
-                cfg.name = _check_type(body, str, "name")
-                continue
-            if not isinstance(body, dict):
-                raise MTError(f"{where}section {section!r} must be a mapping of keys")
-            for key, value in body.items():
-                _apply(cfg, str(section), str(key), value, where)
+        _apply_sections(cfg, raw, f"{path}: ")
         if "name" not in raw:
             cfg.name = path.stem
     for item in overrides or []:
@@ -342,15 +334,20 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     cfg = Config()
     if not isinstance(raw, dict):
         raise MTError("checkpoint config: expected a mapping of sections")
+    _apply_sections(cfg, raw, "checkpoint config: ")
+    return cfg
+
+
+def _apply_sections(cfg: Config, raw: dict[Any, Any], where: str) -> None:
+    """Set ``cfg`` from a mapping of sections (and ``name``); errors start with ``where``."""
     for section, body in raw.items():
         if section == "name":
             cfg.name = _check_type(body, str, "name")
             continue
         if not isinstance(body, dict):
-            raise MTError(f"checkpoint config: section {section!r} must be a mapping of keys")
+            raise MTError(f"{where}section {section!r} must be a mapping of keys")
         for key, value in body.items():
-            _apply(cfg, section, key, value, "checkpoint config: ")
-    return cfg
+            _apply(cfg, str(section), str(key), value, where)
 
 
 def save_config(cfg: Config, path: Path) -> None:
